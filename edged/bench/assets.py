@@ -1,0 +1,41 @@
+"""Where benchmarks and tests find real models: the PP-OCR ONNX files inside the
+`rapidocr-onnxruntime` wheel (a test/bench dependency) and the tiny generated ones."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+PPOCR_CLS = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+PPOCR_DET = "ch_PP-OCRv4_det_infer.onnx"
+TOOLS_DIR = Path(__file__).resolve().parents[2] / "tools"
+
+
+class AssetMissing(RuntimeError):
+    pass
+
+
+def ppocr_model(filename: str) -> Path:
+    """Path of a PP-OCR model file shipped in the rapidocr-onnxruntime wheel."""
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise AssetMissing("rapidocr-onnxruntime is not installed; `make setup` installs it "
+                           "(pip install --no-deps rapidocr-onnxruntime)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "models" / filename
+    if not path.is_file():
+        raise AssetMissing(f"{path} is missing from the rapidocr-onnxruntime package")
+    return path
+
+
+def tiny_model_tools() -> ModuleType:
+    """The tiny-model generator from the source tree's tools/ folder."""
+    if str(TOOLS_DIR) not in sys.path:
+        sys.path.insert(0, str(TOOLS_DIR))
+    try:
+        import make_test_models
+    except ImportError as exc:
+        raise AssetMissing(f"tools/make_test_models.py not found next to edged ({exc}); "
+                           "run benchmarks from a source checkout") from exc
+    return make_test_models

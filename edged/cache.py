@@ -1,0 +1,353 @@
+"""The warm model cache: loads and warms model versions on a backend, hands out refcounted leases,
+evicts idle unpinned models over a byte budget (LRU), and swaps versions without a gap."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+
+import numpy as np
+
+from edged.backends import BackendOptions, LoadSpec, Session, choose_backend
+from edged.config import OrtConfig
+from edged.errors import EdgedError, ModelLoadError, ModelNotFound, ModelNotReady
+from edged.repository import ModelRepository, ModelVersion
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+# After a failed load, requests get the same error for this long instead of reloading each time.
+FAILED_LOAD_RETRY_S = 5.0
+
+
+@dataclass
+class Entry:
+    model: ModelVersion
+    session: Session
+    backend: str
+    nbytes: int
+    load_seconds: float
+    last_used: float
+    refs: int = 0
+    retiring: bool = False  # swapped out: unload once the last lease is returned
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    name: str
+    version: int
+    state: str  # READY | LOADING | UNAVAILABLE
+    backend: str | None = None
+    providers: tuple[str, ...] = ()
+    nbytes: int = 0
+    in_use: int = 0
+    pinned: bool = False
+    load_seconds: float | None = None
+    reason: str | None = None
+
+
+class Lease:
+    """A model in use: it is not unloaded until every lease on it is released."""
+
+    def __init__(self, cache: ModelCache, entry: Entry) -> None:
+        self._cache = cache
+        self.entry = entry
+        self.model = entry.model
+        self.session = entry.session
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._cache._release(self.entry)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+
+class ModelCache:
+    def __init__(self, repository: ModelRepository, *, budget_bytes: int,
+                 options: BackendOptions | None = None, pinned: Iterable[str] = (),
+                 default_backend: str = "auto", ort_config: OrtConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.repository = repository
+        self.budget_bytes = budget_bytes
+        self.options = options or BackendOptions()
+        self.pinned = set(pinned)
+        self.default_backend = default_backend
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a lease returned or a load ended
+        self._entries: dict[Key, Entry] = {}
+        self._load_locks: dict[Key, threading.Lock] = {}
+        self._loading: set[Key] = set()
+        self._failed: dict[Key, tuple[float, EdgedError]] = {}
+        self._active: dict[str, int] = {}  # name -> version that requests without one get
+        self.evictions = 0
+
+    # -- leases ------------------------------------------------------------------------------
+    def default_version(self, name: str) -> int:
+        with self._lock:
+            version = self._active.get(name)
+        return version if version is not None else self.repository.default_version(name)
+
+    def describe(self, name: str, version: int | None = None) -> ModelVersion:
+        """The model's parsed config and signature, without loading it. An explicit version
+        must be served by the policy (or be loaded or active here)."""
+        if version is None:
+            return self.repository.get(name, self.default_version(name))
+        with self._lock:
+            known = (name, version) in self._entries or self._active.get(name) == version
+        if known:
+            return self.repository.get(name, version)
+        return self.repository.resolve(name, version)
+
+    def acquire(self, name: str, version: int | None = None) -> Lease:
+        """Lease a ready model (loading and warming it first if needed)."""
+        key = (name, self.default_version(name) if version is None else version)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:  # the hot path: one dict lookup under the lock
+                entry.refs += 1
+                entry.last_used = self._clock()
+                return Lease(self, entry)
+        if version is not None:
+            self.describe(name, version)  # policy check: raises ModelNotFound if not served
+        return Lease(self, self._load(key, lease=True))
+
+    def _release(self, entry: Entry) -> None:
+        doomed: list[Entry] = []
+        with self._lock:
+            entry.refs -= 1
+            if entry.refs == 0:
+                if entry.retiring:
+                    doomed.append(entry)
+                    self._entries.pop((entry.model.name, entry.model.version), None)
+                elif self._total_bytes() > self.budget_bytes:
+                    doomed = self._pick_evictions()
+                self._changed.notify_all()
+        self._close(doomed)
+
+    # -- loading -----------------------------------------------------------------------------
+    def load(self, name: str, version: int | None = None) -> ModelVersion:
+        """Load and warm a model now (preload, explicit load); clears a remembered failure."""
+        key = (name, self.default_version(name) if version is None else version)
+        with self._lock:
+            self._failed.pop(key, None)
+        return self._load(key, lease=False).model
+
+    def _load(self, key: Key, *, lease: bool) -> Entry:
+        with self._lock:
+            load_lock = self._load_locks.setdefault(key, threading.Lock())
+        with load_lock:  # one load per model version; a second caller waits and shares it
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    entry.refs += lease
+                    entry.last_used = self._clock()
+                    return entry
+                failed = self._failed.get(key)
+                if failed and self._clock() - failed[0] < FAILED_LOAD_RETRY_S:
+                    raise failed[1]
+                self._loading.add(key)
+            try:
+                default = self.default_version(key[0])
+                entry = self._load_and_warm(key)
+            except EdgedError as exc:
+                with self._lock:
+                    self._failed[key] = (self._clock(), exc)
+                raise
+            finally:
+                with self._lock:
+                    self._loading.discard(key)
+            with self._lock:
+                entry.refs = int(lease)
+                self._entries[key] = entry
+                self._failed.pop(key, None)
+                # Routing sticks to what was loaded: a version dropped on disk must not take
+                # requests before it is warmed and swapped in.
+                self._active.setdefault(key[0], default)
+                doomed = self._pick_evictions() if self._total_bytes() > self.budget_bytes else []
+                self._changed.notify_all()
+        self._close(doomed)
+        return entry
+
+    def _load_and_warm(self, key: Key) -> Entry:
+        name, version = key
+        model = self.repository.get(name, version)
+        backend = choose_backend(model.config.backend if model.config.backend != "auto"
+                                 else self.default_backend)
+        spec = LoadSpec(name, version, model.onnx_path, model.inputs, model.outputs,
+                        model.max_batch_size, _precision(model))
+        options = _options_for(model, self.options)
+        started = time.perf_counter()
+        try:
+            session = backend.load(spec, options)
+        except EdgedError:
+            raise
+        except Exception as exc:  # a backend's own error types: report, never crash
+            logger.exception("%s: %s failed to load it", model.label, backend.name)
+            raise ModelLoadError(f"{model.label}: {backend.name} failed to load: {exc}") from exc
+        try:
+            if model.config.warmup.enabled:
+                session.infer(warmup_inputs(model))
+        except Exception as exc:
+            session.close()
+            logger.exception("%s: warm-up inference failed", model.label)
+            raise ModelLoadError(f"{model.label}: warm-up inference failed: {exc}") from exc
+        seconds = time.perf_counter() - started
+        logger.info("%s ready on %s (%s) in %.2fs, %.1f MB", model.label, backend.name,
+                    ", ".join(session.providers), seconds, session.nbytes / 1e6)
+        return Entry(model, session, backend.name, session.nbytes, seconds, self._clock())
+
+    # -- eviction and unloading --------------------------------------------------------------
+    def _total_bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    def _pick_evictions(self) -> list[Entry]:
+        """Idle, unpinned models, least recently used first, until under budget (lock held)."""
+        total = self._total_bytes()
+        doomed = []
+        idle = sorted((e for e in self._entries.values()
+                       if e.refs == 0 and e.model.name not in self.pinned),
+                      key=lambda e: e.last_used)
+        for entry in idle:
+            if total <= self.budget_bytes:
+                break
+            total -= entry.nbytes
+            doomed.append(entry)
+            del self._entries[(entry.model.name, entry.model.version)]
+            self.evictions += 1
+            logger.info("evicting %s (idle, %.1f MB) to stay within the %.1f MB budget",
+                        entry.model.label, entry.nbytes / 1e6, self.budget_bytes / 1e6)
+        if total > self.budget_bytes:
+            logger.warning("model cache over budget (%.1f MB > %.1f MB): the rest is pinned or "
+                           "in use", total / 1e6, self.budget_bytes / 1e6)
+        return doomed
+
+    def _close(self, entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            try:
+                entry.session.close()
+            except Exception:  # a backend's close: log and go on
+                logger.exception("%s: closing the session failed", entry.model.label)
+
+    def unload(self, name: str, version: int | None = None, *, timeout_s: float = 30.0) -> bool:
+        """Unload once in-flight leases are returned; False if they were not within timeout."""
+        key = (name, self.default_version(name) if version is None else version)
+        deadline = self._clock() + timeout_s
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return True
+            entry.retiring = True
+            while entry.refs > 0:
+                left = deadline - self._clock()
+                if left <= 0:
+                    logger.warning("%s still in use after %.1fs; it will unload when released",
+                                   entry.model.label, timeout_s)
+                    return False
+                self._changed.wait(left)
+            self._entries.pop(key, None)
+        self._close([entry])
+        logger.info("unloaded %s", entry.model.label)
+        return True
+
+    def swap(self, name: str, version: int, *, drain_timeout_s: float = 30.0) -> None:
+        """Load and warm `version` beside the current one, switch new requests to it atomically,
+        then drain and unload the old one. A failure leaves the old version serving."""
+        old = self.default_version(name)
+        self._load((name, version), lease=False)
+        with self._lock:
+            self._active[name] = version
+        logger.info("%s: requests now go to version %d (was %d)", name, version, old)
+        if old != version:
+            self.unload(name, old, timeout_s=drain_timeout_s)
+
+    def close(self, *, timeout_s: float = 10.0) -> None:
+        deadline = self._clock() + timeout_s
+        for name, version in list(self._entries):
+            self.unload(name, version, timeout_s=max(0.0, deadline - self._clock()))
+
+    # -- status ------------------------------------------------------------------------------
+    def status(self) -> list[ModelStatus]:
+        """Every model version served or loaded, with its state."""
+        rows: dict[Key, ModelStatus] = {}
+        for name in self.repository.names():
+            try:
+                versions = self.repository.served_versions(name)
+            except EdgedError as exc:
+                rows[(name, 0)] = ModelStatus(name, 0, "UNAVAILABLE", reason=str(exc))
+                continue
+            for version in versions:
+                rows[(name, version)] = ModelStatus(name, version, "UNAVAILABLE",
+                                                    pinned=name in self.pinned,
+                                                    reason="not loaded")
+        with self._lock:
+            for key in self._loading:
+                rows[key] = ModelStatus(*key, "LOADING", pinned=key[0] in self.pinned)
+            for key, (_when, error) in self._failed.items():
+                rows[key] = ModelStatus(*key, "UNAVAILABLE", reason=str(error))
+            for key, e in self._entries.items():
+                rows[key] = ModelStatus(*key, "READY", e.backend, tuple(e.session.providers),
+                                        e.nbytes, e.refs, key[0] in self.pinned, e.load_seconds)
+        return [rows[k] for k in sorted(rows)]
+
+    def ready(self, name: str, version: int | None = None) -> bool:
+        try:
+            key = (name, self.default_version(name) if version is None else version)
+        except ModelNotFound:
+            return False
+        with self._lock:
+            return key in self._entries
+
+    def require_ready(self, name: str, version: int | None = None) -> None:
+        if not self.ready(name, version):
+            raise ModelNotReady(f"model {name!r} is not loaded")
+
+
+def _precision(model: ModelVersion) -> str:
+    # The measured auto choice (INT8 vs FP32) belongs to the GPU/quantization work; until a
+    # model asks for int8 or fp16 explicitly it runs at fp32.
+    return "fp32" if model.config.precision == "auto" else model.config.precision
+
+
+def _options_for(model: ModelVersion, base: BackendOptions) -> BackendOptions:
+    o = model.config.onnxruntime
+    changes = {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
+    if "providers" in changes:
+        changes["providers"] = tuple(changes["providers"])
+    return dataclasses.replace(base, **changes)
+
+
+def backend_options(ort: OrtConfig, cache_dir: object) -> BackendOptions:
+    from pathlib import Path
+
+    return BackendOptions(tuple(ort.providers), ort.intra_op_threads, ort.inter_op_threads,
+                          ort.allow_spinning, ort.graph_optimization, Path(str(cache_dir)))
+
+
+def warmup_inputs(model: ModelVersion) -> dict[str, np.ndarray]:
+    """Zeros of the declared shapes: batch dim from warmup.batch_size, dynamic dims from
+    warmup.shapes or 32 (a size most vision graphs accept)."""
+    warm = model.config.warmup
+    batch = min(warm.batch_size, model.max_batch_size) if model.max_batch_size else None
+    inputs = {}
+    for spec in model.inputs:
+        dims = list(spec.shape[1:] if batch else spec.shape)
+        given = warm.shapes.get(spec.name)
+        if given is not None and len(given) == len(dims):
+            dims = list(given)
+        dims = [32 if d == -1 else d for d in dims]
+        shape = ([batch] if batch else []) + dims
+        inputs[spec.name] = np.zeros(shape, dtype=spec.dtype)
+    return inputs

@@ -1,0 +1,201 @@
+"""The daemon's typed config: one YAML file, unknown keys are errors, every error names its line."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from edged.errors import ConfigError, ConfigIssue
+from edged.schema import Parsed, at_least, between, parse, parse_file, setting
+
+STREAM_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst", "mqtt")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _check_name(value: str) -> str | None:
+    return None if _NAME.match(value) else f"{value!r} is not a valid name ([A-Za-z0-9_.-])"
+
+
+def _check_mode(value: str) -> str | None:
+    return None if re.fullmatch(r"0?[0-7]{3}", value) else "must be an octal mode such as \"0660\""
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """`127.0.0.1:8000` or `[::1]:8000` → (host, port); ValueError otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _check_loopback(value: str) -> str | None:
+    try:
+        host, _port = split_host_port(value)
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError as exc:
+        return str(exc)
+    return None if loopback else f"the HTTP listener is loopback-only, got host {host!r}"
+
+
+@dataclass(frozen=True)
+class OrtConfig:
+    providers: list[Literal["tensorrt", "cuda", "cpu"]] = setting(
+        factory=lambda: ["tensorrt", "cuda", "cpu"], help="provider chain, best first")
+    intra_op_threads: int = setting(0, "threads inside one operator; 0 = one per core",
+                                    check=at_least(0))
+    inter_op_threads: int = setting(1, "threads across operators", check=at_least(0))
+    allow_spinning: bool = setting(False, "idle ORT threads spin (fast alone, bad when shared)")
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = setting(
+        "all", "ONNX Runtime graph optimisation level")
+
+
+@dataclass(frozen=True)
+class BackendsConfig:
+    default: Literal["auto", "tensorrt", "onnxruntime"] = setting(
+        "auto", "backend for models whose model.yaml says auto")
+    onnxruntime: OrtConfig = setting(factory=OrtConfig, help="ONNX Runtime options")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    dir: Path = setting(Path("/var/cache/edged"), "engines, timing caches, measurements")
+    budget_mb: int = setting(2048, "memory budget for loaded models", check=at_least(1))
+    preload: list[str] = setting(factory=list, help="models loaded and warmed at start")
+    pinned: list[str] = setting(factory=list, help="models never evicted")
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    socket: Path = setting(Path("/run/edged/edged.sock"), "Unix socket of the KServe v2 API")
+    socket_mode: str = setting("0660", "socket file mode (octal, quoted)", check=_check_mode)
+    socket_group: str | None = setting(None, "group owning the socket; null = unchanged")
+    http: str | None = setting(None, "optional loopback TCP listener HOST:PORT",
+                               check=_check_loopback)
+    allowed_uids: list[int] = setting(factory=list, help="peer uids allowed; empty = any")
+    allowed_gids: list[int] = setting(factory=list, help="peer gids allowed; empty = any")
+    max_request_mb: int = setting(64, "largest request body", check=at_least(1))
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca: Path = setting(help="CA certificate (PEM) of the broker")
+    cert: Path | None = setting(None, "client certificate (PEM)")
+    key: Path | None = setting(None, "client key (PEM)")
+    insecure: bool = setting(False, "skip hostname checks (testing only)")
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    enabled: bool = setting(True, "connect to a broker at all")
+    host: str = setting("127.0.0.1", "broker host")
+    port: int = setting(1883, "broker port", check=between(1, 65535))
+    protocol: Literal["5", "3.1.1"] = setting("5", "MQTT protocol version")
+    username: str | None = setting(None, "username")
+    password_file: Path | None = setting(None, "file holding the password")
+    tls: TlsConfig | None = setting(None, "TLS settings; null = plain TCP")
+    prefix: str | None = setting(None, "topic prefix; null = edged/<device_id>")
+    fleet_prefix: str = setting("edged/fleet", "fleet-wide topic prefix")
+    qos_results: int = setting(0, "QoS of result messages", check=between(0, 2))
+    buffer_messages: int = setting(10000, "messages kept while offline", check=at_least(0))
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    name: str = setting(help="stream name (used in topics)", check=_check_name)
+    source: str = setting(help="file://, rtsp://, http(s)://, v4l2://, csi://, gst://, mqtt://")
+    model: str = setting(help="model that processes the frames")
+    fps: float | None = setting(None, "frame rate limit; null = as fast as the source",
+                                check=at_least(0.01))
+    backpressure: Literal["drop_oldest", "drop_newest", "block"] = setting(
+        "drop_oldest", "what to do with frames when the model is behind")
+    priority: int | None = setting(None, "scheduler priority of this stream's frames",
+                                   check=at_least(1))
+
+
+@dataclass(frozen=True)
+class OtaConfig:
+    trusted_keys: list[Path] = setting(factory=list, help="Ed25519 public keys (PEM)")
+    keep_versions: int = setting(3, "versions kept on disk per model", check=at_least(1))
+    allow_unsigned: bool = setting(False, "accept manifests without a signature")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: Literal["debug", "info", "warning", "error"] = setting("info", "log level")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    device_id: str = setting("edge-01", "this device's id (in MQTT topics)", check=_check_name)
+    models_dir: Path = setting(Path("/var/lib/edged/models"), "the model repository")
+    cache: CacheConfig = setting(factory=CacheConfig, help="warm model cache")
+    backends: BackendsConfig = setting(factory=BackendsConfig, help="backend options")
+    api: ApiConfig = setting(factory=ApiConfig, help="local socket API")
+    mqtt: MqttConfig = setting(factory=MqttConfig, help="MQTT link")
+    streams: list[StreamConfig] = setting(factory=list, help="camera and sensor streams")
+    ota: OtaConfig = setting(factory=OtaConfig, help="over-the-air model updates")
+    logging: LoggingConfig = setting(factory=LoggingConfig, help="logging")
+
+    @property
+    def mqtt_prefix(self) -> str:
+        return self.mqtt.prefix or f"edged/{self.device_id}"
+
+
+def check_streams(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
+    """Stream names are unique and each source has a scheme edged can read."""
+    issues = []
+    seen: set[str] = set()
+    for i, stream in enumerate(parsed.value.streams):
+        if stream.name in seen:
+            issues.append(parsed.issue(f"streams[{i}].name", f"duplicate stream {stream.name!r}"))
+        seen.add(stream.name)
+        scheme, sep, _rest = stream.source.partition("://")
+        if not sep:
+            issues.append(parsed.issue(f"streams[{i}].source", "expected a URI such as file://..."))
+        elif scheme not in STREAM_SCHEMES:
+            issues.append(parsed.issue(f"streams[{i}].source", f"unsupported scheme {scheme!r}"))
+    return issues
+
+
+def check_cache(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
+    """Model names in preload/pinned are plain names (the repository rejects the rest anyway)."""
+    issues = []
+    for key in ("preload", "pinned"):
+        for i, name in enumerate(getattr(parsed.value.cache, key)):
+            message = _check_name(name)
+            if message:
+                issues.append(parsed.issue(f"cache.{key}[{i}]", message))
+    return issues
+
+
+CHECKS = (check_streams, check_cache)
+
+
+def _validated(parsed: Parsed[DaemonConfig], file: str | None) -> DaemonConfig:
+    issues = [issue for check in CHECKS for issue in check(parsed)]
+    if issues:
+        raise ConfigError([dataclasses.replace(i, file=file) for i in issues])
+    return parsed.value
+
+
+def load_config(path: Path) -> DaemonConfig:
+    """Read and validate a daemon config file; raises ConfigError listing every problem."""
+    return _validated(parse_file(DaemonConfig, path), str(path))
+
+
+def parse_config(text: str) -> DaemonConfig:
+    return _validated(parse(DaemonConfig, text), None)
+
+
+def with_overrides(config: DaemonConfig, *, models_dir: Path | None = None,
+                   socket: Path | None = None, http: str | None = None) -> DaemonConfig:
+    """Apply the CLI flags that override the file for the common cases."""
+    if http is not None and (message := _check_loopback(http)):
+        raise ConfigError([ConfigIssue("--http", message)])
+    api = dataclasses.replace(config.api, socket=socket or config.api.socket,
+                              http=http if http is not None else config.api.http)
+    return dataclasses.replace(config, models_dir=models_dir or config.models_dir, api=api)

@@ -1,0 +1,107 @@
+"""The schema of a model's `model.yaml` (Triton-like), before it is merged with the ONNX file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from edged.schema import at_least, between, each, setting
+
+DTYPES = {
+    "float32": np.float32, "float16": np.float16, "float64": np.float64,
+    "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
+    "int32": np.int32, "int64": np.int64, "uint32": np.uint32, "uint64": np.uint64,
+    "bool": np.bool_,
+}
+
+
+def _check_dtype(value: str) -> str | None:
+    return None if value in DTYPES else f"unknown dtype {value!r} (one of {', '.join(DTYPES)})"
+
+
+def _check_dims(dims: list[int]) -> str | None:
+    bad = [d for d in dims if d < -1 or d == 0]
+    return f"dims must be positive or -1 (dynamic), got {bad}" if bad else None
+
+
+@dataclass(frozen=True)
+class TensorConfig:
+    """One input or output; dtype and shape may be left out and are then read from the ONNX file."""
+
+    name: str = setting(help="tensor name as in the ONNX graph")
+    dtype: str | None = setting(None, "element type, e.g. float32", check=_check_dtype)
+    shape: list[int] | None = setting(None, "dims without the batch dim; -1 is dynamic",
+                                      check=_check_dims)
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Triton's dynamic batcher parameters."""
+
+    preferred_batch_sizes: list[int] = setting(factory=list, help="batch sizes to aim for",
+                                               check=each(at_least(1)))
+    max_queue_delay_us: int = setting(0, "how long a batch may wait to grow", check=at_least(0))
+    max_queue_size: int = setting(256, "queued requests before QueueFull", check=at_least(1))
+    priority_levels: int = setting(1, "number of priority levels; 1 is the highest",
+                                   check=between(1, 16))
+    default_priority: int = setting(0, "priority of requests that name none; 0 = the lowest",
+                                    check=at_least(0))
+    default_timeout_ms: int = setting(0, "queue timeout of requests that name none; 0 = none",
+                                      check=at_least(0))
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions on disk are served: the latest N, a specific list, or all."""
+
+    latest: int | None = setting(None, "serve the newest N versions", check=at_least(1))
+    specific: list[int] | None = setting(None, "serve exactly these versions",
+                                         check=each(at_least(1)))
+    all: bool = setting(False, "serve every version on disk")
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    enabled: bool = setting(True, "run one inference before the model is reported ready")
+    batch_size: int = setting(1, "batch size of the warm-up request", check=at_least(1))
+    shapes: dict[str, list[int]] = setting(factory=dict,
+                                           help="dims (no batch) for dynamic inputs; else 32")
+
+
+@dataclass(frozen=True)
+class OrtOverrides:
+    """Per-model overrides of the daemon's ONNX Runtime options."""
+
+    providers: list[Literal["tensorrt", "cuda", "cpu"]] | None = setting(None, "provider chain")
+    intra_op_threads: int | None = setting(None, "threads inside one operator", check=at_least(0))
+    inter_op_threads: int | None = setting(None, "threads across operators", check=at_least(0))
+    allow_spinning: bool | None = setting(None, "let idle ORT threads spin")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """`models/<name>/model.yaml`; every key optional where the ONNX file can tell."""
+
+    max_batch_size: int | None = setting(None, "0 = no batch dim; unset = inferred",
+                                         check=at_least(0))
+    inputs: list[TensorConfig] = setting(factory=list, help="inputs (without batch dim)")
+    outputs: list[TensorConfig] = setting(factory=list, help="outputs (without batch dim)")
+    batching: bool | BatchingConfig = setting(True, "dynamic batching; `off` disables it")
+    instances: int = setting(1, "worker threads (execution instances)", check=between(1, 64))
+    backend: Literal["auto", "tensorrt", "onnxruntime"] = setting("auto", "backend choice")
+    precision: Literal["auto", "fp32", "fp16", "int8"] = setting("auto", "numeric precision")
+    preprocess: dict[str, Any] | None = setting(None, "frame pre-processing (streams)")
+    postprocess: dict[str, Any] | None = setting(None, "result post-processing (streams)")
+    version_policy: VersionPolicy = setting(factory=lambda: VersionPolicy(latest=1),
+                                            help="versions served")
+    warmup: WarmupConfig = setting(factory=WarmupConfig, help="warm-up before ready")
+    onnxruntime: OrtOverrides = setting(factory=OrtOverrides, help="ONNX Runtime overrides")
+
+    @property
+    def batching_params(self) -> BatchingConfig | None:
+        """The batcher's parameters, or None when dynamic batching is off."""
+        if self.batching is False:
+            return None
+        return self.batching if isinstance(self.batching, BatchingConfig) else BatchingConfig()

@@ -1,0 +1,133 @@
+"""Read an ONNX file's I/O signature and reconcile it with what `model.yaml` declares.
+
+What model.yaml leaves out is taken from the ONNX graph; what it says must agree with it, and
+every disagreement is reported with the model.yaml line and the ONNX file's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edged.backends.base import TensorSpec
+from edged.errors import ConfigIssue, InvalidModel
+from edged.model_config import DTYPES, ModelConfig, TensorConfig
+from edged.schema import Parsed
+
+logger = logging.getLogger(__name__)
+
+# Triton's auto-complete uses 4; edge batches of camera frames are often a little larger.
+DEFAULT_MAX_BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple[TensorSpec, ...]  # full ONNX shapes, -1 for dynamic dims
+    outputs: tuple[TensorSpec, ...]
+
+
+def read_signature(path: Path) -> Signature:
+    """The graph inputs (initializers excluded) and outputs; InvalidModel if the file is bad."""
+    import onnx
+    from onnx import helper
+
+    if not path.is_file():
+        raise InvalidModel(f"{path}: model file is missing")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+        onnx.checker.check_model(model)
+    except Exception as exc:  # DecodeError, ValidationError, ...: all mean "not usable"
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidModel(f"{path}: not a valid ONNX model ({first_line})") from exc
+    graph = model.graph
+    if not graph.output or not graph.node:
+        raise InvalidModel(f"{path}: not a valid ONNX model (empty graph; truncated file?)")
+    weights = {init.name for init in graph.initializer}
+
+    def spec(value: onnx.ValueInfoProto) -> TensorSpec:
+        tensor = value.type.tensor_type
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+        except (KeyError, TypeError) as exc:
+            raise InvalidModel(f"{path}: {value.name} has an unsupported element type") from exc
+        dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1
+                     for d in tensor.shape.dim)
+        return TensorSpec(value.name, dtype, dims)
+
+    return Signature(tuple(spec(v) for v in graph.input if v.name not in weights),
+                     tuple(spec(v) for v in graph.output))
+
+
+Specs = tuple[TensorSpec, ...]
+
+
+def reconcile(parsed: Parsed[ModelConfig], signature: Signature, yaml_path: Path,
+              onnx_path: Path) -> tuple[ModelConfig, Specs, Specs]:
+    """Merge model.yaml with the ONNX signature; raise InvalidModel listing every disagreement."""
+    config = parsed.value
+    issues: list[ConfigIssue] = []
+
+    def issue(path: str, message: str) -> None:
+        issues.append(ConfigIssue(path, message, parsed.lines.get(path), str(yaml_path)))
+
+    max_batch = config.max_batch_size
+    everything = signature.inputs + signature.outputs
+    if max_batch is None:
+        batched = bool(signature.inputs) and all(t.shape[:1] == (-1,) for t in everything)
+        max_batch = DEFAULT_MAX_BATCH_SIZE if batched else 0
+    elif max_batch > 0:
+        for t in everything:
+            if t.shape[:1] != (-1,):
+                issue("max_batch_size", f"is {max_batch}, but {t.name} in {onnx_path.name} has "
+                      f"no dynamic first dim (shape {list(t.shape)}); use max_batch_size: 0")
+    inputs = _merge("inputs", config.inputs, signature.inputs, max_batch, onnx_path, issue)
+    outputs = _merge("outputs", config.outputs, signature.outputs, max_batch, onnx_path, issue)
+    if issues:
+        raise InvalidModel("; ".join(str(i) for i in issues))
+    resolved = dataclasses.replace(
+        config, max_batch_size=max_batch,
+        inputs=[_to_config(t, max_batch) for t in inputs],
+        outputs=[_to_config(t, max_batch) for t in outputs])
+    return resolved, inputs, outputs
+
+
+def _merge(kind: str, declared: list[TensorConfig], actual: tuple[TensorSpec, ...],
+           max_batch: int, onnx_path: Path,
+           issue: Callable[[str, str], None]) -> tuple[TensorSpec, ...]:
+    by_name = {t.name: t for t in actual}
+    overrides: dict[str, TensorSpec] = {}
+    for i, d in enumerate(declared):
+        path = f"{kind}[{i}]"
+        t = by_name.get(d.name)
+        if t is None:
+            issue(f"{path}.name", f"{d.name!r} is not one of the {kind} of {onnx_path.name} "
+                  f"({', '.join(by_name) or 'none'})")
+            continue
+        dims = t.shape[1:] if max_batch > 0 else t.shape
+        if d.dtype is not None and np.dtype(DTYPES[d.dtype]) != t.dtype:
+            issue(f"{path}.dtype", f"{d.dtype} disagrees with {onnx_path.name} ({t.dtype})")
+        if d.shape is not None:
+            if len(d.shape) != len(dims):
+                issue(f"{path}.shape", f"{d.shape} has {len(d.shape)} dims but {onnx_path.name} "
+                      f"has {len(dims)} ({list(dims)}, batch dim excluded)")
+            else:
+                for a, b in zip(d.shape, dims, strict=True):
+                    if a != -1 and b != -1 and a != b:
+                        issue(f"{path}.shape", f"{d.shape} disagrees with {onnx_path.name} "
+                              f"({list(dims)}, batch dim excluded)")
+                        break
+                # A declared size narrows a dynamic ONNX dim; a fixed ONNX dim always wins.
+                dims = tuple(b if b != -1 else a for a, b in zip(d.shape, dims, strict=True))
+        overrides[t.name] = TensorSpec(t.name, t.dtype, (-1, *dims) if max_batch > 0 else dims)
+    # Undeclared tensors come from the graph as they are (a batched graph's first dim is -1).
+    return tuple(overrides.get(t.name, t) for t in actual)
+
+
+def _to_config(spec: TensorSpec, max_batch: int) -> TensorConfig:
+    dims = list(spec.shape[1:] if max_batch > 0 else spec.shape)
+    return TensorConfig(spec.name, spec.dtype.name, dims)

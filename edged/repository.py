@@ -1,0 +1,287 @@
+"""The on-disk model repository: `<root>/<name>/model.yaml` + `<root>/<name>/<version>/model.onnx`,
+with version policies, an active-version pointer and atomic installs.
+
+Every model is read on its own: a broken one raises InvalidModel naming its file, and the
+others still load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from edged.backends.base import TensorSpec
+from edged.errors import ConfigError, InvalidModel, ModelNotFound
+from edged.model_config import ModelConfig
+from edged.onnx_signature import Signature, read_signature, reconcile
+from edged.schema import parse, parse_file
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.onnx"
+INT8_FILE = "model.int8.onnx"
+CONFIG_FILE = "model.yaml"
+ACTIVE_FILE = "active"  # holds the version new requests get, written atomically
+STAGING_DIR = ".staging"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_model_name(name: str) -> str:
+    """Return `name` if it is a safe directory name, else raise ModelNotFound."""
+    if not _NAME.match(name) or ".." in name:
+        raise ModelNotFound(f"invalid model name {name!r}: use letters, digits, _ . -")
+    return name
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One servable version: its files, its config and its I/O signature (batch dim included)."""
+
+    name: str
+    version: int
+    dir: Path
+    config: ModelConfig  # max_batch_size resolved; inputs/outputs complete
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def onnx_path(self) -> Path:
+        return self.dir / MODEL_FILE
+
+    @property
+    def int8_path(self) -> Path | None:
+        path = self.dir / INT8_FILE
+        return path if path.exists() else None
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.config.max_batch_size or 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    def sha256(self) -> str:
+        digest = hashlib.sha256()
+        with self.onnx_path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+
+
+class ModelRepository:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._lock = threading.Lock()
+        # (path, mtime_ns, size) of model.yaml and model.onnx -> parsed version
+        self._parsed: dict[tuple[str, int], tuple[tuple[object, ...], ModelVersion]] = {}
+
+    # -- discovery ---------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.is_dir() and _NAME.match(p.name) and not p.name.startswith("."))
+
+    def versions_on_disk(self, name: str) -> list[int]:
+        model_dir = self.root / check_model_name(name)
+        if not model_dir.is_dir():
+            raise ModelNotFound(f"model {name!r} is not in the repository {self.root}")
+        return sorted(int(p.name) for p in model_dir.iterdir()
+                      if p.name.isdigit() and int(p.name) > 0 and (p / MODEL_FILE).is_file())
+
+    def served_versions(self, name: str) -> list[int]:
+        """Versions on disk that the model's version policy serves (plus the active one)."""
+        on_disk = self.versions_on_disk(name)
+        policy = self.model_config(name).version_policy
+        if policy.all:
+            served = on_disk
+        elif policy.specific is not None:
+            served = [v for v in on_disk if v in policy.specific]
+        else:
+            served = on_disk[-(policy.latest or 1):]
+        active = self.active_version(name)
+        if active is not None and active in on_disk and active not in served:
+            served = sorted([*served, active])
+        return served
+
+    def active_version(self, name: str) -> int | None:
+        """The version named by the active pointer, if one was set and is readable."""
+        path = self.root / check_model_name(name) / ACTIVE_FILE
+        try:
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        if not text.isdigit():
+            logger.warning("%s: ignoring unreadable active pointer %r", path, text)
+            return None
+        return int(text)
+
+    def default_version(self, name: str) -> int:
+        """The version a request that names none gets: the active pointer, else the latest."""
+        served = self.served_versions(name)
+        if not served:
+            raise ModelNotFound(f"model {name!r} has no servable version in {self.root / name}")
+        active = self.active_version(name)
+        return active if active in served else served[-1]
+
+    # -- reading -----------------------------------------------------------------------------
+    def model_config(self, name: str, version: int | None = None) -> ModelConfig:
+        """model.yaml of a version (if it has its own) or of the model; defaults when absent."""
+        candidates = [self.root / check_model_name(name) / CONFIG_FILE]
+        if version is not None:
+            candidates.insert(0, self.root / name / str(version) / CONFIG_FILE)
+        for path in candidates:
+            if path.is_file():
+                try:
+                    return parse_file(ModelConfig, path).value
+                except ConfigError as exc:
+                    raise InvalidModel(str(exc)) from exc
+        return ModelConfig()
+
+    def resolve(self, name: str, version: int | None = None) -> ModelVersion:
+        """A served version: the default one when version is None, else one the policy serves."""
+        if version is None:
+            return self.get(name, self.default_version(name))
+        served = self.served_versions(name)
+        if version not in served:
+            raise ModelNotFound(f"model {name!r} has no served version {version} "
+                                f"(served: {served})")
+        return self.get(name, version)
+
+    def get(self, name: str, version: int) -> ModelVersion:
+        """A version on disk, parsed and validated (cached until its files change)."""
+        if version not in self.versions_on_disk(name):
+            raise ModelNotFound(f"model {name!r} has no version {version} in {self.root / name}")
+        vdir = self.root / name / str(version)
+        stamp = tuple(_stamp(p) for p in (self.root / name / CONFIG_FILE, vdir / CONFIG_FILE,
+                                           vdir / MODEL_FILE))
+        with self._lock:
+            cached = self._parsed.get((name, version))
+        if cached and cached[0] == stamp:
+            return cached[1]
+        model = self._read_version(name, version, vdir)
+        with self._lock:
+            self._parsed[(name, version)] = (stamp, model)
+        return model
+
+    def _read_version(self, name: str, version: int, vdir: Path) -> ModelVersion:
+        yaml_path = vdir / CONFIG_FILE
+        if not yaml_path.is_file():
+            yaml_path = self.root / name / CONFIG_FILE
+        if yaml_path.is_file():
+            try:
+                parsed = parse_file(ModelConfig, yaml_path)
+            except ConfigError as exc:
+                raise InvalidModel(str(exc)) from exc
+        else:
+            parsed = parse(ModelConfig, "{}")
+        signature: Signature = read_signature(vdir / MODEL_FILE)
+        config, inputs, outputs = reconcile(parsed, signature, yaml_path, vdir / MODEL_FILE)
+        return ModelVersion(name, version, vdir, config, inputs, outputs)
+
+    # -- writing -----------------------------------------------------------------------------
+    def install(self, name: str, version: int, files: Mapping[str, bytes | Path]) -> ModelVersion:
+        """Atomically add `<name>/<version>/` holding `files` (name → bytes or source path).
+
+        The files are written under .staging on the same filesystem, fsynced, checked, and the
+        directory renamed into place, so a crash leaves either nothing or the whole version.
+        """
+        check_model_name(name)
+        if version < 1:
+            raise InvalidModel(f"version must be a positive integer, got {version}")
+        if MODEL_FILE not in files:
+            raise InvalidModel(f"an install of {name}:{version} needs {MODEL_FILE}")
+        target = self.root / name / str(version)
+        if target.exists():
+            raise InvalidModel(f"{target} already exists; versions are immutable")
+        stage = self.staging_dir() / f"{name}-{version}-{uuid.uuid4().hex[:8]}"
+        stage.mkdir(parents=True)
+        try:
+            for filename, content in files.items():
+                if "/" in filename or filename.startswith(".") or filename == ACTIVE_FILE:
+                    raise InvalidModel(f"refusing file name {filename!r} in an install")
+                _write_synced(stage / filename, content)
+            _fsync_dir(stage)
+            read_signature(stage / MODEL_FILE)  # a corrupt file never reaches the repository
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(stage, target)
+            _fsync_dir(target.parent)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        logger.info("installed %s:%d into %s", name, version, target)
+        return self.get(name, version)
+
+    def set_active(self, name: str, version: int) -> None:
+        """Point new requests at `version`, atomically (tmp file, fsync, rename)."""
+        if version not in self.versions_on_disk(name):
+            raise ModelNotFound(f"model {name!r} has no version {version} on disk")
+        _write_synced(self.root / name / f".{ACTIVE_FILE}.tmp", f"{version}\n".encode())
+        os.replace(self.root / name / f".{ACTIVE_FILE}.tmp", self.root / name / ACTIVE_FILE)
+        _fsync_dir(self.root / name)
+
+    def remove_version(self, name: str, version: int) -> None:
+        """Delete a version: renamed out of sight first, so readers never see half of it."""
+        target = self.root / check_model_name(name) / str(version)
+        if not target.is_dir():
+            raise ModelNotFound(f"model {name!r} has no version {version} on disk")
+        doomed = self.staging_dir() / f"removed-{name}-{version}-{uuid.uuid4().hex[:8]}"
+        os.rename(target, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def staging_dir(self) -> Path:
+        path = self.root / STAGING_DIR
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def clean_staging(self) -> int:
+        """Remove what an interrupted install or removal left behind; returns entries removed."""
+        path = self.root / STAGING_DIR
+        if not path.is_dir():
+            return 0
+        leftovers = list(path.iterdir())
+        for entry in leftovers:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        if leftovers:
+            logger.info("removed %d leftover staging entries from %s", len(leftovers), path)
+        return len(leftovers)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _write_synced(path: Path, content: bytes | Path) -> None:
+    if isinstance(content, Path):
+        shutil.copyfile(content, path)
+        with path.open("rb+") as f:
+            os.fsync(f.fileno())
+        return
+    with path.open("wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

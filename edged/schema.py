@@ -1,0 +1,267 @@
+"""YAML → typed dataclasses, with every error naming its key path and line.
+
+The daemon config and each model's `model.yaml` are both read through `parse()`. A field is
+declared with `setting(default, "one-line help", check=...)`; unknown keys, wrong types and
+values that fail a check all become `ConfigIssue`s, collected (not stopping at the first) and
+raised together as one `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+from edged.errors import ConfigError, ConfigIssue
+
+T = TypeVar("T")
+Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, check: Check | None = None,
+            factory: Callable[[], Any] | None = None) -> Any:
+    """Declare a config field with its default, its one-line help and an optional value check."""
+    metadata = {"help": help, "check": check}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class Parsed(typing.Generic[T]):
+    value: T
+    lines: dict[str, int]  # key path -> 1-based line, for cross-field checks
+
+    def issue(self, path: str, message: str) -> ConfigIssue:
+        return ConfigIssue(path, message, self.lines.get(path))
+
+
+class _Invalid:
+    """Marks a value that failed conversion (its issue is already recorded)."""
+
+
+INVALID: Any = _Invalid()
+
+
+@dataclass
+class _Context:
+    loader: yaml.SafeLoader
+    issues: list[ConfigIssue] = field(default_factory=list)
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def fail(self, path: str, node: yaml.Node, message: str) -> Any:
+        self.issues.append(ConfigIssue(path, message, node.start_mark.line + 1))
+        return INVALID
+
+
+def parse(cls: type[T], text: str, *, file: str | None = None) -> Parsed[T]:
+    """Parse YAML text into `cls` (a dataclass), or raise ConfigError with every issue."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([ConfigIssue("", f"invalid YAML: {problem}", line, file)]) from exc
+    try:
+        if node is None:  # an empty document: every default
+            origin = yaml.Mark("<document>", 0, 0, 0, "", 0)
+            node = yaml.MappingNode("tag:yaml.org,2002:map", [], origin, origin)
+        ctx = _Context(loader)
+        value = _convert(cls, node, "", ctx)
+    finally:
+        loader.dispose()
+    if ctx.issues:
+        raise ConfigError([dataclasses.replace(i, file=file) for i in ctx.issues])
+    return Parsed(value, ctx.lines)
+
+
+def parse_file(cls: type[T], path: Path) -> Parsed[T]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigIssue("", f"cannot read: {exc}", None, str(path))]) from exc
+    return parse(cls, text, file=str(path))
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _describe(tp: Any) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+             Path: "a path"}
+    if tp in names:
+        return names[tp]
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    origin = get_origin(tp)
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict:
+        return "a mapping"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(tp) if a is not type(None))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(tp: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
+    ctx.lines.setdefault(path, node.start_mark.line + 1)
+    origin = get_origin(tp)
+    if tp is Any:
+        return ctx.loader.construct_object(node, deep=True)
+    if origin in (Union, types.UnionType):
+        return _convert_union(tp, node, path, ctx)
+    if dataclasses.is_dataclass(tp):
+        return _convert_dataclass(tp, node, path, ctx)
+    if origin in (list, tuple):
+        if not isinstance(node, yaml.SequenceNode):
+            return ctx.fail(path, node, f"expected a list, got {_kind(node)}")
+        (item_tp, *_rest) = get_args(tp)
+        items = [_convert(item_tp, n, f"{path}[{i}]", ctx) for i, n in enumerate(node.value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(node, yaml.MappingNode):
+            return ctx.fail(path, node, f"expected a mapping, got {_kind(node)}")
+        _key_tp, value_tp = get_args(tp)
+        out = {}
+        for key_node, value_node in node.value:
+            key = ctx.loader.construct_object(key_node)
+            if not isinstance(key, str):
+                ctx.fail(path, key_node, f"keys must be strings, got {key!r}")
+                continue
+            out[key] = _convert(value_tp, value_node, _join(path, key), ctx)
+        return out
+    return _convert_scalar(tp, node, path, ctx)
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return repr(node.value) if node.value != "" else "nothing"
+
+
+def _convert_scalar(tp: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        return ctx.fail(path, node, f"expected {_describe(tp)}, got {_kind(node)}")
+    value = ctx.loader.construct_object(node)
+    if get_origin(tp) is Literal:
+        if value in get_args(tp):
+            return value
+        return ctx.fail(path, node, f"expected {_describe(tp)}, got {value!r}")
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        Path: isinstance(value, str) and value != "",
+    }.get(tp)
+    if ok is None:
+        raise TypeError(f"schema: unsupported field type {tp!r} at {path}")
+    if not ok:
+        return ctx.fail(path, node, f"expected {_describe(tp)}, got {value!r}")
+    return tp(value) if tp in (float, Path) else value
+
+
+def _convert_union(tp: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
+    arms = [a for a in get_args(tp) if a is not type(None)]
+    optional = len(arms) < len(get_args(tp))
+    if optional and isinstance(node, yaml.ScalarNode) and ctx.loader.construct_object(node) is None:
+        return None
+    # The node's shape (mapping, list, scalar) picks the arm; only scalars can need a trial.
+    matching = [a for a in arms if _shape_of(a) == _node_shape(node)]
+    if len(matching) == 1:
+        return _convert(matching[0], node, path, ctx)
+    for arm in matching:
+        trial = _Context(ctx.loader)
+        value = _convert(arm, node, path, trial)
+        if not trial.issues:
+            return value
+    return ctx.fail(path, node, f"expected {_describe(tp)}, got {_kind(node)}")
+
+
+def _shape_of(tp: Any) -> str:
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp) or origin is dict:
+        return "mapping"
+    if origin in (list, tuple):
+        return "sequence"
+    return "scalar"
+
+
+def _node_shape(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "sequence"
+    return "scalar"
+
+
+def _convert_dataclass(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
+    if not isinstance(node, yaml.MappingNode):
+        return ctx.fail(path, node, f"expected a mapping, got {_kind(node)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs: dict[str, Any] = {}
+    ok = True
+    for key_node, value_node in node.value:
+        key = ctx.loader.construct_object(key_node)
+        key_path = _join(path, str(key))
+        if not isinstance(key, str) or key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            ctx.fail(key_path, key_node, f"unknown key{hint}")
+            ok = False
+            continue
+        if key in kwargs:
+            ctx.fail(key_path, key_node, "duplicate key")
+            ok = False
+            continue
+        value = _convert(hints[key], value_node, key_path, ctx)
+        check = fields[key].metadata.get("check")
+        if value is not INVALID and value is not None and check is not None:
+            message = check(value)
+            if message:
+                value = ctx.fail(key_path, value_node, message)
+        ok = ok and value is not INVALID
+        kwargs[key] = value
+    for name, f in fields.items():
+        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if name not in kwargs and no_default:
+            ctx.fail(_join(path, name), node, "missing required key")
+            ok = False
+    if not ok:
+        return INVALID
+    return cls(**kwargs)
+
+
+# Reusable checks ---------------------------------------------------------------------------
+
+def at_least(low: float) -> Check:
+    return lambda v: None if v >= low else f"must be >= {low}, got {v}"
+
+
+def between(low: float, high: float) -> Check:
+    return lambda v: None if low <= v <= high else f"must be between {low} and {high}, got {v}"
+
+
+def each(check: Check) -> Check:
+    def run(values: Any) -> str | None:
+        for i, v in enumerate(values):
+            message = check(v)
+            if message:
+                return f"item {i}: {message}"
+        return None
+    return run

@@ -1,0 +1,183 @@
+"""The warm cache with real ONNX Runtime sessions: load once, warm-up, LRU under a budget, pins,
+leases, failures that stay contained, and a swap that no request notices."""
+
+from __future__ import annotations
+
+import threading
+from itertools import pairwise
+from pathlib import Path
+
+import make_test_models
+import numpy as np
+import pytest
+from conftest import GateBackend, options, write_yaml
+
+from edged.cache import ModelCache
+from edged.errors import InvalidModel, ModelNotFound
+from edged.repository import ModelRepository
+from edged.scheduler import Scheduler
+
+X = np.linspace(0, 1, 3 * 8 * 8, dtype=np.float32).reshape(1, 3, 8, 8)
+
+
+def size_of(repo: ModelRepository, name: str) -> int:
+    return repo.resolve(name).onnx_path.stat().st_size
+
+
+def test_cache_when_eight_threads_ask_first_loads_once(repo: ModelRepository, tmp_path: Path,
+                                                       gate: GateBackend) -> None:
+    cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))
+    start = threading.Barrier(8)
+    leases = []
+
+    def first_request() -> None:
+        start.wait()
+        leases.append(cache.acquire("tiny_cls"))
+
+    threads = [threading.Thread(target=first_request) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert gate.loads == ["tiny_cls:1"]
+    assert len({id(lease.session) for lease in leases}) == 1
+    assert cache.status()[0].in_use == 8
+    for lease in leases:
+        lease.release()
+    assert cache.status()[0].in_use == 0
+
+
+def test_cache_when_loading_runs_warmup_before_ready(repo: ModelRepository, tmp_path: Path,
+                                                     gate: GateBackend) -> None:
+    cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))
+    cache.load("tiny_cnn")
+    assert len(gate.calls) == 1  # the warm-up, before anyone could use it
+    assert gate.calls[0]["image"].shape == (1, 3, 32, 32)  # dynamic H/W warm at 32
+    assert cache.ready("tiny_cnn")
+
+
+def test_cache_when_warmup_shapes_given_uses_them(repo_dir: Path, tmp_path: Path,
+                                                  gate: GateBackend) -> None:
+    write_yaml(repo_dir, "tiny_cnn", "warmup: {batch_size: 2, shapes: {image: [3, 16, 24]}}\n")
+    cache = ModelCache(ModelRepository(repo_dir), budget_bytes=1 << 30, options=options(tmp_path))
+    cache.load("tiny_cnn")
+    assert gate.calls[0]["image"].shape == (2, 3, 16, 24)
+
+
+def test_cache_when_over_budget_evicts_least_recently_used_idle_unpinned(
+        repo: ModelRepository, tmp_path: Path) -> None:
+    names = ["tiny_cls", "tiny_cnn", "tiny_two_input"]
+    budget = sum(size_of(repo, n) for n in names[:2])  # room for the first two only
+    cache = ModelCache(repo, budget_bytes=budget, options=options(tmp_path))
+    for name in names[:2]:
+        cache.load(name)
+    cache.acquire("tiny_cls").release()  # tiny_cnn is now the least recently used
+    cache.load("tiny_two_input")
+    assert [s.name for s in cache.status() if s.state == "READY"] == ["tiny_cls",
+                                                                      "tiny_two_input"]
+    assert cache.evictions == 1
+
+
+def test_cache_when_model_pinned_or_in_use_never_evicts_it(repo: ModelRepository,
+                                                           tmp_path: Path) -> None:
+    budget = size_of(repo, "tiny_cls")  # room for one model
+    cache = ModelCache(repo, budget_bytes=budget, options=options(tmp_path), pinned=["tiny_cls"])
+    cache.load("tiny_cls")
+    lease = cache.acquire("tiny_cnn")  # over budget, but cls is pinned and cnn in use
+    cache.load("tiny_nobatch")  # over budget still: nobatch was just loaded, the rest protected
+    ready = {s.name for s in cache.status() if s.state == "READY"}
+    assert {"tiny_cls", "tiny_cnn"} <= ready
+    lease.release()  # cnn idle now: released leases are evicted while over budget
+    ready = {s.name for s in cache.status() if s.state == "READY"}
+    assert "tiny_cls" in ready and "tiny_cnn" not in ready
+
+
+def test_cache_when_evicted_model_requested_again_reloads_it(repo: ModelRepository,
+                                                             tmp_path: Path) -> None:
+    cache = ModelCache(repo, budget_bytes=size_of(repo, "tiny_cls"), options=options(tmp_path))
+    scheduler = Scheduler(cache)
+    try:
+        first = scheduler.infer("tiny_cls", {"x": X})["prob"]
+        scheduler.infer("tiny_cnn", {"image": np.ones((1, 3, 8, 8), np.float32)})
+        assert not cache.ready("tiny_cls")
+        np.testing.assert_array_equal(scheduler.infer("tiny_cls", {"x": X})["prob"], first)
+    finally:
+        scheduler.close(5)
+
+
+def test_cache_when_model_file_corrupt_reports_it_and_serves_the_others(
+        repo_dir: Path, tmp_path: Path) -> None:
+    (repo_dir / "tiny_cnn" / "1" / "model.onnx").write_bytes(b"\x0a\x02broken")
+    cache = ModelCache(ModelRepository(repo_dir), budget_bytes=1 << 30, options=options(tmp_path))
+    with pytest.raises(InvalidModel, match=r"tiny_cnn/1/model\.onnx: not a valid ONNX model"):
+        cache.load("tiny_cnn")
+    cache.load("tiny_cls")
+    states = {s.name: s for s in cache.status()}
+    assert states["tiny_cls"].state == "READY"
+    assert states["tiny_cnn"].state == "UNAVAILABLE"
+    assert "not a valid ONNX model" in (states["tiny_cnn"].reason or "")
+
+
+def test_cache_when_warmup_fails_model_is_not_ready(repo_dir: Path, tmp_path: Path) -> None:
+    # a warm-up shape the graph cannot run: the model must not be reported ready
+    write_yaml(repo_dir, "tiny_cnn", "warmup: {shapes: {image: [3, 0, 0]}}\n")
+    cache = ModelCache(ModelRepository(repo_dir), budget_bytes=1 << 30, options=options(tmp_path))
+    with pytest.raises(Exception, match="warm-up inference failed"):
+        cache.load("tiny_cnn")
+    assert not cache.ready("tiny_cnn")
+
+
+def test_cache_when_unknown_model_raises_not_found(core: tuple[ModelCache, Scheduler]) -> None:
+    cache, _ = core
+    with pytest.raises(ModelNotFound):
+        cache.acquire("nope")
+
+
+def test_cache_unload_when_lease_held_waits_for_it(core: tuple[ModelCache, Scheduler]) -> None:
+    cache, _ = core
+    lease = cache.acquire("tiny_cls")
+    assert cache.unload("tiny_cls", timeout_s=0.05) is False  # still in use: not unloaded
+    assert cache.ready("tiny_cls")
+    lease.release()  # the retiring model goes with its last lease
+    assert not cache.ready("tiny_cls")
+
+
+def test_cache_swap_when_eight_clients_call_no_request_fails_and_each_switches_once(
+        tmp_path: Path) -> None:
+    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    repo = ModelRepository(root)
+    repo.set_active("tiny_cls", 1)
+    cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))
+    scheduler = Scheduler(cache)
+    old = scheduler.infer("tiny_cls", {"x": X})["prob"]
+    seen: list[list[str]] = [[] for _ in range(8)]
+    errors: list[BaseException] = []
+    swapped = threading.Event()
+    after_swap = threading.Barrier(9)
+
+    def client(i: int) -> None:
+        try:
+            for n in range(2000):  # bounded; stops 20 calls after the swap
+                out = scheduler.infer("tiny_cls", {"x": X})["prob"]
+                seen[i].append("old" if np.array_equal(out, old) else "new")
+                if swapped.is_set() and n > 20 and seen[i][-20:] == ["new"] * 20:
+                    break
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            after_swap.wait(30)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    cache.swap("tiny_cls", 2, drain_timeout_s=10)
+    swapped.set()
+    after_swap.wait(30)
+    scheduler.close(5)
+    assert errors == []
+    for trace in seen:
+        switches = sum(1 for a, b in pairwise(trace) if a != b)
+        assert trace[-1] == "new" and switches <= 1, trace
+    assert sum("new" in t for t in seen) == 8
+    assert sum("old" in t for t in seen) >= 1  # the swap really happened under load
+    assert [(s.version, s.state) for s in cache.status() if s.state == "READY"] == [(2, "READY")]

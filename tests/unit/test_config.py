@@ -1,0 +1,141 @@
+"""The daemon config: typed, strict, and every error names its key path and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edged.cli import main
+from edged.config import load_config, parse_config, with_overrides
+from edged.errors import ConfigError
+from edged.model_config import BatchingConfig, ModelConfig
+from edged.schema import parse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def errors_of(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    return [str(issue) for issue in caught.value.issues]
+
+
+def test_config_when_shipped_default_loaded_has_expected_values() -> None:
+    config = load_config(ROOT / "deploy" / "edged.yaml")
+    assert config.device_id == "edge-01"
+    assert config.backends.onnxruntime.allow_spinning is False
+    assert config.mqtt_prefix == "edged/edge-01"
+    assert config.api.socket == Path("/run/edged/edged.sock")
+
+
+def test_config_when_empty_document_uses_defaults() -> None:
+    config = parse_config("")
+    assert config.cache.budget_mb == 2048
+    assert config.streams == []
+
+
+def test_config_when_unknown_key_names_path_line_and_suggestion() -> None:
+    errors = errors_of("device_id: a\ncache:\n  budget_mbb: 10\n")
+    assert errors == ["cache.budget_mbb: unknown key (did you mean 'budget_mb'?) (line 3)"]
+
+
+def test_config_when_wrong_type_names_path_and_line() -> None:
+    errors = errors_of("cache:\n  budget_mb: lots\n")
+    assert errors == ["cache.budget_mb: expected an integer, got 'lots' (line 2)"]
+
+
+def test_config_when_value_out_of_range_is_rejected() -> None:
+    assert errors_of("cache: {budget_mb: 0}") == ["cache.budget_mb: must be >= 1, got 0 (line 1)"]
+
+
+def test_config_when_stream_scheme_unsupported_names_stream_index_and_line() -> None:
+    text = """streams:
+  - {name: a, source: "file:///tmp/a.mp4", model: m}
+  - name: b
+    source: "rtmp://10.0.0.5/live"
+    model: m
+"""
+    assert errors_of(text) == ["streams[1].source: unsupported scheme 'rtmp' (line 4)"]
+
+
+def test_config_when_several_problems_reports_them_all() -> None:
+    text = """device_id: "bad id!"
+api: {http: "0.0.0.0:8000", socket_mode: "999"}
+streams:
+  - {name: a, source: "file:///x", model: m, backpressure: sometimes}
+  - {name: a, source: "file:///y"}
+"""
+    errors = errors_of(text)
+    assert any(e.startswith("device_id:") and "(line 1)" in e for e in errors)
+    assert any(e.startswith("api.http:") and "loopback" in e for e in errors)
+    assert any(e.startswith("api.socket_mode:") for e in errors)
+    assert any(e.startswith("streams[0].backpressure:") and "(line 4)" in e for e in errors)
+    assert any(e.startswith("streams[1].model: missing required key") for e in errors)
+    assert len(errors) == 5
+
+
+def test_config_when_duplicate_stream_names_rejected() -> None:
+    text = "streams:\n  - {name: a, source: 'file:///x', model: m}\n" \
+           "  - {name: a, source: 'file:///y', model: m}\n"
+    assert errors_of(text) == ["streams[1].name: duplicate stream 'a' (line 3)"]
+
+
+def test_config_when_yaml_is_malformed_reports_line() -> None:
+    errors = errors_of("cache:\n  budget_mb: [1, 2\n")
+    assert len(errors) == 1 and errors[0].startswith("(document): invalid YAML")
+    assert "(line" in errors[0]
+
+
+def test_config_when_list_given_for_mapping_says_so() -> None:
+    assert errors_of("cache: [1, 2]") == ["cache: expected a mapping, got a list (line 1)"]
+
+
+def test_config_when_optional_section_is_null_keeps_none() -> None:
+    assert parse_config("mqtt: {tls: null}").mqtt.tls is None
+    assert parse_config("mqtt: {tls: {ca: /etc/ca.pem}}").mqtt.tls.ca == Path("/etc/ca.pem")
+
+
+def test_config_when_cli_overrides_given_replaces_those_fields() -> None:
+    config = with_overrides(parse_config(""), models_dir=Path("/m"), socket=Path("/s.sock"),
+                            http="127.0.0.1:8000")
+    assert (config.models_dir, config.api.socket, config.api.http) == \
+        (Path("/m"), Path("/s.sock"), "127.0.0.1:8000")
+    with pytest.raises(ConfigError, match="loopback-only"):
+        with_overrides(config, http="10.0.0.5:8000")
+
+
+def test_model_config_when_batching_off_has_no_batching_params() -> None:
+    assert parse(ModelConfig, "batching: off").value.batching_params is None
+    assert parse(ModelConfig, "").value.batching_params == BatchingConfig()
+    with pytest.raises(ConfigError, match=r"batching.max_queue_size: must be >= 1"):
+        parse(ModelConfig, "batching: {max_queue_size: 0}")
+
+
+def test_check_config_when_valid_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            repo_dir: Path) -> None:
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {repo_dir}\ncache: {{preload: [tiny_cls]}}\n")
+    assert main(["check-config", str(config)]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def test_check_config_when_invalid_prints_every_error_and_exits_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "edged.yaml"
+    config.write_text("cache:\n  budget_mb: -1\nbogus: 1\n")
+    assert main(["check-config", str(config)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert f"{config}: cache.budget_mb: must be >= 1, got -1 (line 2)" in out
+    assert f"{config}: bogus: unknown key (line 3)" in out
+
+
+def test_check_config_when_a_model_is_broken_names_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], repo_dir: Path) -> None:
+    (repo_dir / "tiny_cls" / "1" / "model.onnx").write_bytes(b"not a model")
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {repo_dir}\ncache: {{preload: [nothere]}}\n")
+    assert main(["check-config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "tiny_cls/1/model.onnx: not a valid ONNX model" in out
+    assert "cache.preload: model 'nothere' is not in" in out
