@@ -92,6 +92,7 @@ class ModelCache:
         self._loading: set[Key] = set()
         self._failed: dict[Key, tuple[float, EdgedError]] = {}
         self._active: dict[str, int] = {}  # name -> version that requests without one get
+        self._bytes = 0  # sum of nbytes over _entries, kept as they come and go
         self.evictions = 0
 
     # -- leases ------------------------------------------------------------------------------
@@ -131,8 +132,8 @@ class ModelCache:
             if entry.refs == 0:
                 if entry.retiring:
                     doomed.append(entry)
-                    self._entries.pop((entry.model.name, entry.model.version), None)
-                elif self._total_bytes() > self.budget_bytes:
+                    self._drop(entry)
+                elif self._bytes > self.budget_bytes:
                     doomed = self._pick_evictions()
                 self._changed.notify_all()
         self._close(doomed)
@@ -172,11 +173,12 @@ class ModelCache:
             with self._lock:
                 entry.refs = int(lease)
                 self._entries[key] = entry
+                self._bytes += entry.nbytes
                 self._failed.pop(key, None)
                 # Routing sticks to what was loaded: a version dropped on disk must not take
                 # requests before it is warmed and swapped in.
                 self._active.setdefault(key[0], default)
-                doomed = self._pick_evictions() if self._total_bytes() > self.budget_bytes else []
+                doomed = self._pick_evictions() if self._bytes > self.budget_bytes else []
                 self._changed.notify_all()
         self._close(doomed)
         return entry
@@ -210,28 +212,28 @@ class ModelCache:
         return Entry(model, session, backend.name, session.nbytes, seconds, self._clock())
 
     # -- eviction and unloading --------------------------------------------------------------
-    def _total_bytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+    def _drop(self, entry: Entry) -> None:
+        """Forget an entry (lock held); the caller closes its session outside the lock."""
+        if self._entries.pop((entry.model.name, entry.model.version), None) is entry:
+            self._bytes -= entry.nbytes
 
     def _pick_evictions(self) -> list[Entry]:
         """Idle, unpinned models, least recently used first, until under budget (lock held)."""
-        total = self._total_bytes()
         doomed = []
         idle = sorted((e for e in self._entries.values()
                        if e.refs == 0 and e.model.name not in self.pinned),
                       key=lambda e: e.last_used)
         for entry in idle:
-            if total <= self.budget_bytes:
+            if self._bytes <= self.budget_bytes:
                 break
-            total -= entry.nbytes
             doomed.append(entry)
-            del self._entries[(entry.model.name, entry.model.version)]
+            self._drop(entry)
             self.evictions += 1
             logger.info("evicting %s (idle, %.1f MB) to stay within the %.1f MB budget",
                         entry.model.label, entry.nbytes / 1e6, self.budget_bytes / 1e6)
-        if total > self.budget_bytes:
+        if self._bytes > self.budget_bytes:
             logger.warning("model cache over budget (%.1f MB > %.1f MB): the rest is pinned or "
-                           "in use", total / 1e6, self.budget_bytes / 1e6)
+                           "in use", self._bytes / 1e6, self.budget_bytes / 1e6)
         return doomed
 
     def _close(self, entries: Iterable[Entry]) -> None:
@@ -257,7 +259,7 @@ class ModelCache:
                                    entry.model.label, timeout_s)
                     return False
                 self._changed.wait(left)
-            self._entries.pop(key, None)
+            self._drop(entry)
         self._close([entry])
         logger.info("unloaded %s", entry.model.label)
         return True

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -113,6 +114,8 @@ class Batcher:
         self._next_deadline: float | None = None
         self._stopping = False
         self._in_flight = 0
+        # Instance slots, shared by the worker threads and by callers running inline.
+        self._free = self._model.config.instances
         self._threads = [threading.Thread(target=self._work_loop, daemon=True,
                                           name=f"edged-{self.label}-{i}")
                          for i in range(self._model.config.instances)]
@@ -122,26 +125,32 @@ class Batcher:
             thread.start()
 
     # -- submitting --------------------------------------------------------------------------
-    def submit(self, inputs: Mapping[str, np.ndarray], priority: int | None,
-               timeout_s: float | None) -> Future[Outputs]:
+    def _request(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+                 timeout_s: float | None) -> Request:
+        """Validate a request against the model and stamp it (priority, deadline)."""
         model, policy = self._model, self._policy
         rows, shape_key = _validate(model, inputs)
         if priority is None or priority == 0:
             priority = policy.default_priority
         elif not 1 <= priority <= policy.levels:
             raise InvalidInput(f"{self.label}: priority {priority} is outside 1..{policy.levels}")
-        if timeout_s is None:
-            timeout_s = policy.default_timeout_s
         now = self._clock()
-        request = Request(inputs, rows, shape_key, priority,
-                          None if timeout_s is None else now + timeout_s, now)
+        return Request(inputs, rows, shape_key, priority,
+                       None if timeout_s is None else now + timeout_s, now)
+
+    def submit(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+               timeout_s: float | None) -> Future[Outputs]:
+        if timeout_s is None:
+            timeout_s = self._policy.default_timeout_s
+        request = self._request(inputs, priority, timeout_s)
+        policy = self._policy
         with self._lock:
             if self._stopping:
                 raise ShuttingDown(f"{self.label} is shutting down")
             if self._queued >= policy.max_queue:
                 self.stats.rejected += 1
                 raise QueueFull(f"{self.label}: queue is full ({policy.max_queue} requests)")
-            self._queues[priority - 1].append(request)
+            self._queues[request.priority - 1].append(request)
             self._queued += 1
             self._work.notify()
             if request.deadline is not None:
@@ -160,28 +169,74 @@ class Batcher:
         pool = HostBufferPool(self._policy.max_batch)
         while True:
             with self._lock:
-                while self._queued == 0 and not self._stopping:
+                while (self._queued == 0 or self._free == 0) and not self._stopping:
                     self._work.wait()
                 if self._queued == 0:
                     return  # stopping, and nothing left to run
+                self._free -= 1
             try:
-                lease = self.cache.acquire(self.name, self.version)
-            except EdgedError as exc:
-                # Every queued request would meet the same load failure: fail them now.
-                self._fail(self._take_all(), exc)
-                continue
-            try:
-                if lease.model is not self._model:  # a swap brought a new version's config
-                    self._adopt(lease.model)
-                with self._lock:
-                    batch = self._take_batch()
-                    self._in_flight += len(batch)
-                deliver = self._execute(batch, lease.session, pool) if batch else None
+                deliver = self._run_next(pool)
             finally:
-                lease.release()
-            # Bookkeeping is done: wake the callers last, so they do not wait for the GIL.
+                self._release_slot()
+            # Wake the callers last: the slot is free again (a caller looping inline finds it)
+            # and no bookkeeping is left for them to wait on.
             if deliver is not None:
                 deliver()
+
+    def _release_slot(self) -> None:
+        with self._lock:
+            self._free += 1
+            if self._queued:
+                self._work.notify()
+
+    def _run_next(self, pool: HostBufferPool) -> Callable[[], None] | None:
+        """Lease the model, take the next batch and run it; return the delivery of results."""
+        try:
+            lease = self.cache.acquire(self.name, self.version)
+        except EdgedError as exc:
+            # Every queued request would meet the same load failure: fail them now.
+            requests = self._take_all()
+            return partial(self._fail, requests, exc)
+        try:
+            if lease.model is not self._model:  # a swap brought a new version's config
+                self._adopt(lease.model)
+            with self._lock:
+                batch = self._take_batch()
+                self._in_flight += len(batch)
+            return self._execute(batch, lease.session, pool) if batch else None
+        finally:
+            lease.release()
+
+    def run_inline(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+                   timeout_s: float | None) -> Outputs:
+        """Run one request on the caller's thread when nothing is queued, an instance slot is
+        free and the model has no queue delay: the batcher would run it alone right away
+        anyway, and this skips two thread wake-ups. Otherwise queue it like submit() and wait."""
+        with self._lock:
+            # With a queue delay the batcher would hold the request to grow a batch: queue it.
+            inline = (self._queued == 0 and self._free > 0 and not self._stopping
+                      and self._policy.max_delay_s == 0)
+            if inline:
+                self._free -= 1
+        if not inline:
+            return self.submit(inputs, priority, timeout_s).result()
+        try:
+            request = self._request(inputs, priority, None)
+            request.future.set_running_or_notify_cancel()
+            lease = self.cache.acquire(self.name, self.version)
+            try:
+                if lease.model is not self._model:
+                    self._adopt(lease.model)
+                    request.rows, request.shape_key = _validate(self._model, inputs)
+                with self._lock:
+                    self._in_flight += 1
+                deliver = self._execute([request], lease.session, None)
+            finally:
+                lease.release()
+        finally:
+            self._release_slot()
+        deliver()
+        return request.future.result()
 
     def _adopt(self, model: ModelVersion) -> None:
         with self._lock:
@@ -251,12 +306,12 @@ class Batcher:
         return batch
 
     def _execute(self, batch: list[Request], session: Session,
-                 pool: HostBufferPool) -> Callable[[], None]:
+                 pool: HostBufferPool | None) -> Callable[[], None]:
         """Run one batch; return the call that hands its results (or error) to the callers."""
         started = time.perf_counter_ns()
         now = self._clock()
         queued_s = sum(now - r.enqueued for r in batch)
-        if len(batch) == 1:
+        if len(batch) == 1 or pool is None:
             inputs = batch[0].inputs  # no copy when a request is a batch of its own
         else:
             inputs = {name: pool.concatenate(name, [r.inputs[name] for r in batch])
@@ -375,9 +430,12 @@ class Scheduler:
 
     def infer(self, model: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
               priority: int | None = None, timeout_s: float | None = None) -> Outputs:
-        """Submit and wait (the wait is bounded by the request timeout plus the run itself)."""
-        return self.submit(model, inputs, version=version, priority=priority,
-                           timeout_s=timeout_s).result()
+        """Run one request and wait for its outputs: on the calling thread when the model is
+        idle (see Batcher.run_inline), else queued like submit()."""
+        batcher = self._batchers.get((model, version))
+        if batcher is None:
+            batcher = self._batcher(model, version)
+        return batcher.run_inline(inputs, priority, timeout_s)
 
     def _batcher(self, model: str, version: int | None) -> Batcher:
         with self._lock:

@@ -71,6 +71,7 @@ class GateBackend:
         self.cond = threading.Condition()
         self.calls: list[dict[str, np.ndarray]] = []
         self.loads: list[str] = []
+        self.threads: list[str] = []  # the thread each call ran on
         self.fail_if = None  # optional predicate on inputs: raise inside the backend call
 
     def unavailable_reason(self) -> str | None:
@@ -89,6 +90,7 @@ class GateBackend:
     def reset(self) -> None:
         with self.cond:
             self.calls.clear()
+            self.threads.clear()
 
 
 class GatedSession:
@@ -101,6 +103,7 @@ class GatedSession:
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self.backend.cond:
             self.backend.calls.append({k: np.array(v, copy=True) for k, v in inputs.items()})
+            self.backend.threads.append(threading.current_thread().name)
             self.backend.cond.notify_all()
         if not self.backend.gate.wait(10):
             raise RuntimeError("test gate never opened")

@@ -67,19 +67,23 @@ def build_repository(root: Path) -> None:
     tiny_model_tools().write_repository(root, names=["tiny_cls"])
 
 
-def interleaved(direct: Callable[[], object], edged: Callable[[], object], *, blocks: int,
-                per_block: int) -> tuple[list[float], list[float]]:
-    """Time both calls in alternating blocks; returns per-call seconds for each."""
-    times: tuple[list[float], list[float]] = ([], [])
+def interleaved(calls: list[Callable[[], object]], *, blocks: int,
+                per_block: int) -> list[list[float]]:
+    """Time the calls in rotating blocks (so drift hits all alike); per-call seconds each."""
+    times: list[list[float]] = [[] for _ in calls]
     for block in range(blocks):
-        order = (0, 1) if block % 2 == 0 else (1, 0)
-        for which in order:
-            call = (direct, edged)[which]
+        for k in range(len(calls)):
+            which = (block + k) % len(calls)
+            call = calls[which]
             for _ in range(per_block):
                 started = time.perf_counter()
                 call()
                 times[which].append(time.perf_counter() - started)
     return times
+
+
+def submit_and_wait(scheduler: Scheduler, model: str, feed: dict[str, np.ndarray]) -> object:
+    return scheduler.submit(model, feed).result()
 
 
 def throughput(submit_one: Callable[[], object], *, clients: int, seconds: float) -> float:
@@ -141,12 +145,12 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
             session.run(None, {input_name: x})
             scheduler.infer(name, {input_name: x})
         feed = {input_name: x}
-        d, e = interleaved(partial(session.run, None, feed), partial(scheduler.infer, name, feed),
-                           blocks=blocks, per_block=per_block)
-        direct, via = Latency.of(d), Latency.of(e)
-        results["latency"][name] = {"direct": direct.__dict__, "edged": via.__dict__,
-                                    "ratio_p50": via.p50_ms / direct.p50_ms,
-                                    "ratio_mean": via.mean_ms / direct.mean_ms}
+        d, e, f = (Latency.of(t) for t in interleaved(
+            [partial(session.run, None, feed), partial(scheduler.infer, name, feed),
+             partial(submit_and_wait, scheduler, name, feed)], blocks=blocks, per_block=per_block))
+        results["latency"][name] = {
+            "direct": d.__dict__, "infer": e.__dict__, "submit": f.__dict__,
+            "infer_ratio_p50": e.p50_ms / d.p50_ms, "submit_ratio_p50": f.p50_ms / d.p50_ms}
 
     x1 = rng.random((1, 3, 48, 192), dtype=np.float32)
     x16 = rng.random((16, 3, 48, 192), dtype=np.float32)
@@ -183,9 +187,12 @@ def _stats(scheduler: Scheduler, name: str) -> tuple[int, int]:
 def format_table(r: dict[str, Any]) -> str:
     lines = ["| measurement | direct ORT | edged | ratio |", "|---|---|---|---|"]
     for name, row in r["latency"].items():
-        d, e = row["direct"], row["edged"]
-        lines.append(f"| {name} c=1 latency p50 / p99 (ms) | {d['p50_ms']:.3f} / {d['p99_ms']:.3f}"
-                     f" | {e['p50_ms']:.3f} / {e['p99_ms']:.3f} | {row['ratio_p50']:.3f} |")
+        d = row["direct"]
+        for path, label in (("infer", "infer()"), ("submit", "submit().result()")):
+            e = row[path]
+            lines.append(f"| {name} c=1 {label} p50 / p99 (ms) | {d['p50_ms']:.3f} / "
+                         f"{d['p99_ms']:.3f} | {e['p50_ms']:.3f} / {e['p99_ms']:.3f} | "
+                         f"{row[path + '_ratio_p50']:.3f} |")
     t = r["throughput"]
     limit = t["direct_batch16"]["images_per_s"]
     lines.append(f"| cls c=16 direct batch-16 session.run (img/s) | {limit:.0f} | | |")

@@ -3,6 +3,7 @@ worker mid-inference, so the queue fills exactly as each story needs, without sl
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -140,6 +141,41 @@ def test_batcher_when_priorities_differ_runs_higher_priority_first(
     for f in (first, low, default, high):
         f.result(10)
     assert [m[0] for m in markers(gate)] == [0.5, 1.0, 2.0, 3.0]
+
+
+def test_scheduler_infer_when_model_idle_runs_on_the_calling_thread(core: Core,
+                                                                    gate: GateBackend) -> None:
+    _, scheduler = core
+    scheduler.cache.load("tiny_cls")
+    gate.reset()
+    assert scheduler.infer("tiny_cls", {"x": cls_input(1.0)})["prob"].shape == (1, 4)
+    assert gate.threads == [threading.current_thread().name]
+
+
+def test_scheduler_infer_when_instance_busy_queues_and_batches(core: Core,
+                                                               gate: GateBackend) -> None:
+    _, scheduler = core
+    first = hold_worker(scheduler, gate, "tiny_cls", {"x": cls_input(0.5)})
+    results: list[np.ndarray] = []
+    callers = [threading.Thread(target=lambda m=m: results.append(
+        scheduler.infer("tiny_cls", {"x": cls_input(m)})["prob"])) for m in (1.0, 2.0)]
+    for t in callers:
+        t.start()
+    wait_queued(scheduler, 2)
+    assert len(gate.calls) == 1  # the single instance is busy: nobody ran beside it
+    gate.gate.set()
+    for t in callers:
+        t.join(10)
+    first.result(10)
+    assert len(results) == 2
+    assert sorted(markers(gate)[1]) == [1.0, 2.0]  # the two blocking calls ran as one batch
+    assert all(name.startswith("edged-tiny_cls") for name in gate.threads)
+
+
+def wait_queued(scheduler: Scheduler, n: int) -> None:
+    batcher = scheduler.batchers()[0]
+    with batcher._lock:
+        assert batcher._work.wait_for(lambda: batcher.depth >= n, 10)
 
 
 def test_batcher_when_priority_outside_levels_is_invalid(core: Core) -> None:
