@@ -1,0 +1,111 @@
+"""`edged run` as a real subprocess: it comes up with its models warm (a broken one reported,
+the others served), and SIGTERM gives an ordered, bounded shutdown."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edged.cli import main
+
+
+class LogReader:
+    """Collects a subprocess's stderr lines on a thread so waits can have deadlines."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        assert proc.stderr is not None
+        self._stream = stream = proc.stderr
+
+        def pump() -> None:
+            for line in stream:
+                self._queue.put(line.rstrip("\n"))
+            self._queue.put(None)
+
+        self._thread = threading.Thread(target=pump, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """After the process has exited: the pump reaches EOF, then the pipe is closed."""
+        self._thread.join(10)
+        self._stream.close()
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line with {text!r} in {timeout}s:\n" +
+                                     "\n".join(self.lines)) from None
+            if line is None:
+                raise AssertionError(f"process ended before {text!r}:\n" + "\n".join(self.lines))
+            self.lines.append(line)
+            if text in line:
+                return line
+
+
+@pytest.fixture
+def daemon_config(tmp_path: Path, repo_dir: Path) -> Path:
+    broken = repo_dir / "broken" / "1"
+    broken.mkdir(parents=True)
+    (broken / "model.onnx").write_bytes(b"\x0a\x03not onnx")
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"""device_id: test-01
+models_dir: {repo_dir}
+cache: {{dir: {tmp_path / 'cache'}, preload: [tiny_cls, broken, tiny_cnn]}}
+backends: {{onnxruntime: {{providers: [cuda, cpu], intra_op_threads: 1}}}}
+logging: {{level: info}}
+""")
+    return config
+
+
+def test_daemon_when_started_warms_models_and_stops_in_order_on_sigterm(
+        daemon_config: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config",
+                             str(daemon_config)], stderr=subprocess.PIPE, text=True)
+    log = LogReader(proc)
+    try:
+        log.wait_for("edged test-01 running")
+        proc.send_signal(signal.SIGTERM)
+        log.wait_for("stopped", timeout=20)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+    text = "\n".join(log.lines)
+    assert "tiny_cls:1 ready on onnxruntime (CPUExecutionProvider)" in text
+    assert "tiny_cnn:1 ready on onnxruntime" in text
+    assert "preload of broken failed" in text and "broken/1/model.onnx: not a valid ONNX" in text
+    order = [i for i, line in enumerate(log.lines)
+             for key in ("shutting down", "unloaded tiny_cls:1", "stopped") if key in line]
+    assert order == sorted(order) and len(order) == 3
+
+
+def test_daemon_when_config_invalid_exits_one_naming_the_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "edged.yaml"
+    config.write_text("device_id: x\nstreams:\n  - {name: a, source: 'rtmp://x', model: m}\n")
+    assert main(["run", "--config", str(config)]) == 1
+    assert "streams[0].source: unsupported scheme 'rtmp' (line 3)" in capsys.readouterr().err
+
+
+def test_bench_core_when_run_quick_prints_table_and_writes_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "core", "--quick", "--out", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "cls c=1 infer() p50" in table and "batching off" in table
+    results = json.loads((tmp_path / "core.json").read_text())
+    assert set(results["latency"]) == {"cls", "tiny_cls"}
+    assert results["throughput"]["cls_delay"]["mean_batch"] > 1  # batches really formed
