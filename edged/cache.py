@@ -3,6 +3,7 @@ evicts idle unpinned models over a byte budget (LRU), and swaps versions without
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
@@ -92,6 +93,7 @@ class ModelCache:
         self._loading: set[Key] = set()
         self._failed: dict[Key, tuple[float, EdgedError]] = {}
         self._active: dict[str, int] = {}  # name -> version that requests without one get
+        self._retired: set[Key] = set()  # swapped out: a late load of one unloads after use
         self._bytes = 0  # sum of nbytes over _entries, kept as they come and go
         self.evictions = 0
 
@@ -142,9 +144,16 @@ class ModelCache:
     def load(self, name: str, version: int | None = None) -> ModelVersion:
         """Load and warm a model now (preload, explicit load); clears a remembered failure."""
         key = (name, self.default_version(name) if version is None else version)
+        return self._load_explicitly(key).model
+
+    def _load_explicitly(self, key: Key) -> Entry:
         with self._lock:
             self._failed.pop(key, None)
-        return self._load(key, lease=False).model
+            self._retired.discard(key)
+        entry = self._load(key, lease=False)
+        with self._lock:
+            entry.retiring = False  # wanted again, e.g. swapped back while it was draining
+        return entry
 
     def _load(self, key: Key, *, lease: bool) -> Entry:
         with self._lock:
@@ -158,27 +167,37 @@ class ModelCache:
                     return entry
                 failed = self._failed.get(key)
                 if failed and self._clock() - failed[0] < FAILED_LOAD_RETRY_S:
-                    raise failed[1]
+                    # A fresh copy: re-raising one object would grow its traceback (and keep
+                    # every failed caller's frames alive) with each raise.
+                    raise copy.copy(failed[1])
                 self._loading.add(key)
             try:
                 default = self.default_version(key[0])
                 entry = self._load_and_warm(key)
-            except EdgedError as exc:
+            except Exception as exc:
+                error = exc if isinstance(exc, EdgedError) else ModelLoadError(
+                    f"{key[0]}:{key[1]}: loading failed: {exc}")
+                if error is not exc:
+                    logger.exception("%s:%d: loading failed", *key)
                 with self._lock:
-                    self._failed[key] = (self._clock(), exc)
-                raise
+                    self._failed[key] = (self._clock(), copy.copy(error))
+                if error is exc:
+                    raise
+                raise error from exc
             finally:
                 with self._lock:
                     self._loading.discard(key)
             with self._lock:
                 entry.refs = int(lease)
+                entry.retiring = key in self._retired  # a version swapped out meanwhile
                 self._entries[key] = entry
                 self._bytes += entry.nbytes
                 self._failed.pop(key, None)
                 # Routing sticks to what was loaded: a version dropped on disk must not take
                 # requests before it is warmed and swapped in.
                 self._active.setdefault(key[0], default)
-                doomed = self._pick_evictions() if self._bytes > self.budget_bytes else []
+                # Never the model just loaded: its caller wants it (and may hold no lease).
+                doomed = self._pick_evictions(keep=key) if self._bytes > self.budget_bytes else []
                 self._changed.notify_all()
         self._close(doomed)
         return entry
@@ -217,11 +236,11 @@ class ModelCache:
         if self._entries.pop((entry.model.name, entry.model.version), None) is entry:
             self._bytes -= entry.nbytes
 
-    def _pick_evictions(self) -> list[Entry]:
+    def _pick_evictions(self, keep: Key | None = None) -> list[Entry]:
         """Idle, unpinned models, least recently used first, until under budget (lock held)."""
         doomed = []
-        idle = sorted((e for e in self._entries.values()
-                       if e.refs == 0 and e.model.name not in self.pinned),
+        idle = sorted((e for k, e in self._entries.items()
+                       if e.refs == 0 and e.model.name not in self.pinned and k != keep),
                       key=lambda e: e.last_used)
         for entry in idle:
             if self._bytes <= self.budget_bytes:
@@ -248,18 +267,27 @@ class ModelCache:
         key = (name, self.default_version(name) if version is None else version)
         deadline = self._clock() + timeout_s
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return True
-            entry.retiring = True
-            while entry.refs > 0:
-                left = deadline - self._clock()
-                if left <= 0:
-                    logger.warning("%s still in use after %.1fs; it will unload when released",
-                                   entry.model.label, timeout_s)
-                    return False
-                self._changed.wait(left)
-            self._drop(entry)
+            load_lock = self._load_locks.setdefault(key, threading.Lock())
+        # A load of this version in flight lands first, then goes with the rest.
+        if not load_lock.acquire(timeout=max(0.0, timeout_s)):
+            logger.warning("%s:%d is still loading after %.1fs; not unloaded", *key, timeout_s)
+            return False
+        try:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is None:
+                    return True
+                entry.retiring = True
+                while entry.refs > 0:
+                    left = deadline - self._clock()
+                    if left <= 0:
+                        logger.warning("%s still in use after %.1fs; it unloads when released",
+                                       entry.model.label, timeout_s)
+                        return False
+                    self._changed.wait(left)
+                self._drop(entry)
+        finally:
+            load_lock.release()
         self._close([entry])
         logger.info("unloaded %s", entry.model.label)
         return True
@@ -268,9 +296,11 @@ class ModelCache:
         """Load and warm `version` beside the current one, switch new requests to it atomically,
         then drain and unload the old one. A failure leaves the old version serving."""
         old = self.default_version(name)
-        self._load((name, version), lease=False)
+        self._load_explicitly((name, version))
         with self._lock:
             self._active[name] = version
+            if old != version:
+                self._retired.add((name, old))
         logger.info("%s: requests now go to version %d (was %d)", name, version, old)
         if old != version:
             self.unload(name, old, timeout_s=drain_timeout_s)
@@ -293,7 +323,7 @@ class ModelCache:
             for version in versions:
                 rows[(name, version)] = ModelStatus(name, version, "UNAVAILABLE",
                                                     pinned=name in self.pinned,
-                                                    reason="not loaded")
+                                                    reason="unloaded; loads on first request")
         with self._lock:
             for key in self._loading:
                 rows[key] = ModelStatus(*key, "LOADING", pinned=key[0] in self.pinned)

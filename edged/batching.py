@@ -1,0 +1,205 @@
+"""The pieces of Triton's dynamic batcher that need no threads: requests, a model's batching
+policy, input validation, and the priority queue that batches are cut from. The scheduler
+guards a `RequestQueue` with its own lock and completes futures outside it."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edged.errors import InvalidInput
+from edged.model_config import BatchingConfig
+from edged.repository import ModelVersion
+
+Outputs = dict[str, np.ndarray]
+ShapeKey = tuple[tuple[int, ...], ...] | None
+
+
+@dataclass(eq=False)
+class Request:
+    inputs: Mapping[str, np.ndarray]
+    rows: int  # batch rows this request brings (1 for a model without a batch dim)
+    shape_key: ShapeKey  # requests batch together only if their keys are equal
+    priority: int  # 1 = highest
+    deadline: float | None
+    enqueued: float
+    future: Future[Outputs] = field(default_factory=Future)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A model version's batching parameters, as the batcher applies them."""
+
+    max_batch: int  # 0 = no batch dim: one request per execution
+    batching: bool
+    preferred: tuple[int, ...]  # ascending
+    max_delay_s: float
+    max_queue: int
+    levels: int
+    default_priority: int
+    default_timeout_s: float | None
+
+    @classmethod
+    def of(cls, model: ModelVersion) -> Policy:
+        params = model.config.batching_params
+        # `batching: off` turns off batching, not the queue bound, priorities and timeouts.
+        bounds = params or BatchingConfig()
+        levels = bounds.priority_levels
+        return cls(
+            max_batch=model.max_batch_size,
+            batching=params is not None and model.max_batch_size > 0,
+            preferred=tuple(sorted(s for s in bounds.preferred_batch_sizes
+                                   if s <= model.max_batch_size)),
+            max_delay_s=bounds.max_queue_delay_us / 1e6,
+            max_queue=bounds.max_queue_size,
+            levels=levels,
+            default_priority=min(bounds.default_priority, levels) or levels,
+            default_timeout_s=bounds.default_timeout_ms / 1000 or None,
+        )
+
+    def can_send_now(self, rows: int, blocked: bool) -> bool:
+        """Triton sends without waiting out the delay when the batch cannot usefully grow."""
+        return (blocked or rows >= self.max_batch
+                or (bool(self.preferred) and rows >= self.preferred[-1]))
+
+    def trim(self, rows: int) -> int:
+        """The row count to send: the largest preferred size that fits, else all of them."""
+        fits = [p for p in self.preferred if p <= rows]
+        return fits[-1] if fits else rows
+
+
+class RequestQueue:
+    """Priority levels (1 first), FIFO within a level. Not thread-safe: the owner locks."""
+
+    def __init__(self, levels: int) -> None:
+        self._levels: list[deque[Request]] = [deque() for _ in range(levels)]
+        self.count = 0
+        self.with_deadline = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def push(self, request: Request) -> None:
+        self._levels[request.priority - 1].append(request)
+        self.count += 1
+        self.with_deadline += request.deadline is not None
+
+    def head(self) -> Request | None:
+        for level in self._levels:
+            if level:
+                return level[0]
+        return None
+
+    def prefix(self, max_rows: int) -> tuple[int, int, bool]:
+        """(count, rows, blocked) of the requests from the head that batch together within
+        max_rows; blocked when the next request has another shape or would not fit."""
+        count = rows = 0
+        key: ShapeKey = None
+        for level in self._levels:
+            for request in level:
+                if count and (request.shape_key != key or rows + request.rows > max_rows):
+                    return count, rows, True
+                key = request.shape_key
+                count += 1
+                rows += request.rows
+        return count, rows, False
+
+    def pop(self, count: int) -> list[Request]:
+        """Take `count` requests from the head; those their callers cancelled are dropped."""
+        taken: list[Request] = []
+        for level in self._levels:
+            while level and count:
+                request = level.popleft()
+                count -= 1
+                self.count -= 1
+                self.with_deadline -= request.deadline is not None
+                # False when the caller cancelled the future while it waited.
+                if request.future.set_running_or_notify_cancel():
+                    taken.append(request)
+        return taken
+
+    def drain(self) -> list[Request]:
+        return self.pop(self.count)
+
+    def expire(self, now: float) -> list[Request]:
+        """Remove and return the requests whose deadline has passed (never to be run)."""
+        return self._remove(lambda r: r.deadline is not None and r.deadline <= now)
+
+    def earliest_deadline(self) -> float | None:
+        deadlines = [r.deadline for level in self._levels for r in level
+                     if r.deadline is not None]
+        return min(deadlines) if deadlines else None
+
+    def relevel(self, levels: int, keep: Callable[[Request], bool]) -> list[Request]:
+        """Re-queue everything into `levels` levels (order kept, priorities clamped); return
+        the requests `keep` refuses, removed."""
+        pending = [r for level in self._levels for r in level]
+        self._levels = [deque() for _ in range(levels)]
+        self.count = self.with_deadline = 0
+        refused = []
+        for request in pending:
+            request.priority = min(request.priority, levels)
+            if keep(request):
+                self.push(request)
+            else:
+                refused.append(request)
+        return refused
+
+    def _remove(self, doomed: Callable[[Request], bool]) -> list[Request]:
+        removed: list[Request] = []
+        for i, level in enumerate(self._levels):
+            if any(doomed(r) for r in level):
+                kept: deque[Request] = deque()
+                for r in level:
+                    (removed if doomed(r) else kept).append(r)
+                self._levels[i] = kept
+        self.count -= len(removed)
+        self.with_deadline -= sum(r.deadline is not None for r in removed)
+        return removed
+
+
+def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int, ShapeKey]:
+    """Check names, dtypes and shapes; return (rows, shape key for batching compatibility)."""
+    specs = model.inputs
+    if len(inputs) != len(specs) or any(s.name not in inputs for s in specs):
+        raise InvalidInput(f"{model.label} expects inputs {[s.name for s in specs]}, "
+                           f"got {sorted(inputs)}")
+    batched = model.max_batch_size > 0
+    rows = 1
+    key = []
+    for i, spec in enumerate(specs):
+        array = inputs[spec.name]
+        if not isinstance(array, np.ndarray):
+            raise InvalidInput(f"{model.label}: input {spec.name} must be a numpy array")
+        if array.dtype != spec.dtype:
+            raise InvalidInput(f"{model.label}: input {spec.name} has dtype {array.dtype}, "
+                               f"expected {spec.dtype}")
+        if array.ndim != len(spec.shape) or any(
+                want not in (-1, got) for got, want in zip(array.shape, spec.shape, strict=True)):
+            raise InvalidInput(f"{model.label}: input {spec.name} has shape {list(array.shape)}, "
+                               f"expected {list(spec.shape)}")
+        if batched:
+            if i == 0:
+                rows = array.shape[0]
+            elif array.shape[0] != rows:
+                raise InvalidInput(f"{model.label}: inputs disagree on the batch size")
+            key.append(array.shape[1:])
+    if batched and not 1 <= rows <= model.max_batch_size:
+        raise InvalidInput(f"{model.label}: batch of {rows} is outside 1..{model.max_batch_size}")
+    return rows, (tuple(key) if batched else None)
+
+
+def split(batch: list[Request], outputs: Outputs) -> None:
+    """Hand each request its rows of the batch outputs (views, no copies)."""
+    if len(batch) == 1:
+        batch[0].future.set_result(outputs)
+        return
+    offset = 0
+    for request in batch:
+        end = offset + request.rows
+        request.future.set_result({k: v[offset:end] for k, v in outputs.items()})
+        offset = end
