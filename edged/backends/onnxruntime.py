@@ -109,6 +109,11 @@ class OrtSession:
         self._output_names = [o.name for o in self.outputs]
         self.nbytes = spec.path.stat().st_size
 
+    @property
+    def ort_session(self) -> Any:
+        """The underlying onnxruntime.InferenceSession (IOBinding users, benchmarks)."""
+        return self._session
+
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         # ORT releases the GIL inside run(), so instance threads truly overlap.
         results = self._session.run(self._output_names, inputs)

@@ -107,5 +107,5 @@ def test_bench_core_when_run_quick_prints_table_and_writes_json(
     table = capsys.readouterr().out
     assert "cls c=1 infer() p50" in table and "batching off" in table
     results = json.loads((tmp_path / "core.json").read_text())
-    assert set(results["latency"]) == {"cls", "tiny_cls"}
+    assert set(results["latency"]) == {"cls", "cls_1t", "tiny_cls"}
     assert results["throughput"]["cls_delay"]["mean_batch"] > 1  # batches really formed
