@@ -1,0 +1,325 @@
+"""The KServe v2 / Triton inference codec: JSON tensors and Triton's binary tensor extension
+(`Inference-Header-Content-Length`, `binary_data_size`, `binary_data`, `binary_data_output`),
+with shared-memory references handed to a resolver. Pure functions: no I/O, no server.
+
+Every malformed request becomes an `InvalidInput` naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edged.errors import InvalidInput
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+TRITON_TO_NUMPY: dict[str, Any] = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BYTES": np.object_,
+}
+NUMPY_TO_TRITON = {np.dtype(v).str: k for k, v in TRITON_TO_NUMPY.items() if k != "BYTES"}
+
+
+def triton_dtype(dtype: np.dtype) -> str:
+    if dtype == np.object_ or dtype.kind in "SU":
+        return "BYTES"
+    name = NUMPY_TO_TRITON.get(dtype.newbyteorder("<").str if dtype.byteorder == ">" else
+                               dtype.str)
+    if name is None:
+        raise InvalidInput(f"dtype {dtype} has no KServe v2 datatype")
+    return name
+
+
+@dataclass(frozen=True)
+class ShmRef:
+    """A tensor that lives in a registered shared-memory region."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool | None = None  # None: the request-level default
+    shm: ShmRef | None = None
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: list[RequestedOutput] = field(default_factory=list)  # empty: every output
+    binary_default: bool = False
+    priority: int | None = None
+    timeout_s: float | None = None
+
+
+ShmReader = Callable[[ShmRef], memoryview]
+ShmWriter = Callable[[ShmRef, np.ndarray], None]
+
+
+def decode_request(body: bytes, json_length: int | None = None, *,
+                   read_shm: ShmReader | None = None) -> InferRequest:
+    """Parse an infer request body; binary tensors become read-only views of `body`."""
+    if json_length is None:
+        json_length = len(body)
+    if not 0 <= json_length <= len(body):
+        raise InvalidInput(f"{HEADER_LENGTH} is {json_length} but the body has {len(body)} bytes")
+    header = _parse_json(body[:json_length])
+    params = _mapping(header.get("parameters", {}), "parameters")
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("id must be a string")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("inputs must be a non-empty list")
+    blob = memoryview(body)[json_length:]
+    offset = 0
+    inputs: dict[str, np.ndarray] = {}
+    for i, raw in enumerate(raw_inputs):
+        tensor, used = _decode_input(_mapping(raw, f"inputs[{i}]"), i, blob, offset, read_shm)
+        if tensor.name in inputs:
+            raise InvalidInput(f"input {tensor.name!r} appears twice")
+        inputs[tensor.name] = tensor.array
+        offset += used
+    if offset != len(blob):
+        raise InvalidInput(f"the body carries {len(blob)} bytes of binary data but the inputs "
+                           f"declare {offset}")
+    outputs = [_decode_output(_mapping(raw, f"outputs[{i}]"), i)
+               for i, raw in enumerate(_list(header.get("outputs", []), "outputs"))]
+    return InferRequest(request_id, inputs, outputs,
+                        binary_default=_bool(params.get("binary_data_output", False),
+                                             "parameters.binary_data_output"),
+                        priority=_priority(params.get("priority")),
+                        timeout_s=_timeout(params.get("timeout")))
+
+
+@dataclass
+class _Decoded:
+    name: str
+    array: np.ndarray
+
+
+def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
+                  read_shm: ShmReader | None) -> tuple[_Decoded, int]:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"inputs[{i}].name must be a non-empty string")
+    datatype = raw.get("datatype")
+    if datatype not in TRITON_TO_NUMPY:
+        raise InvalidInput(f"input {name}: unknown datatype {datatype!r}")
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                              and d >= 0 for d in shape):
+        raise InvalidInput(f"input {name}: shape must be a list of non-negative integers")
+    count = math.prod(shape)
+    params = _mapping(raw.get("parameters", {}), f"input {name} parameters")
+    if "shared_memory_region" in params:
+        if read_shm is None:
+            raise InvalidInput(f"input {name}: shared memory is not available here")
+        ref = _shm_ref(params, f"input {name}")
+        array = _from_bytes(read_shm(ref), datatype, count, name)
+        return _Decoded(name, array.reshape(shape)), 0
+    if "binary_data_size" in params:
+        size = params["binary_data_size"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InvalidInput(f"input {name}: binary_data_size must be a non-negative integer")
+        if offset + size > len(blob):
+            raise InvalidInput(f"input {name}: binary_data_size {size} runs past the body")
+        array = _from_bytes(blob[offset:offset + size], datatype, count, name)
+        return _Decoded(name, array.reshape(shape)), size
+    if "data" not in raw:
+        raise InvalidInput(f"input {name}: no data, binary_data_size or shared memory")
+    return _Decoded(name, _from_json(raw["data"], datatype, shape, name)), 0
+
+
+def _from_bytes(data: memoryview, datatype: str, count: int, name: str) -> np.ndarray:
+    if datatype == "BYTES":
+        return _unpack_bytes(data, count, name)
+    dtype = np.dtype(TRITON_TO_NUMPY[datatype]).newbyteorder("<")
+    if len(data) != count * dtype.itemsize:
+        raise InvalidInput(f"input {name}: {len(data)} bytes of data for {count} {datatype} "
+                           f"elements ({count * dtype.itemsize} bytes expected)")
+    return np.frombuffer(data, dtype=dtype, count=count)  # a view: no copy
+
+
+def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
+    flat = _flatten(data)
+    if len(flat) != math.prod(shape):
+        raise InvalidInput(f"input {name}: {len(flat)} values for shape {shape}")
+    if datatype == "BYTES":
+        return np.array([v.encode() if isinstance(v, str) else v for v in flat],
+                        dtype=np.object_).reshape(shape)
+    try:
+        return np.array(flat, dtype=TRITON_TO_NUMPY[datatype]).reshape(shape)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInput(f"input {name}: data is not {datatype}: {exc}") from exc
+
+
+def _flatten(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        raise InvalidInput("data must be a list")
+    out: list[Any] = []
+    stack = [data]
+    while stack:  # iterative: a hostile, deeply nested list cannot blow the stack
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _unpack_bytes(data: memoryview, count: int, name: str) -> np.ndarray:
+    items: list[bytes] = []
+    pos = 0
+    for _ in range(count):
+        if pos + 4 > len(data):
+            raise InvalidInput(f"input {name}: BYTES data ends early")
+        (length,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        if pos + length > len(data):
+            raise InvalidInput(f"input {name}: BYTES element runs past the data")
+        items.append(bytes(data[pos:pos + length]))
+        pos += length
+    if pos != len(data):
+        raise InvalidInput(f"input {name}: {len(data) - pos} bytes left after {count} elements")
+    return np.array(items, dtype=np.object_)
+
+
+def _decode_output(raw: Mapping[str, Any], i: int) -> RequestedOutput:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"outputs[{i}].name must be a non-empty string")
+    params = _mapping(raw.get("parameters", {}), f"output {name} parameters")
+    shm = _shm_ref(params, f"output {name}") if "shared_memory_region" in params else None
+    binary = params.get("binary_data")
+    return RequestedOutput(name, None if binary is None else _bool(binary, f"output {name} "
+                                                                           "binary_data"), shm)
+
+
+def encode_response(model: str, version: int, request_id: str | None,
+                    outputs: Mapping[str, np.ndarray], requested: list[RequestedOutput],
+                    binary_default: bool, *, write_shm: ShmWriter | None = None
+                    ) -> tuple[bytes, int | None]:
+    """The response body and, when binary data follows the JSON, the JSON's length."""
+    wanted = requested or [RequestedOutput(name) for name in outputs]
+    entries = []
+    blobs: list[bytes | memoryview] = []
+    for out in wanted:
+        if out.name not in outputs:
+            raise InvalidInput(f"model {model} has no output {out.name!r} "
+                               f"(outputs: {', '.join(outputs)})")
+        array = np.asarray(outputs[out.name])
+        entry: dict[str, Any] = {"name": out.name, "datatype": triton_dtype(array.dtype),
+                                 "shape": list(array.shape)}
+        if out.shm is not None:
+            if write_shm is None:
+                raise InvalidInput(f"output {out.name}: shared memory is not available here")
+            write_shm(out.shm, array)
+            entry["parameters"] = {"shared_memory_region": out.shm.region,
+                                   "shared_memory_byte_size": out.shm.byte_size}
+        elif out.binary if out.binary is not None else binary_default:
+            raw = _to_bytes(array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = _to_json(array)
+        entries.append(entry)
+    header: dict[str, Any] = {"model_name": model, "model_version": str(version),
+                              "outputs": entries}
+    if request_id is not None:
+        header["id"] = request_id
+    head = json.dumps(header, separators=(",", ":")).encode()
+    if not blobs:
+        return head, None
+    return b"".join([head, *blobs]), len(head)
+
+
+def _to_bytes(array: np.ndarray) -> bytes | memoryview:
+    if array.dtype == np.object_ or array.dtype.kind in "SU":
+        parts = []
+        for item in array.reshape(-1):
+            raw = item.encode() if isinstance(item, str) else bytes(item)
+            parts += [struct.pack("<I", len(raw)), raw]
+        return b"".join(parts)
+    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+    return np.ascontiguousarray(little).data.cast("B")  # joined into the body: one copy
+
+
+def _to_json(array: np.ndarray) -> list[Any]:
+    if array.dtype == np.object_:
+        return [v.decode(errors="replace") if isinstance(v, bytes) else v
+                for v in array.reshape(-1)]
+    if array.dtype == np.float16:
+        array = array.astype(np.float32)
+    return array.reshape(-1).tolist()
+
+
+def _parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInput(f"malformed JSON: {exc}") from exc
+    except RecursionError as exc:  # a hostile body nested deeper than the parser can go
+        raise InvalidInput("malformed JSON: nested too deeply") from exc
+    if not isinstance(header, dict):
+        raise InvalidInput("the request must be a JSON object")
+    return header
+
+
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be an object")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InvalidInput(f"{what} must be a list")
+    return value
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{what} must be true or false")
+    return value
+
+
+def _shm_ref(params: Mapping[str, Any], what: str) -> ShmRef:
+    region = params.get("shared_memory_region")
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not region:
+        raise InvalidInput(f"{what}: shared_memory_region must be a non-empty string")
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidInput(f"{what}: {key} must be a non-negative integer")
+    return ShmRef(region, offset, size)  # type: ignore[arg-type]
+
+
+def _priority(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput("parameters.priority must be a non-negative integer")
+    return value
+
+
+def _timeout(value: Any) -> float | None:
+    """Triton's `timeout` parameter is in microseconds; 0 means none."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput("parameters.timeout must be a non-negative integer (microseconds)")
+    return value / 1e6 or None

@@ -1,0 +1,195 @@
+"""The KServe v2 / Triton codec: JSON and binary tensors both ways, and every malformed request
+rejected with an InvalidInput that says what is wrong."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edged.api.protocol import (
+    RequestedOutput,
+    ShmRef,
+    decode_request,
+    encode_response,
+    triton_dtype,
+)
+from edged.errors import InvalidInput
+
+
+def binary_body(header: dict[str, Any], *blobs: bytes) -> tuple[bytes, int]:
+    head = json.dumps(header).encode()
+    return head + b"".join(blobs), len(head)
+
+
+def test_decode_when_json_data_nested_or_flat_builds_arrays_and_parameters() -> None:
+    body = json.dumps({
+        "id": "req-7",
+        "parameters": {"priority": 2, "timeout": 250000, "binary_data_output": True},
+        "inputs": [{"name": "a", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3, 4]]},
+                   {"name": "b", "shape": [3], "datatype": "INT64", "data": [5, 6, 7]}],
+        "outputs": [{"name": "sum", "parameters": {"binary_data": False}}],
+    }).encode()
+    request = decode_request(body)
+    assert request.id == "req-7"
+    assert (request.priority, request.timeout_s, request.binary_default) == (2, 0.25, True)
+    np.testing.assert_array_equal(request.inputs["a"], np.array([[1, 2], [3, 4]], np.float32))
+    assert request.inputs["a"].dtype == np.float32 and request.inputs["b"].dtype == np.int64
+    assert request.outputs == [RequestedOutput("sum", binary=False)]
+
+
+def test_decode_when_binary_data_follows_json_gives_zero_copy_views() -> None:
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([1, -2], dtype=np.int16)
+    body, length = binary_body({"inputs": [
+        {"name": "a", "shape": [2, 3], "datatype": "FP32",
+         "parameters": {"binary_data_size": a.nbytes}},
+        {"name": "j", "shape": [1], "datatype": "BOOL", "data": [True]},
+        {"name": "b", "shape": [2], "datatype": "INT16",
+         "parameters": {"binary_data_size": b.nbytes}}]}, a.tobytes(), b.tobytes())
+    request = decode_request(body, length)
+    np.testing.assert_array_equal(request.inputs["a"], a)
+    np.testing.assert_array_equal(request.inputs["b"], b)
+    assert request.inputs["j"].dtype == np.bool_
+    view = request.inputs["a"]
+    assert not view.flags.writeable and not view.flags.owndata  # a view of the body
+
+
+def test_decode_when_bytes_tensor_binary_or_json_round_trips() -> None:
+    items = [b"hello", b"", b"\x00\xff"]
+    raw = b"".join(struct.pack("<I", len(x)) + x for x in items)
+    body, length = binary_body({"inputs": [{"name": "s", "shape": [3], "datatype": "BYTES",
+                                            "parameters": {"binary_data_size": len(raw)}}]}, raw)
+    assert list(decode_request(body, length).inputs["s"]) == items
+    as_json = json.dumps({"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES",
+                                      "data": ["x", "yz"]}]}).encode()
+    assert list(decode_request(as_json).inputs["s"]) == [b"x", b"yz"]
+
+
+def test_decode_when_input_lives_in_shared_memory_reads_it_through_the_resolver() -> None:
+    region = bytearray(64)
+    region[16:32] = np.arange(4, dtype=np.float32).tobytes()
+    seen: list[ShmRef] = []
+
+    def read(ref: ShmRef) -> memoryview:
+        seen.append(ref)
+        return memoryview(region)[ref.offset:ref.offset + ref.byte_size]
+
+    body = json.dumps({"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "parameters": {
+        "shared_memory_region": "frames", "shared_memory_offset": 16,
+        "shared_memory_byte_size": 16}}]}).encode()
+    request = decode_request(body, read_shm=read)
+    assert seen == [ShmRef("frames", 16, 16)]
+    np.testing.assert_array_equal(request.inputs["x"], [0, 1, 2, 3])
+
+
+def with_blob(head: bytes, blob: bytes) -> tuple[bytes, int]:
+    return head + blob, len(head)
+
+
+BAD_REQUESTS = [
+    (b"{not json", None, "malformed JSON"),
+    (b"[1, 2]", None, "must be a JSON object"),
+    (b'{"inputs": []}', None, "inputs must be a non-empty list"),
+    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP33", "data": [1, 2]}]}', None,
+     "unknown datatype 'FP33'"),
+    (b'{"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}', None,
+     "shape must be a list of non-negative integers"),
+    (b'{"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]}', None,
+     "2 values for shape"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": ["a"]}]}', None,
+     "data is not INT32"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}', None, "no data"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]},'
+     b' {"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}', None, "appears twice"),
+    (*with_blob(b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",'
+                b' "parameters": {"binary_data_size": 8}}]}', b"\x00" * 4), "runs past the body"),
+    (*with_blob(b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",'
+                b' "parameters": {"binary_data_size": 4}}]}', b"\x00" * 4),
+     "4 bytes of data for 2"),
+    (*with_blob(b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}',
+                b"xx"), "2 bytes of binary data but the inputs declare 0"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}', 500,
+     "Inference-Header-Content-Length is 500"),
+    (b'{"parameters": {"timeout": -5}, "inputs": [{"name": "x", "shape": [1], "datatype": '
+     b'"FP32", "data": [1]}]}', None, "timeout must be a non-negative integer"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "parameters": '
+     b'{"shared_memory_region": "r", "shared_memory_byte_size": 4}}]}', None,
+     "shared memory is not available"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+     b'"outputs": [{"parameters": {}}]}', None, r"outputs\[0\].name"),
+]
+
+
+@pytest.mark.parametrize(("body", "length", "message"), BAD_REQUESTS)
+def test_decode_when_request_is_malformed_raises_invalid_input(body: bytes, length: int | None,
+                                                               message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        decode_request(body, length)
+
+
+def test_decode_when_data_is_nested_very_deeply_stays_a_clean_error() -> None:
+    deep = "[" * 100000 + "]" * 100000
+    body = ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ' + deep +
+            "}]}").encode()
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        decode_request(body)
+
+
+def test_encode_when_binary_requested_puts_data_after_json_with_its_length() -> None:
+    outputs = {"prob": np.array([[0.25, 0.75]], np.float32), "label": np.array([1], np.int64)}
+    body, length = encode_response("cls", 3, "r1", outputs,
+                                   [RequestedOutput("prob", binary=True),
+                                    RequestedOutput("label")], binary_default=False)
+    assert length is not None
+    header = json.loads(body[:length])
+    assert header["model_name"] == "cls" and header["model_version"] == "3"
+    assert header["id"] == "r1"
+    prob, label = header["outputs"]
+    assert prob == {"name": "prob", "datatype": "FP32", "shape": [1, 2],
+                    "parameters": {"binary_data_size": 8}}
+    assert label == {"name": "label", "datatype": "INT64", "shape": [1], "data": [1]}
+    np.testing.assert_array_equal(np.frombuffer(body[length:], np.float32), [0.25, 0.75])
+
+
+def test_encode_when_nothing_binary_is_plain_json_of_every_output() -> None:
+    body, length = encode_response("m", 1, None, {"a": np.array([1.5], np.float16),
+                                                  "s": np.array([b"x"], np.object_)}, [], False)
+    assert length is None
+    outputs = json.loads(body)["outputs"]
+    assert outputs == [{"name": "a", "datatype": "FP16", "shape": [1], "data": [1.5]},
+                       {"name": "s", "datatype": "BYTES", "shape": [1], "data": ["x"]}]
+    assert "id" not in json.loads(body)
+
+
+def test_encode_when_output_goes_to_shared_memory_writes_it_and_sends_no_data() -> None:
+    written: dict[ShmRef, np.ndarray] = {}
+    ref = ShmRef("out", 0, 8)
+    body, length = encode_response("m", 1, None, {"y": np.ones(2, np.float32)},
+                                   [RequestedOutput("y", shm=ref)], True,
+                                   write_shm=written.__setitem__)
+    assert length is None and list(written) == [ref]
+    assert json.loads(body)["outputs"][0]["parameters"] == {"shared_memory_region": "out",
+                                                            "shared_memory_byte_size": 8}
+
+
+def test_encode_when_unknown_output_requested_names_the_real_ones() -> None:
+    with pytest.raises(InvalidInput, match=r"no output 'nope' \(outputs: y\)"):
+        encode_response("m", 1, None, {"y": np.ones(1)}, [RequestedOutput("nope")], False)
+
+
+def test_round_trip_when_request_encoded_like_a_client_decodes_to_the_same_arrays() -> None:
+    rng = np.random.default_rng(0)
+    arrays = {"f16": rng.random((2, 3)).astype(np.float16), "u8": np.arange(5, dtype=np.uint8),
+              "f64": rng.random(4)}
+    header = {"inputs": [{"name": n, "shape": list(a.shape), "datatype": triton_dtype(a.dtype),
+                          "parameters": {"binary_data_size": a.nbytes}}
+                         for n, a in arrays.items()]}
+    body, length = binary_body(header, *(a.tobytes() for a in arrays.values()))
+    decoded = decode_request(body, length).inputs
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(decoded[name], array)
+        assert decoded[name].dtype == array.dtype
