@@ -10,13 +10,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 import numpy as np
 
 from edged.backends import BackendOptions, LoadSpec, Session, choose_backend
 from edged.config import OrtConfig
-from edged.errors import EdgedError, ModelLoadError, ModelNotFound, ModelNotReady
+from edged.errors import EdgedError, ModelLoadError, ModelNotFound
 from edged.repository import ModelRepository, ModelVersion
 
 logger = logging.getLogger(__name__)
@@ -342,10 +343,6 @@ class ModelCache:
         with self._lock:
             return key in self._entries
 
-    def require_ready(self, name: str, version: int | None = None) -> None:
-        if not self.ready(name, version):
-            raise ModelNotReady(f"model {name!r} is not loaded")
-
 
 def _precision(model: ModelVersion) -> str:
     # The measured auto choice (INT8 vs FP32) belongs to the GPU/quantization work; until a
@@ -361,11 +358,10 @@ def _options_for(model: ModelVersion, base: BackendOptions) -> BackendOptions:
     return dataclasses.replace(base, **changes)
 
 
-def backend_options(ort: OrtConfig, cache_dir: object) -> BackendOptions:
-    from pathlib import Path
-
+def backend_options(ort: OrtConfig, cache_dir: Path) -> BackendOptions:
+    """The daemon's ONNX Runtime settings as backend options."""
     return BackendOptions(tuple(ort.providers), ort.intra_op_threads, ort.inter_op_threads,
-                          ort.allow_spinning, ort.graph_optimization, Path(str(cache_dir)))
+                          ort.allow_spinning, ort.graph_optimization, cache_dir)
 
 
 def warmup_inputs(model: ModelVersion) -> dict[str, np.ndarray]:

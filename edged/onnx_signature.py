@@ -7,7 +7,6 @@ every disagreement is reported with the model.yaml line and the ONNX file's name
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,6 @@ from edged.backends.base import TensorSpec
 from edged.errors import ConfigIssue, InvalidModel
 from edged.model_config import DTYPES, ModelConfig, TensorConfig
 from edged.schema import Parsed
-
-logger = logging.getLogger(__name__)
 
 # Triton's auto-complete uses 4; edge batches of camera frames are often a little larger.
 DEFAULT_MAX_BATCH_SIZE = 8

@@ -205,6 +205,7 @@ class ModelRepository:
             raise InvalidModel(f"{target} already exists; versions are immutable")
         stage = self.staging_dir() / f"{name}-{version}-{uuid.uuid4().hex[:8]}"
         stage.mkdir(parents=True)
+        installed = False
         try:
             for filename, content in files.items():
                 if "/" in filename or filename.startswith(".") or filename == ACTIVE_FILE:
@@ -214,10 +215,11 @@ class ModelRepository:
             read_signature(stage / MODEL_FILE)  # a corrupt file never reaches the repository
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(stage, target)
+            installed = True
             _fsync_dir(target.parent)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
+        finally:
+            if not installed:  # whatever stopped it, the half-written stage goes
+                shutil.rmtree(stage, ignore_errors=True)
         logger.info("installed %s:%d into %s", name, version, target)
         return self.get(name, version)
 

@@ -31,8 +31,7 @@ NUMPY_TO_TRITON = {np.dtype(v).str: k for k, v in TRITON_TO_NUMPY.items() if k !
 def triton_dtype(dtype: np.dtype) -> str:
     if dtype == np.object_ or dtype.kind in "SU":
         return "BYTES"
-    name = NUMPY_TO_TRITON.get(dtype.newbyteorder("<").str if dtype.byteorder == ">" else
-                               dtype.str)
+    name = NUMPY_TO_TRITON.get(dtype.newbyteorder("<").str)  # big-endian maps like little
     if name is None:
         raise InvalidInput(f"dtype {dtype} has no KServe v2 datatype")
     return name
