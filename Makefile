@@ -9,7 +9,7 @@ DEMO   := var/demo
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	$(BIN)/pip install --quiet -e '.[cpu,video,dev]'
 	# Only the PP-OCR model files of this wheel are used (tests, benchmarks): skip its deps,
 	# which would pull a second OpenCV build.
 	$(BIN)/pip install --quiet --no-deps rapidocr-onnxruntime
@@ -31,7 +31,9 @@ test: lint
 	$(BIN)/pytest
 
 bench: setup
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/edged bench core
+	$(BIN)/edged bench api
 
 clean:
 	rm -rf $(VENV) var bench-results

@@ -1,16 +1,26 @@
-"""The `edged` command line: run the daemon, check a config, benchmark."""
+"""The `edged` command line: run the daemon, check a config, call a running daemon, benchmark."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from edged.api.protocol import TRITON_TO_NUMPY
+from edged.backends import TensorSpec
 from edged.config import DaemonConfig, load_config, with_overrides
-from edged.errors import ConfigError, EdgedError
+from edged.errors import ConfigError, EdgedError, InvalidInput
+from edged.model_config import PreprocessConfig
 from edged.repository import ModelRepository
+
+if TYPE_CHECKING:
+    from edged.client import EdgedClient
 
 DEFAULT_CONFIG = Path("/etc/edged/edged.yaml")
 
@@ -31,11 +41,42 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path)
     check.add_argument("--models-dir", type=Path, help="check this repository instead")
 
+    infer = sub.add_parser("infer", help="run one inference on a running daemon")
+    infer.add_argument("model")
+    infer.add_argument("--input", "-i", action="append", required=True, metavar="[NAME=]FILE",
+                       help=".npy array or image (jpg/png/...: preprocessed as the model "
+                            "says); NAME= for models with several inputs")
+    infer.add_argument("--version", type=int, help="model version (default: the active one)")
+    infer.add_argument("--json", action="store_true", help="print the response as JSON")
+    _add_target(infer)
+
+    models = sub.add_parser("models", help="list a running daemon's models")
+    _add_target(models)
+
     bench = sub.add_parser("bench", help="run a benchmark and print its table")
-    bench.add_argument("suite", choices=["core"])
+    bench.add_argument("suite", choices=["core", "api"])
     bench.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON folder")
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     return parser
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--socket", type=Path, help="daemon socket (default: from --config)")
+    parser.add_argument("--http", metavar="HOST:PORT", help="use the loopback TCP listener")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                        help="read api.socket from this file when --socket is not given")
+
+
+def _client(args: argparse.Namespace) -> EdgedClient:
+    from edged.client import EdgedClient
+
+    if args.http:
+        return EdgedClient(http=args.http)
+    socket = args.socket
+    if socket is None:
+        socket = load_config(args.config).api.socket if args.config.exists() else \
+            DaemonConfig().api.socket
+    return EdgedClient(socket)
 
 
 def _setup_logging(level: str) -> None:
@@ -92,16 +133,94 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        rows = client.models()
+    table = [("MODEL", "VERSION", "STATE", "BACKEND", "PROVIDERS / REASON")]
+    for row in rows:
+        detail = ", ".join(row.get("providers", [])) or row.get("reason", "")
+        table.append((row["name"], row["version"], row["state"], row.get("backend", "-"),
+                      detail))
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4])
+    return 0
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        inputs = read_inputs(client, args.model, args.version, args.input)
+        result = client.infer(args.model, inputs, version=args.version)
+    if args.json:
+        print(json.dumps({"model_name": result.model, "model_version": result.version,
+                          "outputs": {k: v.tolist() for k, v in result.outputs.items()}}))
+        return 0
+    print(f"{result.model}:{result.version}")
+    with np.printoptions(precision=5, suppress=True, threshold=64, edgeitems=4):
+        for name, array in result.outputs.items():
+            print(f"{name} {array.dtype} {list(array.shape)}\n{array}")
+    return 0
+
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
+
+
+def read_inputs(client: EdgedClient, model: str, version: int | None,
+                given: list[str]) -> dict[str, np.ndarray]:
+    """`--input` values as tensors: .npy as they are, images preprocessed as the model's
+    `preprocess` says (its defaults when it says nothing)."""
+    meta = client.model_config(model, version)
+    batched = meta["max_batch_size"] > 0
+    specs = {t["name"]: TensorSpec(t["name"], np.dtype(TRITON_TO_NUMPY[t["data_type"][5:]]),
+                                   tuple(([1] if batched else []) + t["dims"]))
+             for t in meta["input"]}
+    inputs = {}
+    for item in given:
+        name, sep, file = item.partition("=")
+        if not sep:
+            if len(specs) != 1:
+                raise InvalidInput(f"{model} has inputs {', '.join(specs)}: use NAME=FILE")
+            name, file = next(iter(specs)), item
+        if name not in specs:
+            raise InvalidInput(f"{model} has no input {name!r} (inputs: {', '.join(specs)})")
+        path = Path(file)
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            inputs[name] = _image_tensor(path, meta["edged"].get("preprocess"), specs[name])
+        else:
+            inputs[name] = np.load(path, allow_pickle=False)
+    return inputs
+
+
+def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec) -> np.ndarray:
+    try:
+        import cv2
+
+        from edged.processing.pre import preprocess
+    except ImportError as exc:
+        raise InvalidInput("reading images needs OpenCV: pip install 'edged[video]'") from exc
+    frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if frame is None:
+        raise InvalidInput(f"{path}: not an image OpenCV can read")
+    config = PreprocessConfig(**(pre or {}))  # type: ignore[arg-type]
+    tensor, _geometry = preprocess(frame, config, spec)
+    return tensor
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    _setup_logging("warning")
+    if args.suite == "api":
+        from edged.bench import api
+
+        return api.main(out_dir=args.out, quick=args.quick)
     from edged.bench import core
 
-    _setup_logging("warning")
     return core.main(out_dir=args.out, quick=args.quick)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    commands = {"run": cmd_run, "check-config": cmd_check_config, "bench": cmd_bench}
+    commands = {"run": cmd_run, "check-config": cmd_check_config, "infer": cmd_infer,
+                "models": cmd_models, "bench": cmd_bench}
     try:
         return commands[args.command](args)
     except ConfigError as exc:
@@ -110,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except EdgedError as exc:
         print(f"edged: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the CLI's own files and the daemon's socket
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"edged: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
 
 

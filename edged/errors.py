@@ -91,6 +91,13 @@ class InvalidInput(EdgedError):
     http_status = 400
 
 
+class Forbidden(EdgedError):
+    """A socket peer whose uid/gid is not on the allowlist."""
+
+    code = "forbidden"
+    http_status = 403
+
+
 class QueueFull(EdgedError):
     code = "queue_full"
     http_status = 503

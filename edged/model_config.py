@@ -80,6 +80,34 @@ class OrtOverrides:
     allow_spinning: bool | None = setting(None, "let idle ORT threads spin")
 
 
+def _check_size(size: list[int]) -> str | None:
+    return None if len(size) == 2 and min(size) > 0 else "resize must be [width, height] > 0"
+
+
+def _check_triple(values: list[float]) -> str | None:
+    return None if len(values) in (1, 3) else "give one value or one per channel (3)"
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """How a frame becomes an input tensor: resize (or letterbox), colour order, scale, mean/std
+    normalisation, layout. The result is ((pixel * scale) - mean) / std per channel."""
+
+    resize: list[int] | None = setting(None, "[width, height]; null = the input's own H and W",
+                                       check=_check_size)
+    keep_ratio: bool = setting(False, "letterbox: keep the aspect ratio, pad the rest")
+    pad: Literal["center", "end"] = setting("center", "letterbox padding: both sides, or "
+                                            "right/bottom only (PP-OCR)")
+    pad_value: float = setting(0.0, "value of padded pixels, before scaling (0-255)")
+    color: Literal["rgb", "bgr", "gray"] = setting("rgb", "channel order the model expects")
+    scale: float = setting(1 / 255, "pixels are multiplied by this first")
+    mean: list[float] = setting(factory=lambda: [0.0], help="subtracted after scaling",
+                                check=_check_triple)
+    std: list[float] = setting(factory=lambda: [1.0], help="divided by after the mean",
+                               check=_check_triple)
+    layout: Literal["nchw", "nhwc"] = setting("nchw", "tensor layout")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """`models/<name>/model.yaml`; every key optional where the ONNX file can tell."""
@@ -92,7 +120,7 @@ class ModelConfig:
     instances: int = setting(1, "worker threads (execution instances)", check=between(1, 64))
     backend: Literal["auto", "tensorrt", "onnxruntime"] = setting("auto", "backend choice")
     precision: Literal["auto", "fp32", "fp16", "int8"] = setting("auto", "numeric precision")
-    preprocess: dict[str, Any] | None = setting(None, "frame pre-processing (streams)")
+    preprocess: PreprocessConfig | None = setting(None, "frame pre-processing (images, streams)")
     postprocess: dict[str, Any] | None = setting(None, "result post-processing (streams)")
     version_policy: VersionPolicy = setting(factory=lambda: VersionPolicy(latest=1),
                                             help="versions served")

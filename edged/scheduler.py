@@ -12,6 +12,7 @@ Futures are completed outside the batcher's lock: a caller's done-callback may s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -54,7 +55,14 @@ class BatcherStats:
     exec_count: int = 0  # batches run
     queue_ns: int = 0
     compute_ns: int = 0
+    request_ns: int = 0  # per request: its queue wait + its batch's compute
     last_exec: float = 0.0  # clock time the last batch finished (the health tick reads it)
+
+    def __add__(self, other: BatcherStats) -> BatcherStats:
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
+                  for f in dataclasses.fields(self)}
+        summed["last_exec"] = max(self.last_exec, other.last_exec)
+        return BatcherStats(**summed)
 
 
 class Batcher:
@@ -71,8 +79,8 @@ class Batcher:
         self._work = threading.Condition(self._lock)  # queued work, a free slot, or stopping
         self._reaper_wake = threading.Condition(self._lock)  # an earlier deadline, or stopping
         self._drained = threading.Condition(self._lock)  # progress while stopping
-        self.stats = BatcherStats()
         self._model = cache.describe(name, version)
+        self._stats: dict[int, BatcherStats] = {}  # by model version
         self._policy = Policy.of(self._model)
         self._queue = RequestQueue(self._policy.levels)
         self._next_deadline: float | None = None
@@ -91,6 +99,28 @@ class Batcher:
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def serving_version(self) -> int:
+        return self._model.version
+
+    @property
+    def stats(self) -> BatcherStats:
+        """Counters over every version this batcher has run."""
+        with self._lock:
+            return sum(self._stats.values(), BatcherStats())
+
+    def stats_by_version(self) -> dict[int, BatcherStats]:
+        with self._lock:
+            return {v: dataclasses.replace(s) for v, s in self._stats.items()}
+
+    def _counters(self, version: int | None = None) -> BatcherStats:
+        """The counters of `version` (default: the version now served); lock held."""
+        version = self._model.version if version is None else version
+        stats = self._stats.get(version)
+        if stats is None:
+            stats = self._stats[version] = BatcherStats()
+        return stats
 
     # -- callers -----------------------------------------------------------------------------
     def _request(self, inputs: Mapping[str, np.ndarray], priority: int | None,
@@ -114,7 +144,7 @@ class Batcher:
             if self._stopping:
                 raise ShuttingDown(f"{self.label} is shutting down")
             if len(self._queue) >= self._policy.max_queue:
-                self.stats.rejected += 1
+                self._counters().rejected += 1
                 raise QueueFull(f"{self.label}: queue is full ({self._policy.max_queue} requests)")
             self._queue.push(request)
             self._work.notify()
@@ -272,12 +302,17 @@ class Batcher:
             logger.exception("%s: inference failed for a batch of %d", self.label, rows)
             failure = InferenceFailed(f"{self.label}: inference failed: {exc}")
         finished = time.perf_counter_ns()
+        for request in batch:
+            # Inputs may be views of a caller's buffer (a shared memory region): let go of them
+            # before the caller hears back and unmaps it.
+            request.inputs = {}
         with self._lock:
-            s = self.stats
+            s = self._counters()  # the version run: adopted under the lease held now
             s.exec_count += 1
             s.inference_count += rows
             s.compute_ns += finished - started
             s.queue_ns += int(queued_s * 1e9)
+            s.request_ns += int(queued_s * 1e9) + (finished - started) * len(batch)
             s.last_exec = self._clock()
             if failure is None:
                 s.success += len(batch)
@@ -290,7 +325,7 @@ class Batcher:
 
     def _fail(self, requests: list[Request], error: EdgedError) -> None:
         with self._lock:
-            self.stats.failure += len(requests)
+            self._counters().failure += len(requests)
         _fail_all(requests, error)
 
     # -- timeouts ----------------------------------------------------------------------------
@@ -298,8 +333,9 @@ class Batcher:
         if not expired:
             return
         with self._lock:
-            self.stats.timeouts += len(expired)
-            self.stats.failure += len(expired)
+            stats = self._counters()
+            stats.timeouts += len(expired)
+            stats.failure += len(expired)
         now = self._clock()
         for r in expired:
             if r.future.set_running_or_notify_cancel():
@@ -366,6 +402,14 @@ class Scheduler:
         """Run one request and wait for its outputs: on the calling thread when the model is
         idle (see Batcher.run_inline), else queued like submit()."""
         return self._batcher(model, version).run_inline(inputs, priority, timeout_s)
+
+    def has_batcher(self, model: str, version: int | None = None) -> bool:
+        return (model, version) in self._batchers
+
+    def prepare(self, model: str, version: int | None = None) -> None:
+        """Create the model's batcher now (it reads the model's files): async callers do this
+        on a thread before their first submit, so that submit never touches the disk."""
+        self._batcher(model, version)
 
     def _batcher(self, model: str, version: int | None) -> Batcher:
         batcher = self._batchers.get((model, version))  # the hot path: no lock

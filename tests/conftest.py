@@ -153,3 +153,7 @@ def ppocr_cls(tmp_path: Path) -> Path:
 
 def cpu_count() -> int:
     return os.cpu_count() or 1
+
+
+# The in-process daemon fixtures live in their own module; importing them here registers them.
+from served_daemon import make_served, served, short_dir  # noqa: E402, F401

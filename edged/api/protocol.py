@@ -64,17 +64,21 @@ class InferRequest:
 
 
 ShmReader = Callable[[ShmRef], memoryview]
+# A message body as parts (the JSON, then each tensor's bytes), sent without joining them:
+# joining would copy every tensor once more.
+Parts = list[bytes | memoryview]
 ShmWriter = Callable[[ShmRef, np.ndarray], None]
 
 
-def decode_request(body: bytes, json_length: int | None = None, *,
+def decode_request(body: bytes | bytearray | memoryview, json_length: int | None = None, *,
                    read_shm: ShmReader | None = None) -> InferRequest:
-    """Parse an infer request body; binary tensors become read-only views of `body`."""
+    """Parse an infer request body; binary tensors become views of `body` (no copy)."""
+    body = memoryview(body).cast("B")
     if json_length is None:
         json_length = len(body)
     if not 0 <= json_length <= len(body):
         raise InvalidInput(f"{HEADER_LENGTH} is {json_length} but the body has {len(body)} bytes")
-    header = _parse_json(body[:json_length])
+    header = _parse_json(bytes(body[:json_length]))
     params = _mapping(header.get("parameters", {}), "parameters")
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
@@ -82,7 +86,7 @@ def decode_request(body: bytes, json_length: int | None = None, *,
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("inputs must be a non-empty list")
-    blob = memoryview(body)[json_length:]
+    blob = body[json_length:]
     offset = 0
     inputs: dict[str, np.ndarray] = {}
     for i, raw in enumerate(raw_inputs):
@@ -210,7 +214,7 @@ def _decode_output(raw: Mapping[str, Any], i: int) -> RequestedOutput:
 def encode_response(model: str, version: int, request_id: str | None,
                     outputs: Mapping[str, np.ndarray], requested: list[RequestedOutput],
                     binary_default: bool, *, write_shm: ShmWriter | None = None
-                    ) -> tuple[bytes, int | None]:
+                    ) -> tuple[Parts, int | None]:
     """The response body and, when binary data follows the JSON, the JSON's length."""
     wanted = requested or [RequestedOutput(name) for name in outputs]
     entries = []
@@ -240,9 +244,98 @@ def encode_response(model: str, version: int, request_id: str | None,
     if request_id is not None:
         header["id"] = request_id
     head = json.dumps(header, separators=(",", ":")).encode()
-    if not blobs:
-        return head, None
-    return b"".join([head, *blobs]), len(head)
+    return [head, *blobs], len(head) if blobs else None
+
+
+@dataclass(frozen=True)
+class ShmTensor:
+    """A client's input that already sits in a registered region."""
+
+    ref: ShmRef
+    datatype: str
+    shape: tuple[int, ...]
+
+
+def encode_request(inputs: Mapping[str, np.ndarray | ShmTensor],
+                   outputs: list[RequestedOutput], *, binary: bool = True,
+                   request_id: str | None = None, parameters: Mapping[str, Any] | None = None
+                   ) -> tuple[Parts, int | None]:
+    """A client's infer request body and, when binary data follows the JSON, its length."""
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes | memoryview] = []
+    for name, value in inputs.items():
+        if isinstance(value, ShmTensor):
+            entries.append({"name": name, "datatype": value.datatype, "shape": list(value.shape),
+                            "parameters": _shm_params(value.ref)})
+            continue
+        array = np.asarray(value)
+        entry: dict[str, Any] = {"name": name, "datatype": triton_dtype(array.dtype),
+                                 "shape": list(array.shape)}
+        if binary:
+            raw = _to_bytes(array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = _to_json(array)
+        entries.append(entry)
+    header: dict[str, Any] = {"inputs": entries}
+    if outputs:
+        header["outputs"] = [_output_entry(o) for o in outputs]
+    params = dict(parameters or {})
+    if binary:
+        params["binary_data_output"] = True
+    if params:
+        header["parameters"] = params
+    if request_id is not None:
+        header["id"] = request_id
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return [head, *blobs], len(head) if blobs else None
+
+
+def _shm_params(ref: ShmRef) -> dict[str, Any]:
+    return {"shared_memory_region": ref.region, "shared_memory_offset": ref.offset,
+            "shared_memory_byte_size": ref.byte_size}
+
+
+def _output_entry(out: RequestedOutput) -> dict[str, Any]:
+    params: dict[str, Any] = _shm_params(out.shm) if out.shm is not None else {}
+    if out.binary is not None and out.shm is None:
+        params["binary_data"] = out.binary
+    return {"name": out.name, "parameters": params} if params else {"name": out.name}
+
+
+@dataclass
+class InferResponse:
+    model: str
+    version: str
+    id: str | None
+    outputs: dict[str, np.ndarray]  # JSON and binary outputs
+    in_shm: dict[str, tuple[str, tuple[int, ...]]]  # outputs written to shm: datatype, shape
+
+
+def decode_response(body: bytes, json_length: int | None = None) -> InferResponse:
+    """A client's view of an infer response (the inverse of `encode_response`)."""
+    json_length = len(body) if json_length is None else json_length
+    header = _parse_json(body[:json_length])
+    blob = memoryview(body)[json_length:]
+    offset = 0
+    outputs: dict[str, np.ndarray] = {}
+    in_shm: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for raw in _list(header.get("outputs", []), "outputs"):
+        entry = _mapping(raw, "output")
+        name, datatype, shape = entry["name"], entry["datatype"], list(entry["shape"])
+        params = _mapping(entry.get("parameters", {}), f"output {name} parameters")
+        if "shared_memory_region" in params:
+            in_shm[name] = (datatype, tuple(shape))
+        elif "binary_data_size" in params:
+            size = params["binary_data_size"]
+            array = _from_bytes(blob[offset:offset + size], datatype, math.prod(shape), name)
+            outputs[name] = array.reshape(shape)
+            offset += size
+        else:
+            outputs[name] = _from_json(entry.get("data", []), datatype, shape, name)
+    return InferResponse(header.get("model_name", ""), header.get("model_version", ""),
+                         header.get("id"), outputs, in_shm)
 
 
 def _to_bytes(array: np.ndarray) -> bytes | memoryview:
@@ -253,7 +346,7 @@ def _to_bytes(array: np.ndarray) -> bytes | memoryview:
             parts += [struct.pack("<I", len(raw)), raw]
         return b"".join(parts)
     little = array.astype(array.dtype.newbyteorder("<"), copy=False)
-    return np.ascontiguousarray(little).data.cast("B")  # joined into the body: one copy
+    return np.ascontiguousarray(little).data.cast("B")  # sent as it is: no copy
 
 
 def _to_json(array: np.ndarray) -> list[Any]:

@@ -95,7 +95,7 @@ class ShmRegistry:
             else:
                 raise InvalidInput(f"shared memory region {name!r} is not registered")
             self._closing.extend(doomed)
-        self._close_unused()
+        self.collect()
 
     def status(self, name: str | None = None) -> list[dict[str, object]]:
         with self._lock:
@@ -132,7 +132,8 @@ class ShmRegistry:
         target = np.frombuffer(region.mapping, np.uint8, data.nbytes, start)
         target[:] = data.reshape(-1).view(np.uint8)
 
-    def _close_unused(self) -> None:
+    def collect(self) -> None:
+        """Unmap unregistered regions that no request views any more."""
         with self._lock:
             pending, self._closing = self._closing, []
         still = []

@@ -69,15 +69,19 @@ def build_repository(root: Path) -> None:
     tiny_model_tools().write_repository(root, names=["tiny_cls"])
 
 
-def interleaved(calls: list[Callable[[], object]], *, blocks: int,
-                per_block: int) -> list[list[float]]:
-    """Time the calls in rotating blocks (so drift hits all alike); per-call seconds each."""
+def interleaved(calls: list[Callable[[], object]], *, blocks: int, per_block: int,
+                pause_s: float = 0.0) -> list[list[float]]:
+    """Time the calls in rotating blocks (so drift hits all alike); per-call seconds each.
+    `pause_s` before each call lets the previous one's threads settle: right after a 50 ms
+    ORT run in this process, the next call here measured ~6 ms slower."""
     times: list[list[float]] = [[] for _ in calls]
     for block in range(blocks):
         for k in range(len(calls)):
             which = (block + k) % len(calls)
             call = calls[which]
             for _ in range(per_block):
+                if pause_s:
+                    time.sleep(pause_s)
                 started = time.perf_counter()
                 call()
                 times[which].append(time.perf_counter() - started)

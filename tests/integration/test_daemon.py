@@ -55,7 +55,7 @@ class LogReader:
 
 
 @pytest.fixture
-def daemon_config(tmp_path: Path, repo_dir: Path) -> Path:
+def daemon_config(tmp_path: Path, repo_dir: Path, short_dir: Path) -> Path:
     broken = repo_dir / "broken" / "1"
     broken.mkdir(parents=True)
     (broken / "model.onnx").write_bytes(b"\x0a\x03not onnx")
@@ -64,6 +64,7 @@ def daemon_config(tmp_path: Path, repo_dir: Path) -> Path:
 models_dir: {repo_dir}
 cache: {{dir: {tmp_path / 'cache'}, preload: [tiny_cls, broken, tiny_cnn]}}
 backends: {{onnxruntime: {{providers: [cuda, cpu], intra_op_threads: 1}}}}
+api: {{socket: {short_dir / 'edged.sock'}}}
 logging: {{level: info}}
 """)
     return config
@@ -109,3 +110,16 @@ def test_bench_core_when_run_quick_prints_table_and_writes_json(
     results = json.loads((tmp_path / "core.json").read_text())
     assert set(results["latency"]) == {"cls", "cls_1t", "tiny_cls"}
     assert results["throughput"]["cls_delay"]["mean_batch"] > 1  # batches really formed
+
+
+def test_bench_api_when_run_quick_measures_every_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "api", "--quick", "--out", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "PP-OCR det 1x3x640x640" in table and "edged, Unix socket, binary" in table
+    results = json.loads((tmp_path / "api.json").read_text())
+    for model in ("tiny_cls", "det"):
+        row = results["latency"][model]
+        assert row["direct"]["p50_ms"] > 0 and row["socket"]["p50_ms"] > 0
+        assert row["shm"]["p50_ms"] > 0
+    assert results["rates"]["edged_socket_binary"]["c8"]["requests_per_s"] > 0

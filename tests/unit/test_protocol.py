@@ -141,9 +141,10 @@ def test_decode_when_data_is_nested_very_deeply_stays_a_clean_error() -> None:
 
 def test_encode_when_binary_requested_puts_data_after_json_with_its_length() -> None:
     outputs = {"prob": np.array([[0.25, 0.75]], np.float32), "label": np.array([1], np.int64)}
-    body, length = encode_response("cls", 3, "r1", outputs,
+    parts, length = encode_response("cls", 3, "r1", outputs,
                                    [RequestedOutput("prob", binary=True),
                                     RequestedOutput("label")], binary_default=False)
+    body = b"".join(parts)
     assert length is not None
     header = json.loads(body[:length])
     assert header["model_name"] == "cls" and header["model_version"] == "3"
@@ -156,8 +157,9 @@ def test_encode_when_binary_requested_puts_data_after_json_with_its_length() -> 
 
 
 def test_encode_when_nothing_binary_is_plain_json_of_every_output() -> None:
-    body, length = encode_response("m", 1, None, {"a": np.array([1.5], np.float16),
+    parts, length = encode_response("m", 1, None, {"a": np.array([1.5], np.float16),
                                                   "s": np.array([b"x"], np.object_)}, [], False)
+    body = b"".join(parts)
     assert length is None
     outputs = json.loads(body)["outputs"]
     assert outputs == [{"name": "a", "datatype": "FP16", "shape": [1], "data": [1.5]},
@@ -168,9 +170,10 @@ def test_encode_when_nothing_binary_is_plain_json_of_every_output() -> None:
 def test_encode_when_output_goes_to_shared_memory_writes_it_and_sends_no_data() -> None:
     written: dict[ShmRef, np.ndarray] = {}
     ref = ShmRef("out", 0, 8)
-    body, length = encode_response("m", 1, None, {"y": np.ones(2, np.float32)},
+    parts, length = encode_response("m", 1, None, {"y": np.ones(2, np.float32)},
                                    [RequestedOutput("y", shm=ref)], True,
                                    write_shm=written.__setitem__)
+    body = b"".join(parts)
     assert length is None and list(written) == [ref]
     assert json.loads(body)["outputs"][0]["parameters"] == {"shared_memory_region": "out",
                                                             "shared_memory_byte_size": 8}

@@ -1,0 +1,362 @@
+"""The socket API: the KServe v2 HTTP/REST protocol with Triton's extensions (binary tensors,
+system shared memory, model repository), served by aiohttp on the daemon's asyncio loop over
+a Unix socket and, when configured, a loopback TCP port.
+
+Handlers never block the loop: inference goes through `Scheduler.submit` (its future wrapped
+with `asyncio.wrap_future`); anything that reads model files or loads a model runs on a thread.
+Every failure becomes a KServe-style `{"error": ...}` body with the error's HTTP status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from edged import __version__
+from edged.api import describe
+from edged.api.listeners import UnixListener, bind_unix, peer_credentials
+from edged.api.protocol import (
+    HEADER_LENGTH,
+    InferRequest,
+    ShmRef,
+    decode_request,
+    encode_response,
+)
+from edged.api.shm import ShmRegistry
+from edged.cache import ModelCache
+from edged.config import ApiConfig, split_host_port
+from edged.errors import EdgedError, Forbidden, InvalidInput, ModelNotFound
+from edged.metrics import CONTENT_TYPE, Metrics
+from edged.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+EXTENSIONS = ["binary_tensor_data", "system_shared_memory", "model_repository",
+              "model_configuration", "schedule_policy"]
+ALIGN = 64  # bytes; where tensor data in a request body starts
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiServer:
+    def __init__(self, config: ApiConfig, *, scheduler: Scheduler, cache: ModelCache,
+                 shm: ShmRegistry, metrics: Metrics, is_ready: Callable[[], bool]) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.cache = cache
+        self.shm = shm
+        self.metrics = metrics
+        self.is_ready = is_ready
+        self._allowed_uids = frozenset(config.allowed_uids)
+        self._allowed_gids = frozenset(config.allowed_gids)
+        self._runner: web.AppRunner | None = None
+        self._unix: UnixListener | None = None
+        self.app = self._make_app()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _make_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_request_mb * 1024 * 1024,
+                              middlewares=[self._errors])
+        get, post = web.get, web.post
+        model = "/v2/models/{model}"
+        versioned = "/v2/models/{model}/versions/{version}"
+        shm = "/v2/systemsharedmemory"
+        app.add_routes([
+            get("/v2", self.server_metadata),
+            get("/v2/health/live", self.live),
+            get("/v2/health/ready", self.ready),
+            *(route for base in (model, versioned) for route in (
+                get(base, self.model_metadata),
+                get(base + "/ready", self.model_ready),
+                get(base + "/config", self.model_config),
+                post(base + "/infer", self.infer),
+            )),
+            post("/v2/repository/index", self.repository_index),
+            post("/v2/repository/models/{model}/load", self.load),
+            post("/v2/repository/models/{model}/unload", self.unload),
+            get(shm + "/status", self.shm_status),
+            get(shm + "/region/{region}/status", self.shm_status),
+            post(shm + "/region/{region}/register", self.shm_register),
+            post(shm + "/region/{region}/unregister", self.shm_unregister),
+            post(shm + "/unregister", self.shm_unregister),
+            web.route("*", "/v2/cudasharedmemory{tail:.*}", self.cuda_shm),
+            get("/metrics", self.prometheus),
+        ])
+        return app
+
+    async def start(self) -> None:
+        """Listen on the Unix socket (and the loopback port, if configured)."""
+        cfg = self.config
+        self._unix = bind_unix(cfg.socket, int(cfg.socket_mode, 8), cfg.socket_group)
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                               shutdown_timeout=5.0)
+        await runner.setup()
+        self._runner = runner
+        try:
+            await web.SockSite(runner, self._unix.sock).start()
+            logger.info("API on unix:%s (mode %s%s)", cfg.socket, cfg.socket_mode,
+                        f", group {cfg.socket_group}" if cfg.socket_group else "")
+            if cfg.http:
+                host, port = split_host_port(cfg.http)
+                await web.TCPSite(runner, host, port).start()
+                logger.info("API on http://%s", cfg.http)
+                if self._allowed_uids or self._allowed_gids:
+                    logger.warning("the TCP listener %s cannot check peer uids/gids: the "
+                                   "allowlist applies to the Unix socket only", cfg.http)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (bounded), remove the socket file."""
+        try:
+            if self._runner is not None:
+                await self._runner.cleanup()
+        finally:
+            self._runner = None
+            if self._unix is not None:
+                self._unix.remove()
+                self._unix = None
+
+    # -- middleware --------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            self._check_peer(request)
+            return await handler(request)
+        except EdgedError as exc:
+            return self._error(exc.http_status, exc.code, str(exc))
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return self._error(exc.status, "http", exc.reason if exc.text is None
+                               else exc.text.removeprefix(f"{exc.status}: "))
+        except Exception as exc:  # last resort: one request fails, the server keeps serving
+            logger.exception("%s %s failed", request.method, request.path)
+            return self._error(500, "internal", f"internal error: {exc}")
+
+    def _error(self, status: int, code: str, message: str) -> web.Response:
+        self.metrics.api_errors.labels(code).inc()
+        return web.json_response({"error": message, "code": code}, status=status)
+
+    def _check_peer(self, request: web.Request) -> None:
+        if not (self._allowed_uids or self._allowed_gids) or request.transport is None:
+            return
+        sock = request.transport.get_extra_info("socket")
+        creds = peer_credentials(sock) if sock is not None else None
+        if creds is None:
+            return  # the loopback TCP listener: documented as outside the allowlist
+        _pid, uid, gid = creds
+        if uid in self._allowed_uids or gid in self._allowed_gids:
+            return
+        raise Forbidden(f"peer uid {uid} gid {gid} is not allowed on this socket")
+
+    # -- server ------------------------------------------------------------------------------
+    async def server_metadata(self, _request: web.Request) -> web.Response:
+        return web.json_response({"name": "edged", "version": __version__,
+                                  "extensions": EXTENSIONS})
+
+    async def live(self, _request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def ready(self, _request: web.Request) -> web.Response:
+        ready = self.is_ready()
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    async def prometheus(self, _request: web.Request) -> web.Response:
+        body = await asyncio.to_thread(self.metrics.render)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    # -- models ------------------------------------------------------------------------------
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        name, version = _model_ref(request)
+
+        def read() -> dict[str, Any]:
+            model = self.cache.describe(name, version)
+            versions = self.cache.repository.served_versions(name)
+            return describe.model_metadata(model, versions)
+
+        return web.json_response(await asyncio.to_thread(read))
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        name, version = _model_ref(request)
+        await asyncio.to_thread(self.cache.describe, name, version)  # 404 for unknown models
+        ready = self.cache.ready(name, version)
+        return web.json_response({"name": name, "ready": ready}, status=200 if ready else 503)
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        name, version = _model_ref(request)
+        model = await asyncio.to_thread(self.cache.describe, name, version)
+        return web.json_response(describe.model_config(model))
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        name, version = _model_ref(request)
+        json_length = _json_length(request)
+        body = await self._read_body(request, json_length)
+        regions: list[ShmRef] = []
+
+        def read_shm(ref: ShmRef) -> memoryview:
+            regions.append(ref)
+            return self.shm.read(ref)
+
+        parsed = decode_request(body, json_length, read_shm=read_shm)
+        try:
+            if not self.scheduler.has_batcher(name, version):
+                await asyncio.to_thread(self.scheduler.prepare, name, version)
+            self._check_outputs(name, version, parsed)
+            future = self.scheduler.submit(name, parsed.inputs, version=version,
+                                           priority=parsed.priority, timeout_s=parsed.timeout_s)
+            outputs = await asyncio.wrap_future(future)
+            served = version if version is not None else self.cache.default_version(name)
+            parts, json_length = encode_response(name, served, parsed.id, outputs,
+                                                 parsed.outputs, parsed.binary_default,
+                                                 write_shm=self.shm.write)
+        finally:
+            if regions:
+                del parsed  # drop the views into the regions, then unmap unregistered ones
+                self.shm.collect()
+        if json_length is None:
+            return web.Response(body=parts[0], content_type="application/json")
+        # Tensor bytes go out as they are: joining them to the JSON would copy them again.
+        response = web.StreamResponse(headers={HEADER_LENGTH: str(json_length)})
+        response.content_type = "application/octet-stream"
+        response.content_length = sum(len(part) for part in parts)
+        await response.prepare(request)
+        for part in parts:
+            await response.write(part)
+        await response.write_eof()
+        return response
+
+    async def _read_body(self, request: web.Request, json_length: int | None
+                         ) -> bytes | memoryview:
+        """The body, read once into a buffer of its own (aiohttp's read() copies it twice) that
+        is not zero-filled first and is placed so the tensor bytes after the JSON start
+        64-byte aligned, as numpy and the backends want them."""
+        length = request.content_length
+        if length is None or "Content-Encoding" in request.headers:
+            return await request.read()  # chunked or compressed: let aiohttp assemble it
+        limit = self.config.max_request_mb * 1024 * 1024
+        if length > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
+        raw = np.empty(length + ALIGN, np.uint8)
+        start = -(raw.ctypes.data + (json_length or 0)) % ALIGN
+        view = raw.data[start:start + length]
+        filled = 0
+        while filled < length:
+            chunk = await request.content.readany()
+            if not chunk or filled + len(chunk) > length:
+                raise InvalidInput(f"the body does not match its Content-Length of {length}")
+            view[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+        return view
+
+    def _check_outputs(self, name: str, version: int | None, parsed: InferRequest) -> None:
+        """Unknown requested outputs fail before the model runs, not after."""
+        if not parsed.outputs:
+            return
+        known = {spec.name for spec in self.cache.describe(name, version).outputs}
+        for out in parsed.outputs:
+            if out.name not in known:
+                raise InvalidInput(f"model {name} has no output {out.name!r} "
+                                   f"(outputs: {', '.join(sorted(known))})")
+
+    # -- repository --------------------------------------------------------------------------
+    async def repository_index(self, request: web.Request) -> web.Response:
+        body = await _json_body(request, default={})
+        ready_only = body.get("ready", False)
+        if not isinstance(ready_only, bool):
+            raise InvalidInput("ready must be true or false")
+        rows = await asyncio.to_thread(self.cache.status)
+        return web.json_response([describe.index_entry(r) for r in rows
+                                  if not ready_only or r.state == "READY"])
+
+    async def load(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        body = await _json_body(request, default={})
+        if body.get("parameters"):
+            raise InvalidInput("load with an overriding config or files is not supported: "
+                               "install versions into the repository (or push them by OTA)")
+        await asyncio.to_thread(self.cache.load, name)
+        return web.json_response({})
+
+    async def unload(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        await _json_body(request, default={})
+
+        def unload_all() -> None:
+            if name not in self.cache.repository.names():
+                raise ModelNotFound(f"no model named {name!r}")
+            for row in self.cache.status():
+                if row.name == name and row.state == "READY":
+                    self.cache.unload(name, row.version)
+
+        await asyncio.to_thread(unload_all)
+        return web.json_response({})
+
+    # -- system shared memory ----------------------------------------------------------------
+    async def shm_status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.shm.status(request.match_info.get("region")))
+
+    async def shm_register(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        key = body.get("key")
+        if not isinstance(key, str):
+            raise InvalidInput("key must be a string")
+        offset, size = _integer(body, "offset", 0), _integer(body, "byte_size")
+        await asyncio.to_thread(self.shm.register, request.match_info["region"], key,
+                                offset, size)
+        return web.json_response({})
+
+    async def shm_unregister(self, request: web.Request) -> web.Response:
+        self.shm.unregister(request.match_info.get("region"))
+        return web.json_response({})
+
+    async def cuda_shm(self, _request: web.Request) -> web.Response:
+        raise InvalidInput("CUDA shared memory is not supported; use system shared memory")
+
+
+def _model_ref(request: web.Request) -> tuple[str, int | None]:
+    name = request.match_info["model"]
+    raw = request.match_info.get("version")
+    if raw is None or raw == "":
+        return name, None
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidInput(f"model version must be a positive integer, got {raw!r}")
+    version = int(raw)
+    return name, version
+
+
+def _integer(body: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = body.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidInput(f"{key} must be an integer")
+    return value
+
+
+def _json_length(request: web.Request) -> int | None:
+    raw = request.headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInput(f"{HEADER_LENGTH} must be an integer, got {raw!r}") from None
+
+
+async def _json_body(request: web.Request, default: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip() and default is not None:
+        return default
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidInput(f"malformed JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    return body
+

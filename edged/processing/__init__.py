@@ -1,0 +1,1 @@
+"""Frames to tensors (`pre`) and tensors to results (`post`)."""

@@ -1,0 +1,191 @@
+"""Bad input at the socket API: each case gets its HTTP status and a KServe `{"error": ...}`
+body, and the server goes on serving (checked after every case) with no mapping leaked."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import GateBackend, write_yaml
+from served_daemon import Served, ServeFactory
+
+from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef
+from edged.client import ApiError, EdgedClient, SharedRegion
+from edged.errors import ConfigError
+
+X = np.zeros((1, 3, 8, 8), np.float32)
+
+
+def tensor_json(**overrides: object) -> bytes:
+    entry = {"name": "x", "datatype": "FP32", "shape": [1, 3, 8, 8], "data": [0.0] * 192}
+    entry.update(overrides)
+    return json.dumps({"inputs": [entry]}).encode()
+
+
+def still_serves(client: EdgedClient) -> None:
+    assert client.infer("tiny_cls", {"x": X}).outputs["prob"].shape == (1, 4)
+
+
+CASES: dict[str, tuple[str, bytes, dict[str, str], int, str]] = {
+    # name: (path, body, headers, status, words in the error)
+    "malformed json": ("/v2/models/tiny_cls/infer", b'{"inputs": [', {}, 400, "malformed JSON"),
+    "not an object": ("/v2/models/tiny_cls/infer", b"[1, 2]", {}, 400, "JSON object"),
+    "wrong dtype": ("/v2/models/tiny_cls/infer", tensor_json(datatype="INT32", data=[0] * 192),
+                    {}, 400, "int32"),
+    "unknown dtype": ("/v2/models/tiny_cls/infer", tensor_json(datatype="FP33"), {}, 400,
+                      "unknown datatype"),
+    "wrong shape": ("/v2/models/tiny_cls/infer", tensor_json(shape=[1, 3, 9, 9],
+                                                             data=[0.0] * 243), {}, 400, "shape"),
+    "count mismatch": ("/v2/models/tiny_cls/infer", tensor_json(data=[0.0] * 191), {}, 400,
+                       "191 values"),
+    "binary size past body": (
+        "/v2/models/tiny_cls/infer",
+        json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 8, 8],
+                                "parameters": {"binary_data_size": 768}}]}).encode() + b"\0" * 10,
+        {HEADER_LENGTH: "-"}, 400, "runs past the body"),
+    "bad header length": ("/v2/models/tiny_cls/infer", tensor_json(), {HEADER_LENGTH: "x"}, 400,
+                          HEADER_LENGTH),
+    "unknown model": ("/v2/models/nope/infer", tensor_json(), {}, 404, "nope"),
+    "unknown version": ("/v2/models/tiny_cls/versions/7/infer", tensor_json(), {}, 404, "7"),
+    "bad version": ("/v2/models/tiny_cls/versions/x1/infer", tensor_json(), {}, 400,
+                    "positive integer"),
+    "unknown output": ("/v2/models/tiny_cls/infer",
+                       json.dumps({**json.loads(tensor_json()), "outputs": [{"name": "zz"}]})
+                       .encode(), {}, 400, "no output 'zz'"),
+    "priority out of range": ("/v2/models/tiny_cls/infer",
+                              json.dumps({**json.loads(tensor_json()),
+                                          "parameters": {"priority": 5}}).encode(), {}, 400,
+                              "priority 5"),
+    "unknown route": ("/v2/nothing", b"{}", {}, 404, "Not Found"),
+    "unknown shm region": ("/v2/models/tiny_cls/infer", tensor_json(
+        parameters={"shared_memory_region": "ghost", "shared_memory_byte_size": 768}), {}, 400,
+        "not registered"),
+    "cuda shm": ("/v2/cudasharedmemory/region/a/register", b"{}", {}, 400, "not supported"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_api_when_request_is_bad_answers_status_and_error_then_still_serves(
+        served: Served, case: str) -> None:
+    path, body, headers, status, words = CASES[case]
+    if headers.get(HEADER_LENGTH) == "-":
+        headers = {HEADER_LENGTH: str(body.index(b"}]}") + 3)}
+    with served.client() as client:
+        got, _headers, raw = client.request("POST", path, body, headers)
+        answer = json.loads(raw)
+        assert got == status, answer
+        assert words in answer["error"] and set(answer) == {"error", "code"}
+        still_serves(client)
+        assert 'edged_api_errors_total{code="' in client.metrics()
+
+
+def test_api_when_body_exceeds_max_request_size_answers_413(make_served: ServeFactory) -> None:
+    served = make_served(api="max_request_mb: 1")
+    big = np.zeros((400, 3, 8, 8), np.float32).tobytes() * 4  # 1.2 MB
+    with served.client() as client:
+        status, _headers, raw = client.request("POST", "/v2/models/tiny_cls/infer", big)
+        assert status == 413 and "error" in json.loads(raw)
+    with served.client() as client:
+        still_serves(client)
+
+
+def test_shm_when_reference_is_out_of_bounds_refuses_and_keeps_the_region(
+        served: Served) -> None:
+    with served.client() as client, SharedRegion(f"edged-oob-{os.getpid()}", 1024) as region:
+        client.register_shm("r", region.key, 1024)
+        for ref in (ShmRef("r", 512, 768), ShmRef("r", 0, 2048)):
+            with pytest.raises(ApiError) as caught:
+                client.infer("tiny_cls", {"x": X}, outputs=[RequestedOutput("prob", shm=ref)])
+            assert caught.value.status == 400 and "outside region" in str(caught.value)
+        tensor = region.tensor("r", X)
+        bad_input = type(tensor)(ShmRef("r", 512, 768), "FP32", (1, 3, 8, 8))
+        with pytest.raises(ApiError, match="outside region"):
+            client.infer("tiny_cls", {"x": bad_input})
+        with pytest.raises(ApiError, match="exceeds"):  # registering past the object's end
+            client.register_shm("big", region.key, 4096)
+        assert [r["name"] for r in client.shm_status()] == ["r"]
+        assert client.infer("tiny_cls", {"x": tensor}).outputs["prob"].shape == (1, 4)
+        client.unregister_shm("r")
+        with pytest.raises(ApiError, match="not registered"):
+            client.unregister_shm("r")
+    shm = served.daemon.shm
+    assert shm.status() == [] and not shm._closing  # every mapping closed
+
+
+def test_api_when_queue_is_full_answers_503_and_runs_the_queued_ones(
+        gate: GateBackend, make_served: ServeFactory, repo_dir: Path) -> None:
+    write_yaml(repo_dir, "tiny_cls", "batching: {max_queue_size: 1}\n")
+    served = make_served()
+    gate.reset()  # forget the warm-up call
+    gate.gate.clear()
+    answers: list[object] = []
+
+    def call() -> None:
+        with served.client() as client:
+            try:
+                answers.append(client.infer("tiny_cls", {"x": X}).outputs["prob"].shape)
+            except ApiError as exc:
+                answers.append(exc.status)
+
+    held = threading.Thread(target=call)
+    held.start()
+    gate.wait_calls(1)  # the worker is inside the model: the next request queues
+    queued = threading.Thread(target=call)
+    queued.start()
+    batcher = served.daemon.scheduler.batchers()[0]
+    wait_until(lambda: batcher.depth == 1)
+    with served.client() as client:
+        with pytest.raises(ApiError) as caught:
+            client.infer("tiny_cls", {"x": X})
+        assert caught.value.status == 503 and caught.value.code == "queue_full"
+        gate.gate.set()
+        held.join(10)
+        queued.join(10)
+        assert answers == [(1, 4), (1, 4)]
+        still_serves(client)
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if check():
+            return
+        done.wait(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def test_socket_when_peer_uid_is_not_allowed_answers_403(make_served: ServeFactory) -> None:
+    served = make_served(api=f"allowed_uids: [{os.getuid() + 4242}]")
+    with served.client() as client:
+        assert not client.live()
+        with pytest.raises(ApiError) as caught:
+            client.models()
+        assert caught.value.status == 403 and caught.value.code == "forbidden"
+    allowed = make_served(api=f"allowed_gids: [{os.getgid()}]")
+    with allowed.client() as client:
+        assert client.ready()
+
+
+def test_socket_when_a_stale_file_is_left_replaces_it_and_refuses_foreign_files(
+        make_served: ServeFactory, short_dir: Path) -> None:
+    stale = short_dir / "a.sock"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(stale))  # bound, never listening: what a killed daemon leaves behind
+    dead.close()
+    served = make_served(sock_name="a.sock")
+    with served.client() as client:
+        assert client.ready()
+    with pytest.raises(ConfigError, match="in use"):
+        make_served(sock_name="a.sock")
+    (short_dir / "b.sock").write_text("not mine")
+    with pytest.raises(ConfigError, match="not a socket"):
+        make_served(sock_name="b.sock")
+    assert (short_dir / "b.sock").read_text() == "not mine"
+    with served.client() as client:
+        still_serves(client)

@@ -1,0 +1,107 @@
+"""Fixtures (imported by conftest.py): the daemon served in-process on a thread, on a short
+Unix socket path and a loopback port, over the generated tiny model repository."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from edged.client import EdgedClient
+from edged.config import DaemonConfig, parse_config
+from edged.daemon import Daemon
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Served:
+    daemon: Daemon
+    socket: Path
+    http: str  # HOST:PORT of the loopback listener
+
+    def client(self) -> EdgedClient:
+        return EdgedClient(self.socket, timeout_s=30)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """Unix socket paths must fit 107 bytes; pytest's tmp_path may not."""
+    path = Path(tempfile.mkdtemp(prefix="ed-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def serve(config: DaemonConfig) -> Iterator[Daemon]:
+    """Run a Daemon on a thread until the block ends; fails if it is not ready in 30 s."""
+    daemon = Daemon(config)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(daemon.main(handle_signals=False))
+        except BaseException as exc:  # surfaced to the test below
+            errors.append(exc)
+            daemon.ready_event.set()
+
+    thread = threading.Thread(target=run, name="edged-test-daemon", daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready_event.wait(30), "daemon not ready in 30 s"
+        if errors:
+            raise errors[0]
+        yield daemon
+    finally:
+        daemon.request_stop()
+        thread.join(30)
+        assert not thread.is_alive(), "daemon did not stop in 30 s"
+
+
+ServeFactory = Callable[..., Served]
+
+
+@pytest.fixture
+def make_served(repo_dir: Path, short_dir: Path, tmp_path: Path) -> Iterator[ServeFactory]:
+    """Start a daemon with extra YAML for `api:` and `cache:`; stopped after the test."""
+    stack: list[Iterator[Daemon]] = []
+
+    def start(api: str = "", cache: str = "preload: [tiny_cls]",
+              sock_name: str | None = None) -> Served:
+        port = free_port()
+        sock = short_dir / (sock_name or f"s{len(stack)}.sock")
+        config = parse_config(f"""device_id: test
+models_dir: {repo_dir}
+cache: {{dir: {tmp_path / 'cache'}, {cache}}}
+backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: 1}}}}
+api: {{socket: {sock}, http: "127.0.0.1:{port}", {api}}}
+""")
+        running = serve(config)
+        daemon = next(running)
+        stack.append(running)
+        return Served(daemon, sock, f"127.0.0.1:{port}")
+
+    try:
+        yield start
+    finally:
+        for running in reversed(stack):
+            next(running, None)
+
+
+@pytest.fixture
+def served(make_served: ServeFactory) -> Served:
+    return make_served()
+
+

@@ -1,0 +1,56 @@
+"""Frames to tensors: sizes, letterbox geometry, colour order, normalisation, layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edged.backends import TensorSpec
+from edged.errors import InvalidInput
+from edged.model_config import PreprocessConfig
+from edged.processing.pre import preprocess
+
+SPEC = TensorSpec("x", np.dtype(np.float32), (-1, 3, 4, 8))
+
+
+def test_preprocess_when_frame_matches_input_scales_and_reorders_to_rgb_nchw() -> None:
+    frame = np.zeros((4, 8, 3), np.uint8)
+    frame[..., 0] = 255  # blue, in OpenCV's BGR
+    tensor, geometry = preprocess(frame, PreprocessConfig(), SPEC)
+    assert tensor.shape == (1, 3, 4, 8) and tensor.dtype == np.float32
+    assert (tensor[0, 2] == 1.0).all() and (tensor[0, :2] == 0.0).all()  # blue is last in RGB
+    assert (geometry.scale_x, geometry.pad_x) == (1.0, 0)
+
+
+def test_preprocess_when_keeping_ratio_letterboxes_and_reports_the_geometry() -> None:
+    frame = np.full((8, 8, 3), 255, np.uint8)
+    cfg = PreprocessConfig(keep_ratio=True, pad_value=0.0)
+    tensor, geometry = preprocess(frame, cfg, SPEC)
+    assert (geometry.scale_x, geometry.scale_y, geometry.pad_x, geometry.pad_y) == (0.5, 0.5, 2, 0)
+    assert (tensor[0, :, :, 2:6] == 1.0).all() and (tensor[0, :, :, :2] == 0.0).all()
+    tensor, geometry = preprocess(frame, PreprocessConfig(keep_ratio=True, pad="end"), SPEC)
+    assert geometry.pad_x == 0 and (tensor[0, :, :, 4:] == 0.0).all()
+
+
+def test_preprocess_when_mean_std_and_nhwc_given_normalises_per_channel() -> None:
+    frame = np.full((2, 2, 3), 51, np.uint8)
+    cfg = PreprocessConfig(mean=[0.5, 0.5, 0.5], std=[0.5, 0.25, 0.5], layout="nhwc",
+                           resize=[2, 2])
+    tensor, _ = preprocess(frame, cfg, TensorSpec("x", np.dtype(np.float32), (1, -1, -1, 3)))
+    assert tensor.shape == (1, 2, 2, 3)
+    np.testing.assert_allclose(tensor[0, 0, 0], [(0.2 - 0.5) / 0.5, (0.2 - 0.5) / 0.25,
+                                                 (0.2 - 0.5) / 0.5], rtol=1e-6)
+
+
+def test_preprocess_when_gray_requested_gives_one_channel() -> None:
+    frame = np.full((4, 8, 3), 100, np.uint8)
+    spec = TensorSpec("x", np.dtype(np.float32), (1, 1, 4, 8))
+    tensor, _ = preprocess(frame, PreprocessConfig(color="gray", scale=1.0), spec)
+    assert tensor.shape == (1, 1, 4, 8)
+    np.testing.assert_allclose(tensor, 100.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(4, 8, 4), (0, 8, 3), (4,)])
+def test_preprocess_when_frame_is_not_an_image_raises_invalid_input(shape: tuple[int, ...]) -> None:
+    with pytest.raises(InvalidInput, match="not an image"):
+        preprocess(np.zeros(shape, np.uint8), PreprocessConfig(), SPEC)
