@@ -14,6 +14,7 @@ import json
 import mmap
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +37,7 @@ from edged.api.protocol import (
 from edged.errors import EdgedError
 
 DEFAULT_SOCKET = Path("/run/edged/edged.sock")
+IDLE_RECONNECT_S = 30.0  # well under aiohttp's 75 s keep-alive timeout
 SHM_DIR = Path("/dev/shm")
 
 
@@ -75,6 +77,7 @@ class EdgedClient:
                 host.strip("[]"), int(port), timeout=timeout_s)
         else:
             self._conn = _UnixConnection(os.fspath(socket_path), timeout_s)
+        self._last_used = 0.0
 
     def close(self) -> None:
         self._conn.close()
@@ -95,13 +98,18 @@ class EdgedClient:
             # Parts are sent one after the other (no joined copy of the tensors).
             hdrs["Content-Length"] = str(len(body) if isinstance(body, bytes)
                                          else sum(len(part) for part in body))
-        for attempt in (0, 1):
+        if time.monotonic() - self._last_used > IDLE_RECONNECT_S:
+            self._conn.close()  # the server may have dropped it: start afresh, not mid-request
+        # Only a GET is repeated after a dropped connection: a POST may already have run.
+        attempts = (0, 1) if method == "GET" else (1,)
+        for attempt in attempts:
             try:
                 self._conn.request(method, path, body=body, headers=hdrs)
                 response = self._conn.getresponse()
-                return response.status, dict(response.headers), response.read()
+                status, headers, raw = response.status, dict(response.headers), response.read()
+                self._last_used = time.monotonic()
+                return status, headers, raw
             except (httplib.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                # The server closed an idle keep-alive connection: reconnect once.
                 self._conn.close()
                 if attempt:
                     raise

@@ -114,13 +114,17 @@ class Daemon:
         self.request_stop()
 
     async def shutdown(self) -> None:
-        """Stop accepting → drain the scheduler until a deadline → unload models → unmap shm."""
+        """Stop accepting → drain the scheduler until a deadline (queued requests run now, new
+        ones on open connections get 503) → answer and close connections → unload models →
+        close shared memory regions."""
         self._stopping = True
         logger.info("shutting down: draining queues (up to %.0fs)", DRAIN_TIMEOUT_S)
         try:
+            await self.api.stop_accepting()
+            await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)
             await self.api.stop()
         finally:
-            await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)
+            await asyncio.to_thread(self.scheduler.close, 0.0)  # a no-op unless the above failed
             await asyncio.to_thread(self.cache.close, timeout_s=UNLOAD_TIMEOUT_S)
             self.shm.close()
             logger.info("stopped")

@@ -41,6 +41,7 @@ from edged.repository import ModelVersion
 logger = logging.getLogger(__name__)
 
 Delivery = Callable[[], None]  # completes futures; always called without the lock
+MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and clock safety)
 
 
 @dataclass
@@ -99,6 +100,10 @@ class Batcher:
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def model(self) -> ModelVersion:
+        return self._model
 
     @property
     def serving_version(self) -> int:
@@ -354,7 +359,7 @@ class Batcher:
                 if not expired:
                     self._next_deadline = self._queue.earliest_deadline()
                     wait = None if self._next_deadline is None else \
-                        max(0.0, self._next_deadline - now) + 1e-4
+                        min(max(0.0, self._next_deadline - now) + 1e-4, MAX_WAIT_S)
                     self._reaper_wake.wait(wait)
                     continue
             self._time_out(expired)
@@ -405,6 +410,10 @@ class Scheduler:
 
     def has_batcher(self, model: str, version: int | None = None) -> bool:
         return (model, version) in self._batchers
+
+    def model(self, model: str, version: int | None = None) -> ModelVersion:
+        """The config and signature requests to `model` are checked against now."""
+        return self._batcher(model, version).model
 
     def prepare(self, model: str, version: int | None = None) -> None:
         """Create the model's batcher now (it reads the model's files): async callers do this

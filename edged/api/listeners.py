@@ -7,19 +7,23 @@ import errno
 import grp
 import logging
 import os
+import pwd
 import socket
 import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from edged.api.shm import Peer
 from edged.errors import ConfigError, ConfigIssue
 
 logger = logging.getLogger(__name__)
 
 # sockaddr_un.sun_path is 108 bytes on Linux, one of them the terminating NUL.
 MAX_SOCKET_PATH = 107
-_UCRED = struct.Struct("3i")  # pid, uid, gid
+_UCRED = struct.Struct("iII")  # pid, uid, gid
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
+_PROC_NET = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 
 
 @dataclass(frozen=True)
@@ -104,3 +108,66 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                   _UCRED.size))
     return pid, uid, gid
+
+
+def peer_identity(sock: socket.socket) -> Peer | None:
+    """The uid and every group (primary and supplementary) of the process at the other end:
+    SO_PEERCRED/SO_PEERGROUPS on a Unix socket, the kernel's socket table for a loopback TCP
+    connection. None when it cannot be told."""
+    if sock.family == socket.AF_UNIX:
+        creds = peer_credentials(sock)
+        if creds is None:
+            return None
+        _pid, uid, gid = creds
+        return Peer(uid, frozenset({gid, *_peer_groups(sock)}))
+    try:
+        owner = _tcp_peer_uid(sock.getsockname(), sock.getpeername())
+    except OSError:
+        return None
+    return Peer(owner, _groups_of(owner)) if owner is not None else None
+
+
+def _peer_groups(sock: socket.socket) -> list[int]:
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 256)
+    except OSError:
+        return []
+    return list(struct.unpack(f"{len(raw) // 4}I", raw[:len(raw) // 4 * 4]))
+
+
+def _tcp_peer_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The owner of the client's end of a loopback connection, from /proc/net/tcp{,6}: the
+    client's socket is the row whose local address is our remote one and vice versa."""
+    want_local, want_remote = _proc_addr(remote), _proc_addr(local)
+    for table in _PROC_NET:
+        try:
+            rows = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 7 and (fields[1], fields[2]) in ((want_local[0], want_remote[0]),
+                                                             (want_local[1], want_remote[1])):
+                return int(fields[7])
+    return None
+
+
+def _proc_addr(address: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, str]:
+    """An address as /proc/net/tcp (IPv4) and /proc/net/tcp6 write it."""
+    host, port = address[0], address[1]
+    packed = socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+    if len(packed) == 4:
+        v4 = f"{int.from_bytes(packed, 'little'):08X}:{port:04X}"
+        mapped = b"\0" * 10 + b"\xff\xff" + packed  # ::ffff:a.b.c.d in tcp6
+    else:
+        v4, mapped = "", packed
+    words = "".join(f"{int.from_bytes(mapped[i:i + 4], 'little'):08X}" for i in range(0, 16, 4))
+    return v4, f"{words}:{port:04X}"
+
+
+def _groups_of(uid: int) -> frozenset[int]:
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return frozenset()
+    return frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))

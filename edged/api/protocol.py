@@ -18,6 +18,9 @@ import numpy as np
 from edged.errors import InvalidInput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_RANK = 16  # numpy allows 64; no model input has more than a handful
+MAX_DIM = 1 << 40
+MAX_TIMEOUT_US = 24 * 3600 * 10**6  # a day; longer is a mistake, and time_t must hold it
 
 TRITON_TO_NUMPY: dict[str, Any] = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
@@ -123,8 +126,10 @@ def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
         raise InvalidInput(f"input {name}: unknown datatype {datatype!r}")
     shape = raw.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
-                                              and d >= 0 for d in shape):
-        raise InvalidInput(f"input {name}: shape must be a list of non-negative integers")
+                                              and 0 <= d <= MAX_DIM for d in shape):
+        raise InvalidInput(f"input {name}: shape must be a list of integers in 0..{MAX_DIM}")
+    if len(shape) > MAX_RANK:
+        raise InvalidInput(f"input {name}: {len(shape)} dimensions (at most {MAX_RANK})")
     count = math.prod(shape)
     params = _mapping(raw.get("parameters", {}), f"input {name} parameters")
     if "shared_memory_region" in params:
@@ -412,6 +417,7 @@ def _timeout(value: Any) -> float | None:
     """Triton's `timeout` parameter is in microseconds; 0 means none."""
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInput("parameters.timeout must be a non-negative integer (microseconds)")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TIMEOUT_US:
+        raise InvalidInput("parameters.timeout must be an integer number of microseconds in "
+                           f"0..{MAX_TIMEOUT_US}")
     return value / 1e6 or None

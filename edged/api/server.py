@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,11 +21,10 @@ from aiohttp import web
 
 from edged import __version__
 from edged.api import describe
-from edged.api.listeners import UnixListener, bind_unix, peer_credentials
+from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
     HEADER_LENGTH,
     InferRequest,
-    ShmRef,
     decode_request,
     encode_response,
 )
@@ -32,6 +33,7 @@ from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
 from edged.errors import EdgedError, Forbidden, InvalidInput, ModelNotFound
 from edged.metrics import CONTENT_TYPE, Metrics
+from edged.repository import ModelVersion
 from edged.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,8 @@ logger = logging.getLogger(__name__)
 EXTENSIONS = ["binary_tensor_data", "system_shared_memory", "model_repository",
               "model_configuration", "schedule_policy"]
 ALIGN = 64  # bytes; where tensor data in a request body starts
+DECODE_ON_THREAD_BYTES = 256 * 1024
+_VERSION = re.compile(r"^[0-9]{1,9}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -92,11 +96,11 @@ class ApiServer:
         """Listen on the Unix socket (and the loopback port, if configured)."""
         cfg = self.config
         self._unix = bind_unix(cfg.socket, int(cfg.socket_mode, 8), cfg.socket_group)
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
-                               shutdown_timeout=5.0)
-        await runner.setup()
-        self._runner = runner
         try:
+            runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                   shutdown_timeout=5.0)
+            await runner.setup()
+            self._runner = runner
             await web.SockSite(runner, self._unix.sock).start()
             logger.info("API on unix:%s (mode %s%s)", cfg.socket, cfg.socket_mode,
                         f", group {cfg.socket_group}" if cfg.socket_group else "")
@@ -111,6 +115,14 @@ class ApiServer:
             await self.stop()
             raise
 
+    async def stop_accepting(self) -> None:
+        """Close the listeners; connections already open are still served."""
+        if self._runner is not None:
+            for site in list(self._runner.sites):
+                await site.stop()
+        if self._unix is not None:
+            self._unix.remove()
+
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (bounded), remove the socket file."""
         try:
@@ -120,6 +132,7 @@ class ApiServer:
             self._runner = None
             if self._unix is not None:
                 self._unix.remove()
+                self._unix.sock.close()
                 self._unix = None
 
     # -- middleware --------------------------------------------------------------------------
@@ -147,13 +160,14 @@ class ApiServer:
         if not (self._allowed_uids or self._allowed_gids) or request.transport is None:
             return
         sock = request.transport.get_extra_info("socket")
-        creds = peer_credentials(sock) if sock is not None else None
-        if creds is None:
+        if sock is None or sock.family != socket.AF_UNIX:
             return  # the loopback TCP listener: documented as outside the allowlist
-        _pid, uid, gid = creds
-        if uid in self._allowed_uids or gid in self._allowed_gids:
+        peer = peer_identity(sock)
+        if peer is not None and (peer.uid in self._allowed_uids
+                                 or not peer.gids.isdisjoint(self._allowed_gids)):
             return
-        raise Forbidden(f"peer uid {uid} gid {gid} is not allowed on this socket")
+        who = f"uid {peer.uid} groups {sorted(peer.gids)}" if peer else "an unknown peer"
+        raise Forbidden(f"{who} is not allowed on this socket")
 
     # -- server ------------------------------------------------------------------------------
     async def server_metadata(self, _request: web.Request) -> web.Response:
@@ -197,28 +211,21 @@ class ApiServer:
         name, version = _model_ref(request)
         json_length = _json_length(request)
         body = await self._read_body(request, json_length)
-        regions: list[ShmRef] = []
-
-        def read_shm(ref: ShmRef) -> memoryview:
-            regions.append(ref)
-            return self.shm.read(ref)
-
-        parsed = decode_request(body, json_length, read_shm=read_shm)
-        try:
-            if not self.scheduler.has_batcher(name, version):
-                await asyncio.to_thread(self.scheduler.prepare, name, version)
-            self._check_outputs(name, version, parsed)
-            future = self.scheduler.submit(name, parsed.inputs, version=version,
-                                           priority=parsed.priority, timeout_s=parsed.timeout_s)
-            outputs = await asyncio.wrap_future(future)
-            served = version if version is not None else self.cache.default_version(name)
-            parts, json_length = encode_response(name, served, parsed.id, outputs,
-                                                 parsed.outputs, parsed.binary_default,
-                                                 write_shm=self.shm.write)
-        finally:
-            if regions:
-                del parsed  # drop the views into the regions, then unmap unregistered ones
-                self.shm.collect()
+        if json_length is None and len(body) > DECODE_ON_THREAD_BYTES:
+            # A large JSON body takes a while to parse: not on the loop.
+            parsed = await asyncio.to_thread(decode_request, body, None, read_shm=self.shm.read)
+        else:
+            parsed = decode_request(body, json_length, read_shm=self.shm.read)
+        if not self.scheduler.has_batcher(name, version):
+            await asyncio.to_thread(self.scheduler.prepare, name, version)
+        _check_outputs(self.scheduler.model(name, version), parsed)
+        future = self.scheduler.submit(name, parsed.inputs, version=version,
+                                       priority=parsed.priority, timeout_s=parsed.timeout_s)
+        parsed.inputs = {}  # the batch owns them now; nothing here needs them
+        outputs = await asyncio.wrap_future(future)
+        served = version if version is not None else self.cache.default_version(name)
+        parts, json_length = encode_response(name, served, parsed.id, outputs, parsed.outputs,
+                                             parsed.binary_default, write_shm=self.shm.write)
         if json_length is None:
             return web.Response(body=parts[0], content_type="application/json")
         # Tensor bytes go out as they are: joining them to the JSON would copy them again.
@@ -238,7 +245,12 @@ class ApiServer:
         64-byte aligned, as numpy and the backends want them."""
         length = request.content_length
         if length is None or "Content-Encoding" in request.headers:
-            return await request.read()  # chunked or compressed: let aiohttp assemble it
+            try:  # chunked or compressed: let aiohttp assemble (and inflate) it
+                return await request.read()
+            except web.HTTPException:
+                raise
+            except Exception as exc:  # a corrupt gzip/deflate stream, a broken chunk
+                raise InvalidInput(f"the body cannot be read: {exc}") from exc
         limit = self.config.max_request_mb * 1024 * 1024
         if length > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
@@ -253,16 +265,6 @@ class ApiServer:
             view[filled:filled + len(chunk)] = chunk
             filled += len(chunk)
         return view
-
-    def _check_outputs(self, name: str, version: int | None, parsed: InferRequest) -> None:
-        """Unknown requested outputs fail before the model runs, not after."""
-        if not parsed.outputs:
-            return
-        known = {spec.name for spec in self.cache.describe(name, version).outputs}
-        for out in parsed.outputs:
-            if out.name not in known:
-                raise InvalidInput(f"model {name} has no output {out.name!r} "
-                                   f"(outputs: {', '.join(sorted(known))})")
 
     # -- repository --------------------------------------------------------------------------
     async def repository_index(self, request: web.Request) -> web.Response:
@@ -307,16 +309,36 @@ class ApiServer:
         if not isinstance(key, str):
             raise InvalidInput("key must be a string")
         offset, size = _integer(body, "offset", 0), _integer(body, "byte_size")
+        transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        peer = peer_identity(sock) if sock is not None else None
+        if peer is None:
+            raise Forbidden("cannot tell which user is asking, so no shared memory for it")
         await asyncio.to_thread(self.shm.register, request.match_info["region"], key,
-                                offset, size)
+                                offset, size, peer)
         return web.json_response({})
 
     async def shm_unregister(self, request: web.Request) -> web.Response:
         self.shm.unregister(request.match_info.get("region"))
         return web.json_response({})
 
-    async def cuda_shm(self, _request: web.Request) -> web.Response:
+    async def cuda_shm(self, request: web.Request) -> web.Response:
+        """No CUDA regions here: status is empty and unregister has nothing to do (Triton's own
+        shm examples unregister CUDA regions first); registering one is refused."""
+        if request.path.endswith("/status"):
+            return web.json_response([])
+        if request.path.endswith("/unregister"):
+            return web.json_response({})
         raise InvalidInput("CUDA shared memory is not supported; use system shared memory")
+
+
+def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
+    """Unknown requested outputs fail before the model runs, not after."""
+    known = {spec.name for spec in model.outputs}
+    for out in parsed.outputs:
+        if out.name not in known:
+            raise InvalidInput(f"model {model.name} has no output {out.name!r} "
+                               f"(outputs: {', '.join(sorted(known))})")
 
 
 def _model_ref(request: web.Request) -> tuple[str, int | None]:
@@ -324,8 +346,8 @@ def _model_ref(request: web.Request) -> tuple[str, int | None]:
     raw = request.match_info.get("version")
     if raw is None or raw == "":
         return name, None
-    if not raw.isdigit() or int(raw) < 1:
-        raise InvalidInput(f"model version must be a positive integer, got {raw!r}")
+    if not _VERSION.match(raw) or int(raw) < 1:
+        raise InvalidInput(f"model version must be a positive integer, got {raw[:32]!r}")
     version = int(raw)
     return name, version
 

@@ -1,38 +1,56 @@
 """System shared memory (Triton's extension): clients register POSIX shm regions by key, offset
-and size; requests then name a region instead of carrying tensor bytes. Each region is mapped
-once at registration, every use is bounds-checked, and it is unmapped on unregister or close
-(later, when a request still holds a view of it)."""
+and size; requests then name a region instead of carrying tensor bytes.
+
+A region is opened once at registration (only by a peer that may open the object itself) and
+is read and written with pread/pwrite, not through a mapping: a client can shrink its object at
+any moment, and a mapping over the lost pages would kill the daemon with SIGBUS. A short read
+is an error for that request only. Each use holds the region open; unregister closes it when
+the last use ends."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import mmap
 import os
 import re
 import stat
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from edged.api.protocol import ShmRef
-from edged.errors import InvalidInput
+from edged.errors import Forbidden, InvalidInput
 
 logger = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
+MAX_REGIONS = 128  # each holds a file descriptor
+ALIGN = 64
 # shm_open names: one optional leading slash, then a plain file name.
 _KEY = re.compile(r"^/?(?!\.{1,2}$)[A-Za-z0-9_.-]{1,200}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 
-@dataclass
+@dataclass(frozen=True)
+class Peer:
+    """Who is asking: the uid and groups of the process on the other end of the connection."""
+
+    uid: int
+    gids: frozenset[int] = frozenset()
+
+
+@dataclass(eq=False)
 class Region:
     name: str
     key: str
     offset: int  # where the region starts in the shm object
     byte_size: int
-    mapping: mmap.mmap
+    fd: int
+    users: int = 0
+    closing: bool = field(default=False)
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -40,25 +58,31 @@ class Region:
 
 
 class ShmRegistry:
-    def __init__(self, shm_dir: Path = SHM_DIR) -> None:
+    def __init__(self, shm_dir: Path = SHM_DIR, max_regions: int = MAX_REGIONS) -> None:
         self.shm_dir = shm_dir
+        self.max_regions = max_regions
         self._lock = threading.Lock()
         self._regions: dict[str, Region] = {}
-        self._closing: list[Region] = []  # unregistered, still viewed by a request
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> Region:
-        if not name:
-            raise InvalidInput("a shared memory region needs a name")
+    def register(self, name: str, key: str, offset: int, byte_size: int,
+                 peer: Peer | None = None) -> Region:
+        """Open `key` for the region `name`. With `peer` given, the peer must itself be allowed
+        to read and write the object: the daemon's rights are not lent to its clients."""
+        if not _NAME.match(name):
+            raise InvalidInput(f"shared memory region name {name[:64]!r} is not valid")
         if not _KEY.match(key):
-            raise InvalidInput(f"shared memory key {key!r} is not a plain shm name")
+            raise InvalidInput(f"shared memory key {key[:64]!r} is not a plain shm name")
         if offset < 0 or byte_size <= 0:
             raise InvalidInput("shared memory offset must be >= 0 and byte_size > 0")
         with self._lock:
             if name in self._regions:
                 raise InvalidInput(f"shared memory region {name!r} is already registered")
+            if len(self._regions) >= self.max_regions:
+                raise InvalidInput(f"{self.max_regions} shared memory regions are registered "
+                                   "already; unregister some first")
         path = self.shm_dir / key.lstrip("/")
         try:
-            # O_NOFOLLOW: a symlink planted in /dev/shm must not map some other file.
+            # O_NOFOLLOW: a symlink planted in /dev/shm must not open some other file.
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             raise InvalidInput(f"shared memory key {key!r} cannot be opened: "
@@ -67,17 +91,20 @@ class ShmRegistry:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise InvalidInput(f"shared memory key {key!r} is not a shared memory object")
+            if peer is not None and not _may_use(peer, info):
+                raise Forbidden(f"shared memory key {key!r} belongs to uid {info.st_uid} "
+                                f"(mode {stat.S_IMODE(info.st_mode):o}); uid {peer.uid} "
+                                "may not use it")
             if offset + byte_size > info.st_size:
                 raise InvalidInput(f"region {name!r} ({offset}+{byte_size} bytes) exceeds the "
                                    f"{info.st_size} bytes of {key!r}")
-            mapping = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED,
-                                mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
-        region = Region(name, key, offset, byte_size, mapping)
+            raise
+        region = Region(name, key, offset, byte_size, fd)
         with self._lock:
             if name in self._regions:  # registered meanwhile by another request
-                mapping.close()
+                os.close(fd)
                 raise InvalidInput(f"shared memory region {name!r} is already registered")
             self._regions[name] = region
         logger.info("registered shared memory %s (%s, %d bytes at %d)", name, key, byte_size,
@@ -85,17 +112,20 @@ class ShmRegistry:
         return region
 
     def unregister(self, name: str | None = None) -> None:
-        """Unregister one region, or all of them when name is None."""
+        """Unregister one region, or all of them when name is None. Unknown names are not an
+        error (as in Triton): the outcome the client asked for holds."""
         with self._lock:
             if name is None:
                 doomed = list(self._regions.values())
                 self._regions.clear()
-            elif name in self._regions:
-                doomed = [self._regions.pop(name)]
             else:
-                raise InvalidInput(f"shared memory region {name!r} is not registered")
-            self._closing.extend(doomed)
-        self.collect()
+                region = self._regions.pop(name, None)
+                doomed = [region] if region is not None else []
+            for region in doomed:
+                region.closing = True
+            idle = [r for r in doomed if r.users == 0]
+        for region in idle:
+            os.close(region.fd)
 
     def status(self, name: str | None = None) -> list[dict[str, object]]:
         with self._lock:
@@ -105,50 +135,68 @@ class ShmRegistry:
                 raise InvalidInput(f"shared memory region {name!r} is not registered")
             return [self._regions[name].describe()]
 
-    def _checked(self, ref: ShmRef) -> tuple[Region, int]:
+    @contextlib.contextmanager
+    def _use(self, ref: ShmRef) -> Iterator[tuple[Region, int]]:
+        """The region, held open, and the absolute file position of the reference."""
         with self._lock:
             region = self._regions.get(ref.region)
-        if region is None:
-            raise InvalidInput(f"shared memory region {ref.region!r} is not registered")
-        if ref.offset + ref.byte_size > region.byte_size:
-            raise InvalidInput(f"{ref.offset}+{ref.byte_size} bytes is outside region "
-                               f"{ref.region!r} ({region.byte_size} bytes)")
-        return region, region.offset + ref.offset
+            if region is None:
+                raise InvalidInput(f"shared memory region {ref.region!r} is not registered")
+            if ref.offset + ref.byte_size > region.byte_size:
+                raise InvalidInput(f"{ref.offset}+{ref.byte_size} bytes is outside region "
+                                   f"{ref.region!r} ({region.byte_size} bytes)")
+            region.users += 1
+        try:
+            yield region, region.offset + ref.offset
+        finally:
+            with self._lock:
+                region.users -= 1
+                close = region.closing and region.users == 0
+            if close:
+                os.close(region.fd)
 
     def read(self, ref: ShmRef) -> memoryview:
-        """A view of the referenced bytes (no copy); valid while the region is registered."""
-        region, start = self._checked(ref)
-        return memoryview(region.mapping)[start:start + ref.byte_size]
+        """A copy of the referenced bytes in a 64-byte aligned buffer the caller owns."""
+        raw = np.empty(ref.byte_size + ALIGN, np.uint8)
+        start = -raw.ctypes.data % ALIGN
+        view = raw.data[start:start + ref.byte_size]
+        with self._use(ref) as (region, position):
+            got = os.preadv(region.fd, [view], position)
+        if got != ref.byte_size:
+            raise InvalidInput(f"region {ref.region!r}: only {got} of {ref.byte_size} bytes "
+                               "could be read; the shm object has shrunk")
+        return view
 
     def write(self, ref: ShmRef, array: np.ndarray) -> None:
         """Copy an output tensor into the referenced bytes."""
-        region, start = self._checked(ref)
         data = np.ascontiguousarray(array)
         if data.dtype == np.object_:
             raise InvalidInput("BYTES outputs cannot be written to shared memory")
         if data.nbytes > ref.byte_size:
             raise InvalidInput(f"output of {data.nbytes} bytes does not fit the "
                                f"{ref.byte_size} bytes given in region {ref.region!r}")
-        target = np.frombuffer(region.mapping, np.uint8, data.nbytes, start)
-        target[:] = data.reshape(-1).view(np.uint8)
-
-    def collect(self) -> None:
-        """Unmap unregistered regions that no request views any more."""
-        with self._lock:
-            pending, self._closing = self._closing, []
-        still = []
-        for region in pending:
-            try:
-                region.mapping.close()
-            except BufferError:  # a request still holds a view: close it later
-                still.append(region)
-        with self._lock:
-            self._closing.extend(still)
+        with self._use(ref) as (region, position):
+            size = os.fstat(region.fd).st_size
+            if position + data.nbytes > size:  # never grow a client's object behind its back
+                raise InvalidInput(f"region {ref.region!r}: the shm object has shrunk to "
+                                   f"{size} bytes")
+            written = os.pwrite(region.fd, data.reshape(-1).view(np.uint8).data, position)
+        if written != data.nbytes:
+            raise InvalidInput(f"region {ref.region!r}: only {written} of {data.nbytes} bytes "
+                               "could be written")
 
     def close(self) -> None:
-        """Unmap everything (at shutdown, after the scheduler has drained)."""
+        """Close every region (at shutdown, after the scheduler has drained)."""
         self.unregister(None)
-        with self._lock:
-            left = len(self._closing)
-        if left:
-            logger.warning("%d shared memory mapping(s) still in use at close", left)
+
+
+def _may_use(peer: Peer, info: os.stat_result) -> bool:
+    """Whether `peer` could open the object read-write itself (the kernel's own check)."""
+    if peer.uid == 0:
+        return True
+    mode = stat.S_IMODE(info.st_mode)
+    if peer.uid == info.st_uid:
+        return mode & 0o600 == 0o600
+    if info.st_gid in peer.gids:
+        return mode & 0o060 == 0o060
+    return mode & 0o006 == 0o006

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_request
+from edged.backends import BackendOptions
+from edged.backends.onnxruntime import session_options
 from edged.bench.assets import PPOCR_DET, TOOLS_DIR, ppocr_model, tiny_model_tools
 from edged.bench.core import Latency, interleaved
 from edged.bench.load import Target, closed_loop, http_request, one
@@ -95,13 +97,12 @@ logging: {{level: warning}}
 
 
 def direct_session(path: Path) -> Any:
+    """A plain ORT session built with exactly the options edged gives its own sessions."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    options = BackendOptions(providers=("cpu",), intra_op_threads=THREADS)
+    return ort.InferenceSession(str(path), session_options(options),
+                                providers=["CPUExecutionProvider"])
 
 
 def latency_case(client: EdgedClient, session: Any, model: str, x: np.ndarray, workdir: Path,

@@ -97,7 +97,7 @@ BAD_REQUESTS = [
     (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP33", "data": [1, 2]}]}', None,
      "unknown datatype 'FP33'"),
     (b'{"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}', None,
-     "shape must be a list of non-negative integers"),
+     "shape must be a list of integers in 0.."),
     (b'{"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]}', None,
      "2 values for shape"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": ["a"]}]}', None,
@@ -115,7 +115,7 @@ BAD_REQUESTS = [
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}', 500,
      "Inference-Header-Content-Length is 500"),
     (b'{"parameters": {"timeout": -5}, "inputs": [{"name": "x", "shape": [1], "datatype": '
-     b'"FP32", "data": [1]}]}', None, "timeout must be a non-negative integer"),
+     b'"FP32", "data": [1]}]}', None, "timeout must be an integer number of microseconds"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "parameters": '
      b'{"shared_memory_region": "r", "shared_memory_byte_size": 4}}]}', None,
      "shared memory is not available"),

@@ -1,9 +1,8 @@
-"""System shared memory regions: real POSIX shm objects, mapped once, bounds-checked, unmapped
-on unregister (later if a request still views them), and hostile keys refused."""
+"""System shared memory regions: real POSIX shm objects, opened once, bounds-checked, closed on
+unregister (after the use in flight), hostile keys, strangers and shrunk objects refused."""
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator
 from multiprocessing import shared_memory
@@ -13,8 +12,8 @@ import numpy as np
 import pytest
 
 from edged.api.protocol import ShmRef
-from edged.api.shm import ShmRegistry
-from edged.errors import InvalidInput
+from edged.api.shm import Peer, ShmRegistry
+from edged.errors import Forbidden, InvalidInput
 
 
 @pytest.fixture
@@ -88,24 +87,63 @@ def test_shm_use_when_out_of_bounds_or_unknown_refuses(
         registry.read(ShmRef("nope", 0, 1))
 
 
-def test_shm_unregister_when_a_view_is_still_held_unmaps_after_it_is_gone(
+def fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_shm_unregister_when_a_request_is_using_it_closes_after_the_use(
         registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
     region = registry.register("r", segment.name, 0, 64)
-    view = np.frombuffer(registry.read(ShmRef("r", 0, 16)), np.float32)  # a request in flight
-    registry.unregister("r")
-    assert registry.status() == [] and not region.mapping.closed
+    with registry._use(ShmRef("r", 0, 16)):  # a request reading it right now
+        registry.unregister("r")
+        assert registry.status() == [] and fd_open(region.fd)
+    assert not fd_open(region.fd)
     with pytest.raises(InvalidInput, match="not registered"):
         registry.read(ShmRef("r", 0, 16))
-    del view
-    gc.collect()
-    registry.unregister(None)  # any later call retries the deferred unmap
-    assert region.mapping.closed
 
 
-def test_shm_unregister_all_when_several_registered_unmaps_them(
+def test_shm_unregister_all_when_several_registered_closes_them(
         registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
     regions = [registry.register(f"r{i}", segment.name, i * 64, 64) for i in range(3)]
     registry.unregister()
-    assert registry.status() == [] and all(r.mapping.closed for r in regions)
-    with pytest.raises(InvalidInput, match="not registered"):
-        registry.unregister("r0")
+    assert registry.status() == [] and not any(fd_open(r.fd) for r in regions)
+    registry.unregister("r0")  # unknown now: nothing to do, no error (as Triton)
+
+
+def test_shm_when_the_client_shrinks_its_object_fails_the_use_not_the_daemon(
+        registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
+    registry.register("r", segment.name, 0, 4096)
+    os.truncate(Path("/dev/shm") / segment.name, 0)  # what a hostile client can do any time
+    with pytest.raises(InvalidInput, match="shrunk"):
+        registry.read(ShmRef("r", 1024, 64))
+    with pytest.raises(InvalidInput, match="shrunk"):
+        registry.write(ShmRef("r", 1024, 64), np.zeros(4, np.float32))
+    assert os.stat(Path("/dev/shm") / segment.name).st_size == 0  # not grown behind its back
+
+
+def test_shm_register_when_peer_could_not_open_the_object_refuses(
+        registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
+    path = Path("/dev/shm") / segment.name
+    os.chmod(path, 0o600)
+    owner = os.stat(path).st_uid
+    stranger = Peer(owner + 1000, frozenset({12345}))
+    with pytest.raises(Forbidden, match="may not use it"):
+        registry.register("r", segment.name, 0, 64, stranger)
+    os.chmod(path, 0o660)
+    group_member = Peer(owner + 1000, frozenset({os.stat(path).st_gid}))
+    registry.register("r", segment.name, 0, 64, group_member)
+    registry.register("r2", segment.name, 0, 64, Peer(owner))
+
+
+def test_shm_register_when_too_many_regions_refuses(
+        segment: shared_memory.SharedMemory) -> None:
+    registry = ShmRegistry(max_regions=2)
+    for i in range(2):
+        registry.register(f"r{i}", segment.name, 0, 64)
+    with pytest.raises(InvalidInput, match="2 shared memory regions are registered"):
+        registry.register("r2", segment.name, 0, 64)
+    registry.close()
