@@ -223,27 +223,23 @@ def encode_response(model: str, version: int, request_id: str | None,
     """The response body and, when binary data follows the JSON, the JSON's length."""
     wanted = requested or [RequestedOutput(name) for name in outputs]
     entries = []
-    blobs: list[bytes | memoryview] = []
+    blobs: Parts = []
     for out in wanted:
         if out.name not in outputs:
             raise InvalidInput(f"model {model} has no output {out.name!r} "
                                f"(outputs: {', '.join(outputs)})")
         array = np.asarray(outputs[out.name])
-        entry: dict[str, Any] = {"name": out.name, "datatype": triton_dtype(array.dtype),
-                                 "shape": list(array.shape)}
-        if out.shm is not None:
-            if write_shm is None:
-                raise InvalidInput(f"output {out.name}: shared memory is not available here")
-            write_shm(out.shm, array)
-            entry["parameters"] = {"shared_memory_region": out.shm.region,
-                                   "shared_memory_byte_size": out.shm.byte_size}
-        elif out.binary if out.binary is not None else binary_default:
-            raw = _to_bytes(array)
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        else:
-            entry["data"] = _to_json(array)
-        entries.append(entry)
+        if out.shm is None:
+            binary = out.binary if out.binary is not None else binary_default
+            entries.append(_tensor_entry(out.name, array, binary, blobs))
+            continue
+        if write_shm is None:
+            raise InvalidInput(f"output {out.name}: shared memory is not available here")
+        write_shm(out.shm, array)
+        entries.append({"name": out.name, "datatype": triton_dtype(array.dtype),
+                        "shape": list(array.shape),
+                        "parameters": {"shared_memory_region": out.shm.region,
+                                       "shared_memory_byte_size": out.shm.byte_size}})
     header: dict[str, Any] = {"model_name": model, "model_version": str(version),
                               "outputs": entries}
     if request_id is not None:
@@ -267,22 +263,13 @@ def encode_request(inputs: Mapping[str, np.ndarray | ShmTensor],
                    ) -> tuple[Parts, int | None]:
     """A client's infer request body and, when binary data follows the JSON, its length."""
     entries: list[dict[str, Any]] = []
-    blobs: list[bytes | memoryview] = []
+    blobs: Parts = []
     for name, value in inputs.items():
         if isinstance(value, ShmTensor):
             entries.append({"name": name, "datatype": value.datatype, "shape": list(value.shape),
                             "parameters": _shm_params(value.ref)})
             continue
-        array = np.asarray(value)
-        entry: dict[str, Any] = {"name": name, "datatype": triton_dtype(array.dtype),
-                                 "shape": list(array.shape)}
-        if binary:
-            raw = _to_bytes(array)
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        else:
-            entry["data"] = _to_json(array)
-        entries.append(entry)
+        entries.append(_tensor_entry(name, np.asarray(value), binary, blobs))
     header: dict[str, Any] = {"inputs": entries}
     if outputs:
         header["outputs"] = [_output_entry(o) for o in outputs]
@@ -295,6 +282,19 @@ def encode_request(inputs: Mapping[str, np.ndarray | ShmTensor],
         header["id"] = request_id
     head = json.dumps(header, separators=(",", ":")).encode()
     return [head, *blobs], len(head) if blobs else None
+
+
+def _tensor_entry(name: str, array: np.ndarray, binary: bool, blobs: Parts) -> dict[str, Any]:
+    """A tensor's JSON entry: its bytes appended to `blobs` (binary) or inline as `data`."""
+    entry: dict[str, Any] = {"name": name, "datatype": triton_dtype(array.dtype),
+                             "shape": list(array.shape)}
+    if binary:
+        raw = _to_bytes(array)
+        entry["parameters"] = {"binary_data_size": len(raw)}
+        blobs.append(raw)
+    else:
+        entry["data"] = _to_json(array)
+    return entry
 
 
 def _shm_params(ref: ShmRef) -> dict[str, Any]:
