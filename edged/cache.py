@@ -79,7 +79,7 @@ class Lease:
 class ModelCache:
     def __init__(self, repository: ModelRepository, *, budget_bytes: int,
                  options: BackendOptions | None = None, pinned: Iterable[str] = (),
-                 default_backend: str = "auto", ort_config: OrtConfig | None = None,
+                 default_backend: str = "auto",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.repository = repository
         self.budget_bytes = budget_bytes

@@ -216,7 +216,7 @@ class SharedRegion:
             os.fchmod(fd, mode)  # the umask must not narrow it
             os.ftruncate(fd, byte_size)
             self._map = mmap.mmap(fd, byte_size)
-        except BaseException:
+        except BaseException:  # undo, then re-raise (Ctrl-C too): no stray /dev/shm file
             os.close(fd)
             self.path.unlink(missing_ok=True)
             raise

@@ -111,7 +111,7 @@ class ApiServer:
                 if self._allowed_uids or self._allowed_gids:
                     logger.warning("the TCP listener %s cannot check peer uids/gids: the "
                                    "allowlist applies to the Unix socket only", cfg.http)
-        except BaseException:
+        except BaseException:  # close what did start, then re-raise: no half-open socket
             await self.stop()
             raise
 

@@ -98,7 +98,7 @@ class ShmRegistry:
             if offset + byte_size > info.st_size:
                 raise InvalidInput(f"region {name!r} ({offset}+{byte_size} bytes) exceeds the "
                                    f"{info.st_size} bytes of {key!r}")
-        except BaseException:
+        except BaseException:  # close, then re-raise whatever it was: no leaked fd
             os.close(fd)
             raise
         region = Region(name, key, offset, byte_size, fd)

@@ -105,7 +105,7 @@ def direct_session(path: Path) -> Any:
                                 providers=["CPUExecutionProvider"])
 
 
-def latency_case(client: EdgedClient, session: Any, model: str, x: np.ndarray, workdir: Path,
+def latency_case(client: EdgedClient, session: Any, model: str, x: np.ndarray,
                  rounds: int) -> dict[str, Any]:
     """direct vs socket-binary vs shared memory, one call of each per round."""
     feed = {session.get_inputs()[0].name: x}
@@ -122,7 +122,7 @@ def latency_case(client: EdgedClient, session: Any, model: str, x: np.ndarray, w
             offset += ref.nbytes
 
         def via_socket() -> object:
-            return client.infer(model, {feed_name: x for feed_name in feed})
+            return client.infer(model, feed)
 
         def via_shm() -> object:
             return client.infer(model, {next(iter(feed)): shm_in}, outputs=outputs)
@@ -177,7 +177,7 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     with run_edged(workdir, port) as sock, EdgedClient(sock) as client:
         for model, x, rounds in (("tiny_cls", tiny_x, rounds_tiny), ("det", det_x, rounds_det)):
             session = direct_session(workdir / "models" / model / "1" / "model.onnx")
-            results["latency"][model] = latency_case(client, session, model, x, workdir, rounds)
+            results["latency"][model] = latency_case(client, session, model, x, rounds)
             del session
         one(Target(unix=str(sock)), json_req)  # answers at all before it is timed
         results["rates"]["edged_socket_binary"] = rate_case(Target(unix=str(sock)), binary_req,
