@@ -78,6 +78,8 @@ class ApiConfig:
     allowed_uids: list[int] = setting(factory=list, help="peer uids allowed; empty = any")
     allowed_gids: list[int] = setting(factory=list, help="peer gids allowed; empty = any")
     max_request_mb: int = setting(64, "largest request body", check=at_least(1))
+    shm_copy_inputs: bool = setting(False, "copy shm inputs instead of mapping them: "
+                                    "clients shrinking their objects cannot crash edged")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ class Daemon:
             default_backend=config.backends.default,
         )
         self.scheduler = Scheduler(self.cache)
-        self.shm = ShmRegistry()
+        self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs)
         self.metrics = Metrics(self.inference_counters, self.model_states)
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready)

@@ -1,16 +1,23 @@
 """System shared memory (Triton's extension): clients register POSIX shm regions by key, offset
 and size; requests then name a region instead of carrying tensor bytes.
 
-A region is opened once at registration (only by a peer that may open the object itself) and
-is read and written with pread/pwrite, not through a mapping: a client can shrink its object at
-any moment, and a mapping over the lost pages would kill the daemon with SIGBUS. A short read
-is an error for that request only. Each use holds the region open; unregister closes it when
-the last use ends."""
+A region is opened and mapped once at registration (only by a peer that may open the object
+itself). Inputs are handed to the model as views of the mapping: a 640x640 frame is never
+copied. Every use is bounds-checked against the region and against the object's current size,
+so a client that has shrunk or recreated its object gets a 400, not a crash. What no check can
+close is a client shrinking its object *while* a model reads it: the kernel then kills the
+daemon with SIGBUS. Deployments whose local clients are not trusted that far set
+`api.shm_copy_inputs`: inputs are then copied in with pread, where a shrink is a short read and
+an error for that request only. Outputs are always written with pwrite (it cannot fault).
+
+Unregister closes the descriptor and the mapping; a mapping still viewed by an in-flight
+request is unmapped when that request lets go of it."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import re
 import stat
@@ -49,6 +56,8 @@ class Region:
     offset: int  # where the region starts in the shm object
     byte_size: int
     fd: int
+    mapping: mmap.mmap | None = None
+    skip: int = 0  # bytes of the mapping before the region (mappings start on a page)
     users: int = 0
     closing: bool = field(default=False)
 
@@ -58,9 +67,11 @@ class Region:
 
 
 class ShmRegistry:
-    def __init__(self, shm_dir: Path = SHM_DIR, max_regions: int = MAX_REGIONS) -> None:
+    def __init__(self, shm_dir: Path = SHM_DIR, max_regions: int = MAX_REGIONS, *,
+                 copy_inputs: bool = False) -> None:
         self.shm_dir = shm_dir
         self.max_regions = max_regions
+        self.copy_inputs = copy_inputs
         self._lock = threading.Lock()
         self._regions: dict[str, Region] = {}
 
@@ -98,13 +109,21 @@ class ShmRegistry:
             if offset + byte_size > info.st_size:
                 raise InvalidInput(f"region {name!r} ({offset}+{byte_size} bytes) exceeds the "
                                    f"{info.st_size} bytes of {key!r}")
+            region = Region(name, key, offset, byte_size, fd)
+            if not self.copy_inputs:
+                region.skip = offset % mmap.ALLOCATIONGRANULARITY
+                region.mapping = mmap.mmap(fd, byte_size + region.skip, mmap.MAP_SHARED,
+                                           mmap.PROT_READ, offset=offset - region.skip)
+        except OSError as exc:
+            os.close(fd)
+            raise InvalidInput(f"shared memory key {key!r} cannot be mapped: "
+                               f"{exc.strerror}") from exc
         except BaseException:  # close, then re-raise whatever it was: no leaked fd
             os.close(fd)
             raise
-        region = Region(name, key, offset, byte_size, fd)
         with self._lock:
             if name in self._regions:  # registered meanwhile by another request
-                os.close(fd)
+                _close(region)
                 raise InvalidInput(f"shared memory region {name!r} is already registered")
             self._regions[name] = region
         logger.info("registered shared memory %s (%s, %d bytes at %d)", name, key, byte_size,
@@ -125,7 +144,7 @@ class ShmRegistry:
                 region.closing = True
             idle = [r for r in doomed if r.users == 0]
         for region in idle:
-            os.close(region.fd)
+            _close(region)
 
     def status(self, name: str | None = None) -> list[dict[str, object]]:
         with self._lock:
@@ -153,10 +172,16 @@ class ShmRegistry:
                 region.users -= 1
                 close = region.closing and region.users == 0
             if close:
-                os.close(region.fd)
+                _close(region)
 
     def read(self, ref: ShmRef) -> memoryview:
-        """A copy of the referenced bytes in a 64-byte aligned buffer the caller owns."""
+        """The referenced bytes: a view of the mapping, or (with copy_inputs, or where the
+        bytes do not start 64-byte aligned) a copy in an aligned buffer the caller owns."""
+        with self._use(ref) as (region, position):
+            _check_size(region, position + ref.byte_size)
+            if region.mapping is not None and position % ALIGN == 0:
+                start = position - region.offset + region.skip
+                return memoryview(region.mapping)[start:start + ref.byte_size]
         raw = np.empty(ref.byte_size + ALIGN, np.uint8)
         start = -raw.ctypes.data % ALIGN
         view = raw.data[start:start + ref.byte_size]
@@ -176,10 +201,7 @@ class ShmRegistry:
             raise InvalidInput(f"output of {data.nbytes} bytes does not fit the "
                                f"{ref.byte_size} bytes given in region {ref.region!r}")
         with self._use(ref) as (region, position):
-            size = os.fstat(region.fd).st_size
-            if position + data.nbytes > size:  # never grow a client's object behind its back
-                raise InvalidInput(f"region {ref.region!r}: the shm object has shrunk to "
-                                   f"{size} bytes")
+            _check_size(region, position + data.nbytes)  # never grow a client's object
             written = os.pwrite(region.fd, data.reshape(-1).view(np.uint8).data, position)
         if written != data.nbytes:
             raise InvalidInput(f"region {ref.region!r}: only {written} of {data.nbytes} bytes "
@@ -188,6 +210,22 @@ class ShmRegistry:
     def close(self) -> None:
         """Close every region (at shutdown, after the scheduler has drained)."""
         self.unregister(None)
+
+
+def _check_size(region: Region, end: int) -> None:
+    size = os.fstat(region.fd).st_size
+    if end > size:
+        raise InvalidInput(f"region {region.name!r}: the shm object has shrunk to {size} "
+                           "bytes")
+
+
+def _close(region: Region) -> None:
+    os.close(region.fd)
+    if region.mapping is not None:
+        try:
+            region.mapping.close()
+        except BufferError:
+            pass  # an in-flight request still views it: unmapped when that view goes
 
 
 def _may_use(peer: Peer, info: os.stat_result) -> bool:

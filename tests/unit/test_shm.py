@@ -147,3 +147,43 @@ def test_shm_register_when_too_many_regions_refuses(
     with pytest.raises(InvalidInput, match="2 shared memory regions are registered"):
         registry.register("r2", segment.name, 0, 64)
     registry.close()
+
+
+def _mapped(segment: shared_memory.SharedMemory) -> int:
+    """How many mappings of this shm object the process holds."""
+    return Path("/proc/self/maps").read_text().count(segment.name)
+
+
+def test_shm_read_when_mapped_is_a_view_not_a_copy(
+        registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
+    registry.register("r", segment.name, 4096 - 1024, 1024)  # offset not on a page
+    view = registry.read(ShmRef("r", 64, 16))
+    segment.buf[4096 - 1024 + 64] = 42  # the client writes after the read: the view sees it
+    assert view[0] == 42 and view.readonly
+    unaligned = registry.read(ShmRef("r", 65, 16))  # not 64-byte aligned: copied, aligned
+    assert np.frombuffer(unaligned, np.uint8).ctypes.data % 64 == 0
+
+
+def test_shm_read_when_copy_inputs_is_set_copies(segment: shared_memory.SharedMemory) -> None:
+    registry = ShmRegistry(copy_inputs=True)
+    try:
+        registry.register("r", segment.name, 0, 1024)
+        assert _mapped(segment) == 1  # only the fixture's own mapping
+        view = registry.read(ShmRef("r", 0, 16))
+        segment.buf[0] = 42
+        assert view[0] == 0
+    finally:
+        registry.close()
+
+
+def test_shm_unregister_when_a_view_is_in_flight_unmaps_after_it_goes(
+        registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
+    before = _mapped(segment)
+    registry.register("r", segment.name, 0, 1024)
+    assert _mapped(segment) == before + 1
+    array = np.frombuffer(registry.read(ShmRef("r", 0, 16)), np.float32)  # a request's input
+    registry.unregister("r")
+    segment.buf[:4] = np.float32(3).tobytes()
+    assert array[0] == 3  # still readable: unmapping now would crash the request
+    del array
+    assert _mapped(segment) == before
