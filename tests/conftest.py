@@ -156,4 +156,5 @@ def cpu_count() -> int:
 
 
 # The in-process daemon fixtures live in their own module; importing them here registers them.
+from mosquitto import broker  # noqa: E402, F401
 from served_daemon import make_served, served, short_dir  # noqa: E402, F401

@@ -1,0 +1,249 @@
+"""The MQTT link (paho-mqtt 2.x): one connection to the fleet broker with TLS and a password,
+`<prefix>/status` retained (`online` on connect, `offline` as the Last Will and on a clean
+stop), publishing with a QoS per topic class, a bounded buffer while the broker is away, and
+inbound topics dispatched to handlers (sensor streams, OTA).
+
+Nothing here blocks a caller: `publish()` hands the message to paho, or to the offline buffer
+when there is no connection. paho's network thread reconnects with capped backoff by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+
+from edged.config import MqttConfig
+from edged.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+TopicClass = Literal["results", "state", "stats", "status", "ota"]
+Handler = Callable[[str, bytes], None]
+KEEPALIVE_S = 30
+RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 30
+PAHO_INFLIGHT = 32
+
+
+@dataclass
+class LinkStats:
+    connected: bool = False
+    published: int = 0  # handed to paho
+    dropped: int = 0  # lost to a full buffer (oldest first) or refused by paho's bound
+    connects: int = 0
+    disconnects: int = 0
+    received: int = 0
+    handler_errors: int = 0
+    dropped_by_class: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Message:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    kind: str
+
+
+def read_password(path: Path) -> str:
+    """The password in `path`; a relative path is looked up in systemd's
+    $CREDENTIALS_DIRECTORY (LoadCredential=), so the secret never sits in the config."""
+    if not path.is_absolute():
+        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+        if credentials:
+            path = Path(credentials) / path
+    try:
+        return path.read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise ConfigError(f"mqtt.password_file: cannot read {path}: {exc.strerror}") from exc
+
+
+class MqttLink:
+    def __init__(self, config: MqttConfig, *, prefix: str, client_id: str) -> None:
+        self.config = config
+        self.prefix = prefix.rstrip("/")
+        self.status_topic = f"{self.prefix}/status"
+        self._qos: dict[str, int] = {"results": config.qos_results, "state": 1, "stats": 0,
+                                     "status": 1, "ota": 1}
+        self._lock = threading.Lock()
+        self._buffer: deque[_Message] = deque()
+        self._handlers: dict[str, Handler] = {}
+        self._stats = LinkStats()
+        self._connected = threading.Event()
+        self._stopping = False
+        self._client = self._make_client(client_id)
+
+    # -- setup -------------------------------------------------------------------------------
+    def _make_client(self, client_id: str) -> paho.Client:
+        cfg = self.config
+        protocol = paho.MQTTv5 if cfg.protocol == "5" else paho.MQTTv311
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                             protocol=protocol, reconnect_on_failure=True)
+        if cfg.username is not None:
+            password = read_password(cfg.password_file) if cfg.password_file else None
+            client.username_pw_set(cfg.username, password)
+        if cfg.tls is not None:
+            tls = cfg.tls
+            try:
+                client.tls_set(ca_certs=str(tls.ca), certfile=_opt(tls.cert),
+                               keyfile=_opt(tls.key), cert_reqs=ssl.CERT_REQUIRED,
+                               tls_version=ssl.PROTOCOL_TLS_CLIENT)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"mqtt.tls: {exc}") from exc
+            client.tls_insecure_set(tls.insecure)
+        client.will_set(self.status_topic, b"offline", qos=1, retain=True)
+        # paho holds QoS>0 messages until acked (and while it reconnects): bound that too, with
+        # room for its in-flight window on top of a full flush of our buffer.
+        client.max_queued_messages_set(cfg.buffer_messages + PAHO_INFLIGHT)
+        client.max_inflight_messages_set(PAHO_INFLIGHT)
+        client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        return client
+
+    def start(self) -> None:
+        """Connect in the background; publishing works (into the buffer) right away."""
+        self._client.connect_async(self.config.host, self.config.port, keepalive=KEEPALIVE_S)
+        self._client.loop_start()
+        logger.info("MQTT: connecting to %s:%d (MQTT %s%s)", self.config.host, self.config.port,
+                    self.config.protocol, ", TLS" if self.config.tls else "")
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Publish `offline` (retained), give paho `timeout_s` to deliver what it holds, and
+        disconnect. A broker that is away gets the Last Will's `offline` instead."""
+        with self._lock:
+            self._stopping = True
+        if self._connected.is_set():
+            info = self._client.publish(self.status_topic, b"offline", qos=1, retain=True)
+            deadline = time.monotonic() + timeout_s
+            while not info.is_published() and time.monotonic() < deadline \
+                    and self._connected.is_set():
+                time.sleep(0.01)
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    # -- outbound ----------------------------------------------------------------------------
+    def topic(self, suffix: str) -> str:
+        return f"{self.prefix}/{suffix}"
+
+    def publish(self, kind: TopicClass, suffix: str, payload: bytes, *,
+                retain: bool = False) -> None:
+        message = _Message(self.topic(suffix), payload, self._qos[kind], retain, kind)
+        with self._lock:
+            if self._stopping:
+                return
+            if not self._connected.is_set():
+                self._keep(message)
+                return
+        self._send(message)
+
+    def _send(self, message: _Message) -> None:
+        info = self._client.publish(message.topic, message.payload, message.qos, message.retain)
+        with self._lock:
+            if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                self._stats.published += 1
+            elif info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+                self._keep(message)  # QoS 0 in the moment the connection went away
+            else:  # MQTT_ERR_QUEUE_SIZE: paho already holds as many as the buffer may
+                self._drop(message.kind)
+
+    def _keep(self, message: _Message) -> None:
+        """Into the offline buffer, under the lock. Full: the oldest message goes."""
+        if self.config.buffer_messages == 0:
+            self._drop(message.kind)
+            return
+        if len(self._buffer) >= self.config.buffer_messages:
+            self._drop(self._buffer.popleft().kind)
+        self._buffer.append(message)
+
+    def _drop(self, kind: str) -> None:
+        self._stats.dropped += 1
+        self._stats.dropped_by_class[kind] = self._stats.dropped_by_class.get(kind, 0) + 1
+
+    # -- inbound -----------------------------------------------------------------------------
+    def subscribe(self, topic_filter: str, handler: Handler) -> None:
+        """Call `handler(topic, payload)` on paho's thread for each message on `topic_filter`
+        (kept across reconnects). Handlers must be quick and must not raise on bad input;
+        an exception is logged and counted, never fatal."""
+        with self._lock:
+            self._handlers[topic_filter] = handler
+        if self._connected.is_set():
+            self._client.subscribe(topic_filter, qos=1)
+
+    def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
+        with self._lock:
+            self._stats.received += 1
+            handlers = [h for f, h in self._handlers.items()
+                        if paho.topic_matches_sub(f, message.topic)]
+        for handler in handlers:
+            try:
+                handler(message.topic, bytes(message.payload))
+            except Exception:  # a handler's bug must not kill paho's network thread
+                with self._lock:
+                    self._stats.handler_errors += 1
+                logger.exception("MQTT handler for %s failed", message.topic)
+
+    # -- connection events (paho's thread) ---------------------------------------------------
+    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
+                    properties: Any) -> None:
+        if reason.is_failure:
+            logger.warning("MQTT: broker refused the connection: %s", reason)
+            return
+        with self._lock:
+            self._stats.connects += 1
+            self._stats.connected = True
+            filters = list(self._handlers)
+        logger.info("MQTT: connected to %s:%d", self.config.host, self.config.port)
+        client.publish(self.status_topic, b"online", qos=1, retain=True)
+        for topic_filter in filters:
+            client.subscribe(topic_filter, qos=1)
+        self._connected.set()
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._connected.is_set():
+            with self._lock:
+                if not self._buffer:
+                    return
+                message = self._buffer.popleft()
+            self._send(message)
+
+    def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
+                       properties: Any) -> None:
+        self._connected.clear()
+        with self._lock:
+            was = self._stats.connected
+            self._stats.connected = False
+            if was:
+                self._stats.disconnects += 1
+            stopping = self._stopping
+        if not stopping:
+            logger.warning("MQTT: connection lost (%s); reconnecting", reason)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            s = self._stats
+            return {"connected": s.connected, "published": s.published,
+                    "buffered": len(self._buffer), "dropped": s.dropped,
+                    "dropped_by_class": dict(s.dropped_by_class), "connects": s.connects,
+                    "disconnects": s.disconnects, "received": s.received,
+                    "handler_errors": s.handler_errors}
+
+
+def _opt(path: Path | None) -> str | None:
+    return None if path is None else str(path)

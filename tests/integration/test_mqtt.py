@@ -1,0 +1,161 @@
+"""The MQTT link against a real private mosquitto: retained status and Last Will, TLS with a
+password, QoS per topic class, the bounded offline buffer across a broker restart, inbound
+dispatch that survives a failing handler."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mosquitto import PASSWORD, USERNAME, Broker, Subscriber
+
+from edged.config import MqttConfig, TlsConfig
+from edged.errors import ConfigError
+from edged.mqtt import MqttLink, read_password
+
+
+@pytest.fixture
+def links() -> Iterator[list[MqttLink]]:
+    made: list[MqttLink] = []
+    yield made
+    for link in made:
+        link.stop(timeout_s=1)
+
+
+def plain(broker: Broker, **kw: object) -> MqttConfig:
+    return MqttConfig(host="127.0.0.1", port=broker.port, **kw)  # type: ignore[arg-type]
+
+
+def start(links: list[MqttLink], config: MqttConfig, prefix: str,
+          wait: bool = True) -> MqttLink:
+    link = MqttLink(config, prefix=prefix, client_id=f"edged-{prefix.replace('/', '-')}")
+    links.append(link)
+    link.start()
+    if wait:
+        assert link.wait_connected(10)
+    return link
+
+
+def test_mqtt_link_when_connected_publishes_online_retained_and_offline_on_stop(
+        broker: Broker, links: list[MqttLink]) -> None:
+    link = start(links, plain(broker), "t/status")
+    late = Subscriber(broker, "t/status/status")  # joins after: sees the retained value
+    try:
+        message = late.wait_for("t/status/status")
+        assert (message.payload, message.retain) == (b"online", True)
+        link.stop()
+        assert late.wait_for("t/status/status").payload == b"offline"
+    finally:
+        late.close()
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_mqtt_link_when_tls_and_password_are_set_connects_and_delivers(
+        broker: Broker, links: list[MqttLink], protocol: str) -> None:
+    config = MqttConfig(host="127.0.0.1", port=broker.tls_port, protocol=protocol,  # type: ignore[arg-type]
+                        username=USERNAME, password_file=broker.password_file,
+                        tls=TlsConfig(ca=broker.ca), qos_results=1)
+    sub = Subscriber(broker, "t/tls/#")
+    try:
+        link = start(links, config, "t/tls")
+        link.publish("results", "streams/a/results", b'{"seq": 1}')
+        message = sub.wait_for("t/tls/streams/a/results")
+        assert (message.payload, message.qos) == (b'{"seq": 1}', 1)
+    finally:
+        sub.close()
+
+
+def test_mqtt_link_when_password_is_wrong_stays_disconnected_and_buffers(
+        broker: Broker, links: list[MqttLink], tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-it\n")
+    config = MqttConfig(host="127.0.0.1", port=broker.tls_port, username=USERNAME,
+                        password_file=wrong, tls=TlsConfig(ca=broker.ca), buffer_messages=2)
+    link = start(links, config, "t/wrong", wait=False)
+    for i in range(3):
+        link.publish("results", "streams/a/results", str(i).encode())
+    assert not link.wait_connected(1)
+    stats = link.stats()
+    assert (stats["connected"], stats["buffered"], stats["dropped"]) == (False, 2, 1)
+
+
+def test_mqtt_link_when_tls_ca_is_missing_is_a_config_error(broker: Broker,
+                                                            tmp_path: Path) -> None:
+    config = MqttConfig(port=broker.tls_port, tls=TlsConfig(ca=tmp_path / "nope.crt"))
+    with pytest.raises(ConfigError, match=r"mqtt\.tls"):
+        MqttLink(config, prefix="t/x", client_id="x")
+
+
+def test_mqtt_read_password_when_relative_reads_from_credentials_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "mqtt-password").write_text(PASSWORD + "\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    assert read_password(Path("mqtt-password")) == PASSWORD
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_password(Path("absent"))
+
+
+def test_mqtt_link_when_broker_restarts_delivers_the_buffer_and_counts_what_overflowed(
+        broker: Broker, links: list[MqttLink]) -> None:
+    sub = Subscriber(broker, "t/restart/#", client_id="restart-sub", persistent=True)
+    link = start(links, plain(broker, qos_results=1, buffer_messages=5), "t/restart")
+    try:
+        link.publish("results", "r", b"before")
+        assert sub.wait_for("t/restart/r").payload == b"before"
+        broker.stop()
+        assert not _still_connected(link)
+        for i in range(8):  # 3 more than the buffer holds: the 3 oldest go
+            link.publish("results", "r", f"{i}".encode())
+        stats = link.stats()
+        assert (stats["buffered"], stats["dropped"]) == (5, 3)
+        broker.start()
+        assert link.wait_connected(40)  # paho's reconnect backoff is capped at 30 s
+        got: list[bytes] = []
+        while len(got) < 5:  # QoS 1 is at least once: a redelivered "before" is allowed
+            payload = sub.wait_for("t/restart/r", timeout=20).payload
+            if payload != b"before":
+                got.append(payload)
+        assert got == [b"3", b"4", b"5", b"6", b"7"]
+        assert link.stats()["dropped_by_class"] == {"results": 3}
+    finally:
+        sub.close()
+        if broker.process is None:
+            broker.start()
+
+
+def _still_connected(link: MqttLink) -> bool:
+    """Wait (bounded) until the link has noticed the broker is gone."""
+    for _ in range(200):
+        if not link._connected.is_set():
+            return False
+        threading.Event().wait(0.05)
+    return True
+
+
+def test_mqtt_link_when_a_handler_raises_counts_it_and_keeps_dispatching(
+        broker: Broker, links: list[MqttLink]) -> None:
+    got: list[bytes] = []
+    arrived = threading.Event()
+
+    def handler(topic: str, payload: bytes) -> None:
+        if payload == b"bad":
+            raise ValueError("boom")
+        got.append(payload)
+        arrived.set()
+
+    link = start(links, plain(broker), "t/in")
+    link.subscribe("t/in/sensors/+", handler)
+    sub = Subscriber(broker, "unused/topic")
+    try:
+        import time
+        deadline = time.monotonic() + 10
+        while link.stats()["received"] < 2 and time.monotonic() < deadline:
+            sub.client.publish("t/in/sensors/a", b"bad", qos=1).wait_for_publish(5)
+            sub.client.publish("t/in/sensors/a", b"good", qos=1).wait_for_publish(5)
+            arrived.wait(0.5)
+        assert arrived.is_set() and b"good" in got
+        assert link.stats()["handler_errors"] >= 1
+    finally:
+        sub.close()

@@ -1,0 +1,176 @@
+"""A private mosquitto for the test session: one plain listener and one with TLS and a
+password, on free ports, its own config, certificates made with openssl, persistence on (so a
+restart keeps subscribers' sessions). Plus `Subscriber`, a real paho client that collects."""
+
+from __future__ import annotations
+
+import getpass
+import queue
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+USERNAME, PASSWORD = "edged", "s3cret-pass"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_certificates(directory: Path) -> None:
+    """A throwaway CA and a server certificate for 127.0.0.1 (SAN IP), signed by it."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            "/CN=edged test CA", "-keyout", "ca.key", "-out", "ca.crt")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+            "-keyout", "server.key", "-out", "server.csr")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", "server.crt")
+
+
+@dataclass
+class Broker:
+    directory: Path
+    port: int
+    tls_port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def ca(self) -> Path:
+        return self.directory / "ca.crt"
+
+    @property
+    def password_file(self) -> Path:
+        return self.directory / "client-password"
+
+    def write_config(self) -> None:
+        d = self.directory
+        subprocess.run(["mosquitto_passwd", "-c", "-b", str(d / "passwd"), USERNAME, PASSWORD],
+                       check=True, capture_output=True)
+        self.password_file.write_text(PASSWORD + "\n")
+        (d / "mosquitto.conf").write_text(f"""per_listener_settings true
+persistence true
+persistence_location {d}/
+autosave_interval 1
+user {getpass.getuser()}
+log_dest file {d}/mosquitto.log
+log_type all
+listener {self.port} 127.0.0.1
+allow_anonymous true
+listener {self.tls_port} 127.0.0.1
+allow_anonymous false
+password_file {d}/passwd
+cafile {d}/ca.crt
+certfile {d}/server.crt
+keyfile {d}/server.key
+""")
+
+    def start(self) -> None:
+        with (self.directory / "stderr.log").open("ab") as stderr:
+            self.process = subprocess.Popen(
+                ["mosquitto", "-c", str(self.directory / "mosquitto.conf")],
+                stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("mosquitto exited: "
+                                   + (self.directory / "stderr.log").read_text())
+            try:
+                socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.2).close()
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("mosquitto did not listen within 10 s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()  # SIGTERM: it saves its persistence file first
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    if shutil.which("mosquitto") is None or shutil.which("mosquitto_passwd") is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    directory = tmp_path_factory.mktemp("mosquitto")
+    make_certificates(directory)
+    instance = Broker(directory, free_port(), free_port())
+    instance.write_config()
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@dataclass(frozen=True)
+class Received:
+    topic: str
+    payload: bytes
+    retain: bool
+    qos: int
+
+
+class Subscriber:
+    """A real MQTT client that collects what arrives on `topics`; `persistent` keeps its
+    session on the broker across disconnects (MQTT 5 session expiry)."""
+
+    def __init__(self, broker: Broker, *topics: str, client_id: str | None = None,
+                 persistent: bool = False) -> None:
+        self.messages: queue.Queue[Received] = queue.Queue()
+        self.client = paho.Client(CallbackAPIVersion.VERSION2,
+                                  client_id=client_id or f"sub-{time.monotonic_ns()}",
+                                  protocol=paho.MQTTv5)
+        self._topics = topics
+        self._subscribed = queue.Queue[int]()
+        self.client.on_message = lambda c, u, m: self.messages.put(
+            Received(m.topic, m.payload, bool(m.retain), m.qos))
+        self.client.on_connect = self._on_connect
+        self.client.on_subscribe = lambda c, u, mid, codes, p: self._subscribed.put(mid)
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+        props = Properties(PacketTypes.CONNECT)
+        if persistent:
+            props.SessionExpiryInterval = 3600
+        self.client.connect("127.0.0.1", broker.port, clean_start=not persistent,
+                            properties=props)
+        self.client.loop_start()
+        self._subscribed.get(timeout=10)
+
+    def _on_connect(self, client: paho.Client, userdata: object, flags: object, reason: object,
+                    properties: object) -> None:
+        client.subscribe([(topic, 1) for topic in self._topics])
+
+    def get(self, timeout: float = 10.0) -> Received:
+        return self.messages.get(timeout=timeout)
+
+    def wait_for(self, topic: str, timeout: float = 10.0) -> Received:
+        """The next message on `topic` (others that arrive first are dropped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.messages.get(timeout=max(0.01, deadline - time.monotonic()))
+            if message.topic == topic:
+                return message
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
