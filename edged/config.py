@@ -103,6 +103,7 @@ class MqttConfig:
     fleet_prefix: str = setting("edged/fleet", "fleet-wide topic prefix")
     qos_results: int = setting(0, "QoS of result messages", check=between(0, 2))
     buffer_messages: int = setting(10000, "messages kept while offline", check=at_least(0))
+    stats_interval_s: float = setting(10.0, "period of <prefix>/stats", check=at_least(0.1))
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,19 @@ class StreamConfig:
         "drop_oldest", "what to do with frames when the model is behind")
     priority: int | None = setting(None, "scheduler priority of this stream's frames",
                                    check=at_least(1))
+    queue: int = setting(2, "frames held between capture and the model", check=at_least(1))
+    in_flight: int = setting(2, "frames of this stream inside the model at once",
+                             check=at_least(1))
+    loop: bool = setting(False, "file:// sources: start again at the end")
+    watchdog_s: float = setting(10.0, "reconnect after this long without a frame",
+                                check=at_least(0.1))
+    backoff_initial_s: float = setting(0.5, "first reconnect delay", check=at_least(0.01))
+    backoff_max_s: float = setting(30.0, "reconnect delays double up to this",
+                                   check=at_least(0.01))
+    size: list[int] | None = setting(None, "v4l2/csi capture size [width, height]")
+    payload: Literal["json", "raw"] = setting(
+        "json", "mqtt:// sensors: JSON arrays, or raw little-endian tensors")
+    log_results: bool = setting(False, "log one line per result (the demo shows them)")
 
 
 @dataclass(frozen=True)

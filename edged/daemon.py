@@ -1,9 +1,11 @@
-"""The composition root: builds the repository, cache, scheduler and socket API from config,
-runs them on one asyncio loop, and shuts them down in order with every wait bounded."""
+"""The composition root: builds the repository, cache, scheduler, socket API, MQTT link and
+stream pipelines from config, runs them on one asyncio loop, and shuts them down in order
+with every wait bounded."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -15,13 +17,19 @@ from edged.cache import ModelCache, backend_options
 from edged.config import DaemonConfig
 from edged.errors import EdgedError
 from edged.metrics import InferenceCounters, Metrics, ModelState
+from edged.mqtt import MqttLink
+from edged.pipeline import StreamPipeline
+from edged.reporting import Reporter
 from edged.repository import ModelRepository
 from edged.scheduler import BatcherStats, Scheduler
+from edged.sources import Backoff, FrameQueue, open_source
 
 logger = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 5.0
+SOURCE_STOP_S = 5.0
+MQTT_STOP_S = 3.0
 
 
 class Daemon:
@@ -40,6 +48,12 @@ class Daemon:
         self.metrics = Metrics(self.inference_counters, self.model_states)
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready)
+        self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
+                              client_id=f"edged-{config.device_id}")
+                     if config.mqtt.enabled else None)
+        self.pipelines: list[StreamPipeline] = []
+        self.reporter = Reporter(self.pipelines, self.mqtt.stats if self.mqtt else None,
+                                 self.cache.status)
         self._ready = False
         self._stopping = False
         # For threads that wait on the daemon (tests, tools).
@@ -67,6 +81,53 @@ class Daemon:
                         f" on {', '.join(row.providers)}" if row.providers else
                         f" ({row.reason})" if row.reason else "")
 
+    def start_streams(self) -> None:
+        """One pipeline per configured stream. A stream whose model or source is unusable is
+        logged and left out; the others run."""
+        for cfg in self.config.streams:
+            try:
+                model = self.scheduler.model(cfg.model)
+                spec = model.inputs[0]
+                batched = model.max_batch_size > 0
+                source = open_source(
+                    cfg.name, cfg.source, FrameQueue(cfg.queue, cfg.backpressure),
+                    common={"fps": cfg.fps, "watchdog_s": cfg.watchdog_s,
+                            "backoff": Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)},
+                    camera={"loop": cfg.loop,
+                            "size": tuple(cfg.size) if cfg.size else None},
+                    sensor={"subscribe": self.mqtt.subscribe if self.mqtt else None,
+                            "shape": spec.shape[1:] if batched else spec.shape,
+                            "dtype": spec.dtype, "payload": cfg.payload})
+            except EdgedError as exc:
+                logger.error("stream %s is not started: %s", cfg.name, exc)
+                continue
+            pipeline = StreamPipeline(cfg, source, self.scheduler, self._publish_result,
+                                      backend_of=self._backend_of)
+            pipeline.start()
+            self.pipelines.append(pipeline)
+
+    def _publish_result(self, stream: str, payload: bytes) -> None:
+        if self.mqtt is not None:
+            self.mqtt.publish("results", f"streams/{stream}/results", payload)
+
+    def _backend_of(self, name: str, version: int) -> str:
+        for row in self.cache.status():
+            if (row.name, row.version) == (name, version) and row.providers:
+                return f"{row.backend}:{row.providers[0]}"
+        return "unknown"
+
+    async def _report_loop(self) -> None:
+        """Retained model states when they change, and the periodic stats message."""
+        interval = self.config.mqtt.stats_interval_s
+        while True:
+            for name, payload in await asyncio.to_thread(self.reporter.changed_states):
+                if self.mqtt is not None:
+                    self.mqtt.publish("state", f"models/{name}/state", payload, retain=True)
+            stats = json.dumps(self.reporter.stats(), separators=(",", ":")).encode()
+            if self.mqtt is not None:
+                self.mqtt.publish("stats", "stats", stats)
+            await asyncio.sleep(interval)
+
     # -- running -----------------------------------------------------------------------------
     def run(self) -> None:
         try:
@@ -87,12 +148,18 @@ class Daemon:
         try:
             # Listen first: liveness answers while models warm, readiness once they are.
             await self.api.start()
+            if self.mqtt is not None:
+                self.mqtt.start()
             await asyncio.to_thread(self.warm_up)
+            await asyncio.to_thread(self.start_streams)
             self._ready = True
             self.ready_event.set()
-            logger.info("edged %s running with %d model(s) in %s", self.config.device_id,
-                        len(self.repository.names()), self.config.models_dir)
+            logger.info("edged %s running with %d model(s) in %s, %d stream(s)",
+                        self.config.device_id, len(self.repository.names()),
+                        self.config.models_dir, len(self.pipelines))
+            reporting = asyncio.create_task(self._report_loop())
             await self._stop.wait()
+            reporting.cancel()
         finally:
             await self.shutdown()
 
@@ -114,21 +181,35 @@ class Daemon:
         self.request_stop()
 
     async def shutdown(self) -> None:
-        """Stop accepting → drain the scheduler until a deadline (queued requests run now, new
-        ones on open connections get 503) → answer and close connections → unload models →
-        close shared memory regions."""
+        """Stop accepting → stop sources (frames in the model finish) → drain the scheduler
+        until a deadline (queued requests run now, new ones on open connections get 503) →
+        answer and close connections → unload models → close shared memory regions →
+        publish `offline` and disconnect."""
         self._stopping = True
         logger.info("shutting down: draining queues (up to %.0fs)", DRAIN_TIMEOUT_S)
         try:
             await self.api.stop_accepting()
+            await asyncio.to_thread(self._stop_pipelines)
             await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)
             await self.api.stop()
         finally:
             await asyncio.to_thread(self.scheduler.close, 0.0)  # a no-op unless the above failed
             await asyncio.to_thread(self.cache.close, timeout_s=UNLOAD_TIMEOUT_S)
             self.shm.close()
+            if self.mqtt is not None:
+                await asyncio.to_thread(self.mqtt.stop, MQTT_STOP_S)
             logger.info("stopped")
             self.stopped_event.set()
+
+    def _stop_pipelines(self) -> None:
+        for pipeline in self.pipelines:
+            if not pipeline.stop_source(SOURCE_STOP_S):
+                logger.warning("stream %s: capture did not stop in %.0f s", pipeline.cfg.name,
+                               SOURCE_STOP_S)
+        for pipeline in self.pipelines:
+            if not pipeline.stop(DRAIN_TIMEOUT_S):
+                logger.warning("stream %s: frames still in the model after %.0f s",
+                               pipeline.cfg.name, DRAIN_TIMEOUT_S)
 
     # -- metrics snapshots -------------------------------------------------------------------
     def inference_counters(self) -> list[InferenceCounters]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -109,6 +109,29 @@ class PreprocessConfig:
 
 
 @dataclass(frozen=True)
+class PostprocessConfig:
+    """What a stream publishes from the outputs: top-k classes, detections (boxes in frame
+    pixels, after a score threshold and NMS), or the raw tensors (small ones in full)."""
+
+    kind: Literal["classify", "detect", "raw"] = setting("raw", "classify | detect | raw")
+    output: str | None = setting(None, "output to read (classify); null = the first")
+    labels: str | None = setting(None, "labels file, one per line, beside model.yaml")
+    top_k: int = setting(1, "classes reported (classify)", check=at_least(1))
+    format: Literal["yolo", "ssd"] = setting(
+        "yolo", "detect: yolo = one [N, 4+C] or [4+C, N] tensor (box, class scores), "
+        "optionally with objectness ([N, 5+C]); ssd = boxes [N, 4] + scores [N, C] or "
+        "scores [N] + classes [N]")
+    objectness: bool = setting(False, "yolo: a 5th column scales the class scores")
+    box: Literal["cxcywh", "xyxy", "yxyx"] = setting("cxcywh", "box encoding")
+    normalized: bool = setting(False, "boxes are 0..1 of the input size, not input pixels")
+    score_threshold: float = setting(0.25, "detections below are dropped", check=between(0, 1))
+    iou_threshold: float = setting(0.45, "NMS overlap threshold", check=between(0, 1))
+    max_detections: int = setting(100, "most detections kept", check=at_least(1))
+    max_values: int = setting(64, "raw: tensors up to this many values go in full",
+                              check=at_least(0))
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """`models/<name>/model.yaml`; every key optional where the ONNX file can tell."""
 
@@ -121,7 +144,7 @@ class ModelConfig:
     backend: Literal["auto", "tensorrt", "onnxruntime"] = setting("auto", "backend choice")
     precision: Literal["auto", "fp32", "fp16", "int8"] = setting("auto", "numeric precision")
     preprocess: PreprocessConfig | None = setting(None, "frame pre-processing (images, streams)")
-    postprocess: dict[str, Any] | None = setting(None, "result post-processing (streams)")
+    postprocess: PostprocessConfig | None = setting(None, "result post-processing (streams)")
     version_policy: VersionPolicy = setting(factory=lambda: VersionPolicy(latest=1),
                                             help="versions served")
     warmup: WarmupConfig = setting(factory=WarmupConfig, help="warm-up before ready")

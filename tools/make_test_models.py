@@ -128,11 +128,32 @@ def make_tiny_two_input(seed: int = 0) -> onnx.ModelProto:
     )
 
 
+def make_colors(seed: int = 0) -> onnx.ModelProto:
+    """The demo model: which of red, green, blue dominates an RGB image (0..1). Mean per
+    channel, sharpened, softmax: a real image classifier whose answer a person can check."""
+    del seed  # not random: the demo's answers must be right
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["image"], ["pool"]),
+        helper.make_node("Flatten", ["pool"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "sharpen"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["prob"], axis=1),
+    ]
+    sharpen = numpy_helper.from_array(np.eye(3, dtype=np.float32) * 12.0, name="sharpen")
+    return build_model(
+        "colors",
+        nodes,
+        [declare_float("image", ["batch", 3, 64, 64])],
+        [declare_float("prob", ["batch", 3])],
+        [sharpen],
+    )
+
+
 MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "tiny_cls": make_tiny_cls,
     "tiny_cnn": make_tiny_cnn,
     "tiny_nobatch": make_tiny_nobatch,
     "tiny_two_input": make_tiny_two_input,
+    "colors": make_colors,
 }
 
 # Shapes here exclude the batch dimension whenever max_batch_size > 0.
@@ -159,7 +180,15 @@ MODEL_YAML: dict[str, str] = {
         "outputs: [{name: sum, dtype: float32, shape: [4]},\n"
         "          {name: dot, dtype: float32, shape: []}]\n"
     ),
+    "colors": (
+        "max_batch_size: 8\n"
+        "preprocess: {resize: [64, 64], color: rgb}\n"
+        "postprocess: {kind: classify, labels: labels.txt, top_k: 1}\n"
+    ),
 }
+
+# Files beside model.yaml.
+MODEL_FILES: dict[str, dict[str, str]] = {"colors": {"labels.txt": "red\ngreen\nblue\n"}}
 
 
 def write_model(model: onnx.ModelProto, path: Path) -> Path:
@@ -174,6 +203,8 @@ def write_config(name: str, root: Path) -> Path:
     path = root / name / "model.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(MODEL_YAML[name])
+    for file_name, text in MODEL_FILES.get(name, {}).items():
+        (path.parent / file_name).write_text(text)
     return path
 
 

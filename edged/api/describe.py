@@ -66,8 +66,9 @@ def model_config(model: ModelVersion) -> dict[str, Any]:
             },
         }
     pre = dataclasses.asdict(cfg.preprocess) if cfg.preprocess is not None else None
+    post = dataclasses.asdict(cfg.postprocess) if cfg.postprocess is not None else None
     out["edged"] = {"version": model.version, "precision": cfg.precision,
-                    "preprocess": pre, "postprocess": cfg.postprocess}
+                    "preprocess": pre, "postprocess": post}
     return out
 
 

@@ -65,6 +65,7 @@ models_dir: {workdir / 'models'}
 cache: {{dir: {workdir / 'cache'}, preload: [tiny_cls, det]}}
 backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: {THREADS}}}}}
 api: {{socket: {sock}, http: "127.0.0.1:{port}"}}
+mqtt: {{enabled: false}}
 logging: {{level: warning}}
 """)
     log = (workdir / "edged.log").open("w")

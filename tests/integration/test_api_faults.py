@@ -108,8 +108,18 @@ def test_api_when_body_exceeds_max_request_size_answers_413(make_served: ServeFa
         still_serves(client)
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def handles_on(key: str) -> tuple[int, int]:
+    """Descriptors and mappings this process holds on /dev/shm/<key> (client and daemon
+    alike: the daemon runs in-process)."""
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += os.readlink(f"/proc/self/fd/{fd}") == f"/dev/shm/{key}"
+        except OSError:  # closed while we looked
+            pass
+    maps = sum(line.endswith(f"/dev/shm/{key}")
+               for line in Path("/proc/self/maps").read_text().splitlines())
+    return fds, maps
 
 
 def test_shm_when_reference_is_out_of_bounds_refuses_and_keeps_the_region(
@@ -117,7 +127,7 @@ def test_shm_when_reference_is_out_of_bounds_refuses_and_keeps_the_region(
     with served.client() as client, SharedRegion(f"edged-oob-{os.getpid()}", 1024) as region:
         client.register_shm("r", region.key, 1024)  # once first: lazy one-time descriptors
         client.unregister_shm("r")
-        fds_before = open_fds()
+        before = handles_on(region.key)
         client.register_shm("r", region.key, 1024)
         for ref in (ShmRef("r", 512, 768), ShmRef("r", 0, 2048)):
             with pytest.raises(ApiError) as caught:
@@ -134,7 +144,7 @@ def test_shm_when_reference_is_out_of_bounds_refuses_and_keeps_the_region(
         client.unregister_shm("r")
         client.unregister_shm("r")  # as in Triton: unregistering an unknown name is no error
         assert client.shm_status() == []
-        assert open_fds() == fds_before  # every region's descriptor closed
+        assert handles_on(region.key) == before  # every descriptor and mapping let go
 
 
 def test_api_when_queue_is_full_answers_503_and_runs_the_queued_ones(

@@ -65,6 +65,7 @@ models_dir: {repo_dir}
 cache: {{dir: {tmp_path / 'cache'}, preload: [tiny_cls, broken, tiny_cnn]}}
 backends: {{onnxruntime: {{providers: [cuda, cpu], intra_op_threads: 1}}}}
 api: {{socket: {short_dir / 'edged.sock'}}}
+mqtt: {{enabled: false}}
 logging: {{level: info}}
 """)
     return config

@@ -41,10 +41,10 @@ def test_cache_when_eight_threads_ask_first_loads_once(repo: ModelRepository, tm
         t.join(10)
     assert gate.loads == ["tiny_cls:1"]
     assert len({id(lease.session) for lease in leases}) == 1
-    assert cache.status()[0].in_use == 8
+    assert next(s for s in cache.status() if s.name == "tiny_cls").in_use == 8
     for lease in leases:
         lease.release()
-    assert cache.status()[0].in_use == 0
+    assert next(s for s in cache.status() if s.name == "tiny_cls").in_use == 0
 
 
 def test_cache_when_loading_runs_warmup_before_ready(repo: ModelRepository, tmp_path: Path,

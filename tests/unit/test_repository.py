@@ -17,8 +17,8 @@ def test_repository_when_listing_skips_hidden_staging_and_bad_names(repo_dir: Pa
     (repo_dir / ".hidden").mkdir()
     (repo_dir / ".staging").mkdir()
     (repo_dir / "bad name").mkdir()
-    assert ModelRepository(repo_dir).names() == ["tiny_cls", "tiny_cnn", "tiny_nobatch",
-                                                 "tiny_two_input"]
+    assert ModelRepository(repo_dir).names() == ["colors", "tiny_cls", "tiny_cnn",
+                                                 "tiny_nobatch", "tiny_two_input"]
 
 
 @pytest.mark.parametrize("name", ["../etc", "a/b", ".hidden", "..", "", "x" * 65])

@@ -1,0 +1,209 @@
+"""One stream: source → pre → scheduler → post → publish, on a thread of its own.
+
+Capture never waits for the model: the source's bounded queue sits between them (its policy
+drops frames and counts them). At most `in_flight` frames of the stream are inside the model,
+each in an input buffer of the stream's own small pool, so pre-processing the next frame
+overlaps inference of the last and memory stays flat whatever the model's speed. Publishing
+hands a message to the MQTT link, which never blocks either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edged.config import StreamConfig
+from edged.errors import EdgedError
+from edged.model_config import PreprocessConfig
+from edged.processing.post import Postprocessor
+from edged.processing.pre import Geometry, preprocess
+from edged.repository import ModelVersion
+from edged.scheduler import Outputs, Scheduler
+from edged.sources import Frame, Source
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[str, bytes], None]  # (stream name, result JSON)
+LATENCY_WINDOW = 1024
+
+
+@dataclass
+class _InFlight:
+    frame: Frame
+    geometry: Geometry | None
+    future: Future[Outputs]
+    buffer: np.ndarray | None
+    model: ModelVersion
+    submitted: float
+
+
+@dataclass
+class PipelineStats:
+    processed: int = 0
+    failed: int = 0
+    last_error: str | None = None
+
+
+class StreamPipeline:
+    def __init__(self, cfg: StreamConfig, source: Source, scheduler: Scheduler,
+                 publish: Publish | None, *, backend_of: Callable[[str, int], str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.source = source
+        self.scheduler = scheduler
+        self.publish = publish
+        self.backend_of = backend_of or (lambda name, version: "unknown")
+        self.clock = clock
+        self.stats = PipelineStats()
+        self._latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._free: list[np.ndarray] = []
+        self._post: tuple[ModelVersion, Postprocessor] | None = None
+
+    def start(self) -> None:
+        self.source.start()
+        self._thread = threading.Thread(target=self._run, name=f"pipeline-{self.cfg.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop_source(self, timeout_s: float) -> bool:
+        return self.source.stop(timeout_s)
+
+    def stop(self, timeout_s: float) -> bool:
+        """Stop taking frames; frames in the model finish (bounded by `timeout_s`)."""
+        self._stop.set()
+        self.source.stop(timeout_s)
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        window: deque[_InFlight] = deque()
+        while not (self._stop.is_set() and not window):
+            while len(window) < self.cfg.in_flight and not self._stop.is_set():
+                frame = self.source.queue.get(0.0 if window else 0.2)
+                if frame is None:
+                    break
+                item = self._submit(frame)
+                if item is not None:
+                    window.append(item)
+            if not window:
+                continue
+            try:
+                outputs = window[0].future.result(timeout=0.2)
+            except FutureTimeout:
+                continue
+            except EdgedError as exc:
+                failed = window.popleft()
+                self._failed(failed.frame, failed.buffer, exc)
+                continue
+            self._finish(window.popleft(), outputs)
+
+    def _submit(self, frame: Frame) -> _InFlight | None:
+        buffer = None
+        try:
+            model = self.scheduler.model(self.cfg.model)
+            inputs, geometry, buffer = self._inputs(frame, model)
+            future = self.scheduler.submit(self.cfg.model, inputs, priority=self.cfg.priority)
+        except EdgedError as exc:  # model missing or failing to load, frame not an input
+            self._failed(frame, buffer, exc)
+            return None
+        return _InFlight(frame, geometry, future, buffer, model, self.clock())
+
+    def _inputs(self, frame: Frame, model: ModelVersion
+                ) -> tuple[dict[str, np.ndarray], Geometry | None, np.ndarray | None]:
+        spec = model.inputs[0]
+        if self.source.kind == "sensor":
+            tensor = frame.data[None] if model.max_batch_size > 0 else frame.data
+            return {spec.name: np.ascontiguousarray(tensor, spec.dtype)}, None, None
+        cfg = model.config.preprocess or PreprocessConfig()
+        buffer = self._free.pop() if self._free else None
+        tensor, geometry = preprocess(frame.data, cfg, spec, buffer)
+        if model.max_batch_size == 0:
+            return {spec.name: tensor[0]}, geometry, tensor
+        return {spec.name: tensor}, geometry, tensor
+
+    def _finish(self, item: _InFlight, outputs: Outputs) -> None:
+        inference_ms = (self.clock() - item.submitted) * 1000
+        if item.buffer is not None and len(self._free) < self.cfg.in_flight:
+            self._free.append(item.buffer)  # the batch is done with it
+        try:
+            results = self._postprocessor(item.model)(outputs, item.geometry)
+        except EdgedError as exc:
+            self._failed(item.frame, None, exc)
+            return
+        frame = item.frame
+        now = self.clock()
+        latency_ms = (now - frame.captured_mono) * 1000
+        message: dict[str, Any] = {
+            "stream": self.cfg.name, "seq": frame.seq, "capture_ts": round(frame.captured, 6),
+            "publish_ts": round(time.time(), 6), "model": item.model.name,
+            "version": item.model.version,
+            "backend": self.backend_of(item.model.name, item.model.version),
+            "latency_ms": round(latency_ms, 3), "inference_ms": round(inference_ms, 3),
+            "results": results}
+        if item.geometry is not None:
+            message["frame"] = {"width": item.geometry.frame_size[0],
+                                "height": item.geometry.frame_size[1]}
+        with self._lock:
+            self.stats.processed += 1
+            self._latencies.append(latency_ms)
+        if self.cfg.log_results:
+            logger.info("stream %s #%d: %s (%.1f ms)", self.cfg.name, frame.seq,
+                        summarize(results), latency_ms)
+        if self.publish is not None:
+            self.publish(self.cfg.name, json.dumps(message, separators=(",", ":")).encode())
+
+    def _postprocessor(self, model: ModelVersion) -> Postprocessor:
+        if self._post is None or self._post[0] is not model:  # new version: its own config
+            self._post = (model, Postprocessor(model.config.postprocess, model.dir.parent))
+        return self._post[1]
+
+    def _failed(self, frame: Frame, buffer: np.ndarray | None, error: EdgedError) -> None:
+        if buffer is not None and len(self._free) < self.cfg.in_flight:
+            self._free.append(buffer)
+        with self._lock:
+            self.stats.failed += 1
+            self.stats.last_error = str(error)
+            count = self.stats.failed
+        if count <= 10 or count % 100 == 0:
+            logger.warning("stream %s: frame %d failed (#%d): %s", self.cfg.name, frame.seq,
+                           count, error)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for the stats message (rates are computed by whoever samples them)."""
+        with self._lock:
+            latencies = np.array(self._latencies) if self._latencies else None
+            row: dict[str, Any] = {"processed": self.stats.processed,
+                                   "failed": self.stats.failed,
+                                   "last_error": self.stats.last_error}
+        row.update(self.source.snapshot())
+        if latencies is not None:
+            row["latency_ms"] = {"p50": round(float(np.percentile(latencies, 50)), 3),
+                                 "p99": round(float(np.percentile(latencies, 99)), 3)}
+        return row
+
+
+def summarize(results: dict[str, Any]) -> str:
+    """One short line for the log."""
+    if "classes" in results:
+        return ", ".join(f"{c['label']} {c['score']:.2f}" for c in results["classes"])
+    if "detections" in results:
+        found = results["detections"]
+        return f"{len(found)} detections" + (
+            ": " + ", ".join(f"{d['label']} {d['score']:.2f}" for d in found[:3]) if found else "")
+    return ", ".join(f"{name} {entry['shape']}" for name, entry in results["outputs"].items())

@@ -1,0 +1,316 @@
+"""What every source shares: frames with sequence numbers and capture times, the bounded frame
+queue with its back-pressure policy, and the state machine (connecting → streaming →
+reconnecting → stopped) with a no-frames watchdog and capped exponential backoff, run on the
+source's own capture thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+import numpy as np
+
+from edged.errors import EdgedError
+
+logger = logging.getLogger(__name__)
+
+Policy = Literal["drop_oldest", "drop_newest", "block"]
+
+
+class SourceError(EdgedError):
+    """A source cannot be opened or read (it will be retried), or cannot work here at all."""
+
+    code = "source_failed"
+
+
+class SourceUnavailable(SourceError):
+    """This machine cannot read this kind of source (e.g. OpenCV without GStreamer): retrying
+    will not help; the message says what would."""
+
+    code = "source_unavailable"
+
+
+class State(Enum):
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    RECONNECTING = "reconnecting"
+    STOPPED = "stopped"
+
+
+ALLOWED: dict[State, frozenset[State]] = {
+    State.CONNECTING: frozenset({State.STREAMING, State.RECONNECTING, State.STOPPED}),
+    State.STREAMING: frozenset({State.RECONNECTING, State.STOPPED}),
+    State.RECONNECTING: frozenset({State.CONNECTING, State.STOPPED}),
+    State.STOPPED: frozenset(),
+}
+
+
+@dataclass
+class Frame:
+    stream: str
+    seq: int  # 1, 2, ... per source, counting every frame captured (dropped ones too)
+    captured: float  # wall clock (time.time()) at capture, for subscribers
+    captured_mono: float  # monotonic, for latencies inside edged
+    data: np.ndarray  # H x W x 3 BGR uint8 for cameras; a tensor for sensors
+
+
+@dataclass
+class Backoff:
+    """Capped exponential: initial, 2x, 4x, ... up to max_s; reset once frames flow."""
+
+    initial_s: float
+    max_s: float
+    attempt: int = 0
+
+    def next_delay(self) -> float:
+        delay = min(self.max_s, self.initial_s * (2 ** self.attempt))
+        self.attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass
+class SourceStats:
+    frames_in: int = 0  # captured and offered to the queue
+    dropped: int = 0  # pushed out of (or refused by) the full queue
+    skipped: int = 0  # read but not offered: over the fps limit
+    rejected: int = 0  # payloads that were not valid frames (sensors)
+    reconnects: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    state: State = State.CONNECTING
+    transitions: list[tuple[float, State]] = field(default_factory=list)
+
+
+class FrameQueue:
+    """Between the capture thread and the pipeline: at most `capacity` frames, ever. A full
+    queue drops its oldest frame (live view), refuses the new one (keep order), or makes the
+    capture thread wait (files, where every frame matters)."""
+
+    def __init__(self, capacity: int, policy: Policy) -> None:
+        self.capacity = capacity
+        self.policy = policy
+        self._frames: deque[Frame] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def put(self, frame: Frame) -> int:
+        """Offer a frame; returns how many frames were dropped (0 or 1)."""
+        with self._cond:
+            if self.policy == "block":
+                self._cond.wait_for(lambda: len(self._frames) < self.capacity or self._closed)
+            if self._closed:
+                return 1
+            dropped = 0
+            if len(self._frames) >= self.capacity:
+                if self.policy == "drop_newest":
+                    return 1
+                self._frames.popleft()
+                dropped = 1
+            self._frames.append(frame)
+            self._cond.notify_all()
+            return dropped
+
+    def get(self, timeout_s: float) -> Frame | None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._frames or self._closed, timeout_s):
+                return None
+            if not self._frames:
+                return None
+            frame = self._frames.popleft()
+            self._cond.notify_all()
+            return frame
+
+    def close(self) -> None:
+        """Wake everyone: a blocked capture thread gives up its frame, get() returns None."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._frames)
+
+
+class Source(ABC):
+    """One stream's reader. Subclasses open, read and close the device; this class runs the
+    state machine on a thread of its own and feeds the queue."""
+
+    kind = "source"
+
+    def __init__(self, name: str, uri: str, queue: FrameQueue, *, fps: float | None = None,
+                 watchdog_s: float = 10.0, backoff: Backoff | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.uri = uri
+        self.queue = queue
+        self.min_interval_s = 1.0 / fps if fps else 0.0
+        self.watchdog_s = watchdog_s
+        self.backoff = backoff or Backoff(0.5, 30.0)
+        self.clock = clock
+        self.stats = SourceStats()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self._last_offered = -1e18
+        self.state_changed = threading.Condition(self._lock)
+
+    # -- what a device implements ------------------------------------------------------------
+    @abstractmethod
+    def open(self) -> None:
+        """Open the device; raise SourceError when it cannot be (yet)."""
+
+    @abstractmethod
+    def read(self) -> np.ndarray | None:
+        """The next frame, or None when the stream ended or failed (reconnect). May block for
+        at most about the watchdog period."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the device (called on the capture thread)."""
+
+    # -- the state machine -------------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        with self._lock:
+            return self.stats.state
+
+    def _enter(self, state: State, reason: str = "") -> None:
+        with self._lock:
+            current = self.stats.state
+            if state == current:
+                return
+            if state not in ALLOWED[current]:
+                raise RuntimeError(f"{self.name}: {current.value} → {state.value} is not allowed")
+            self.stats.state = state
+            self.stats.transitions.append((self.clock(), state))
+            del self.stats.transitions[:-32]
+            if state == State.RECONNECTING:
+                self.stats.reconnects += 1
+            self.state_changed.notify_all()
+        log = logger.warning if state == State.RECONNECTING else logger.info
+        log("stream %s: %s%s", self.name, state.value, f" ({reason})" if reason else "")
+
+    def wait_state(self, state: State, timeout_s: float) -> bool:
+        with self._lock:
+            return self.state_changed.wait_for(lambda: self.stats.state == state, timeout_s)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"source-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop capturing; True when the thread has ended within `timeout_s`."""
+        self._stop.set()
+        self.queue.close()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._session()
+                if self._stop.is_set():
+                    break
+                delay = self.backoff.next_delay()
+                logger.info("stream %s: next attempt in %.1f s", self.name, delay)
+                if self._stop.wait(delay):
+                    break
+                self._enter(State.CONNECTING)
+        finally:
+            self._enter(State.STOPPED)
+
+    def _session(self) -> None:
+        """One connection: open, stream until it fails or goes quiet, close."""
+        try:
+            self.open()
+        except SourceUnavailable as exc:
+            self._error(str(exc))
+            self._stop.set()  # retrying cannot help; the state says stopped, the log says why
+            return
+        except SourceError as exc:
+            self._error(str(exc))
+            self._enter(State.RECONNECTING, str(exc))
+            return
+        try:
+            reason = self._stream()
+        except Exception as exc:  # a decoder or device library failing in some new way
+            logger.exception("stream %s: capture failed", self.name)
+            reason = f"capture failed: {exc}"
+            self._error(reason)
+        finally:
+            try:
+                self.close()
+            except Exception:  # closing a broken device must not end the capture thread
+                logger.exception("stream %s: close failed", self.name)
+        if not self._stop.is_set():
+            self._enter(State.RECONNECTING, reason)
+
+    def _stream(self) -> str:
+        last_frame = self.clock()
+        while not self._stop.is_set():
+            data = self.read()
+            now = self.clock()
+            if data is None:
+                if now - last_frame > self.watchdog_s:
+                    return f"no frames for {self.watchdog_s:g} s"
+                if self._ended():
+                    return "the stream ended"
+                continue
+            if self.state != State.STREAMING:
+                self._enter(State.STREAMING)
+                self.backoff.reset()
+            last_frame = now
+            self._offer(data, now)
+        return "stopped"
+
+    def _ended(self) -> bool:
+        """After read() gave None: has the stream ended (reconnect) rather than being slow?"""
+        return True
+
+    def _offer(self, data: np.ndarray, now: float) -> None:
+        self._seq += 1
+        if now - self._last_offered < self.min_interval_s:
+            with self._lock:
+                self.stats.skipped += 1
+            return
+        self._last_offered = now
+        frame = Frame(self.name, self._seq, time.time(), now, data)
+        dropped = self.queue.put(frame)
+        with self._lock:
+            self.stats.frames_in += 1
+            self.stats.dropped += dropped
+
+    def reject(self, reason: str) -> None:
+        """A payload that is not a valid frame: counted, logged, and the stream goes on."""
+        with self._lock:
+            self.stats.rejected += 1
+            count = self.stats.rejected
+        if count <= 10 or count % 100 == 0:  # a flood of bad payloads must not flood the log
+            logger.warning("stream %s: rejected payload #%d: %s", self.name, count, reason)
+
+    def _error(self, message: str) -> None:
+        with self._lock:
+            self.stats.errors += 1
+            self.stats.last_error = message
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            s = self.stats
+            return {"state": s.state.value, "frames_in": s.frames_in, "dropped": s.dropped,
+                    "skipped": s.skipped, "rejected": s.rejected, "reconnects": s.reconnects,
+                    "errors": s.errors, "last_error": s.last_error,
+                    "queue_depth": len(self.queue)}
