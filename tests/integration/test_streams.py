@@ -1,0 +1,241 @@
+"""Streams end to end: real video written by OpenCV and a real HTTP MJPEG server on 127.0.0.1,
+the daemon in-process, a real private mosquitto and a real subscriber. Results follow the
+published JSON Schema and are right; a camera that goes away is reported and comes back;
+malformed sensor payloads are rejected and counted while the stream goes on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from conftest import GateBackend
+from make_demo import COLORS_BGR, color_of, write_color_video
+from mosquitto import Broker, Subscriber, free_port
+from served_daemon import ServeFactory
+
+from edged.sources import State
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "schemas" /
+                     "stream-result.schema.json").read_text())
+
+
+def results_of(sub: Subscriber, topic: str, count: int, timeout: float = 20) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    got = []
+    while len(got) < count:
+        got.append(json.loads(sub.wait_for(topic, max(0.1, deadline - time.monotonic()))
+                              .payload))
+    return got
+
+
+def test_stream_when_a_video_plays_publishes_right_results_in_the_schema(
+        broker: Broker, make_served: ServeFactory, tmp_path: Path) -> None:
+    video = write_color_video(tmp_path / "colors.avi", fps=60, frames_per_color=10)
+    topic = "t/video/streams/cam/results"
+    sub = Subscriber(broker, topic)
+    try:
+        served = make_served(
+            mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: t/video, qos_results: 1",
+            streams=f"[{{name: cam, source: 'file://{video}', model: colors, loop: true, "
+                    "backpressure: block}]")
+        results = results_of(sub, topic, 40)
+    finally:
+        sub.close()
+    for message in results:
+        jsonschema.validate(message, SCHEMA)
+        frame_index = (message["seq"] - 1) % 30
+        assert message["results"]["classes"][0]["label"] == color_of(frame_index, 10)
+        assert message["frame"] == {"width": 320, "height": 240}
+        assert message["backend"] == "onnxruntime:CPUExecutionProvider"
+    seqs = [m["seq"] for m in results]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert served.daemon.pipelines[0].snapshot()["dropped"] == 0  # `block` drops nothing
+
+
+class MjpegServer:
+    """multipart/x-mixed-replace JPEG frames, as IP cameras serve them; stop() drops every
+    client, start() comes back on the same port."""
+
+    def __init__(self, port: int) -> None:
+        import cv2
+
+        self.port = port
+        frame = np.empty((120, 160, 3), np.uint8)
+        frame[:] = COLORS_BGR["green"]
+        self.jpeg = cv2.imencode(".jpg", frame)[1].tobytes()
+        self.server: ThreadingHTTPServer | None = None
+        self.running = threading.Event()
+
+    def start(self) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+                self.end_headers()
+                try:
+                    while owner.running.is_set():
+                        self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\n"
+                                         b"Content-Length: %d\r\n\r\n" % len(owner.jpeg))
+                        self.wfile.write(owner.jpeg + b"\r\n")
+                        time.sleep(1 / 30)
+                except OSError:
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        self.running.set()
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.running.clear()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+@pytest.fixture
+def camera() -> Iterator[MjpegServer]:
+    server = MjpegServer(free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_stream_when_the_camera_goes_away_reports_it_and_resumes_within_the_backoff_bound(
+        camera: MjpegServer, make_served: ServeFactory) -> None:
+    served = make_served(streams=f"[{{name: door, source: 'http://127.0.0.1:{camera.port}/', "
+                                 "model: colors, watchdog_s: 2, backoff_initial_s: 0.2, "
+                                 "backoff_max_s: 1.0}]")
+    pipeline = served.daemon.pipelines[0]
+    assert pipeline.source.wait_state(State.STREAMING, 15)
+    camera.stop()
+    assert pipeline.source.wait_state(State.RECONNECTING, 15)
+    gone = pipeline.snapshot()
+    assert gone["reconnects"] >= 1 and gone["state"] in ("reconnecting", "connecting")
+    processed = gone["processed"]
+    camera.start()
+    returned = time.monotonic()
+    assert pipeline.source.wait_state(State.STREAMING, 15)
+    # Back within one capped backoff (1 s) plus one open attempt (watchdog 2 s) and slack.
+    assert time.monotonic() - returned < 1.0 + 2.0 + 5.0
+    deadline = time.monotonic() + 10
+    while pipeline.snapshot()["processed"] <= processed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pipeline.snapshot()["processed"] > processed
+
+
+def test_sensor_stream_when_payloads_are_malformed_rejects_counts_and_goes_on(
+        broker: Broker, make_served: ServeFactory, caplog: pytest.LogCaptureFixture) -> None:
+    topic = "t/sensor/streams/vib/results"
+    sub = Subscriber(broker, topic)
+    try:
+        served = make_served(
+            mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: t/sensor",
+            streams="[{name: vib, source: 'mqtt://t/sensor/in/vib', model: tiny_nobatch, "
+                    "backpressure: block}]")
+        assert served.daemon.mqtt is not None and served.daemon.mqtt.wait_connected(10)
+        pipeline = served.daemon.pipelines[0]
+        assert pipeline.source.wait_state(State.CONNECTING, 5)
+        bad = [b"not json", b"{\"a\": 1}", b"[1, 2]", b"[1, 2, \"x\", 4]", b"[1, 2, NaN, 4]",
+               b"[[1, 2, 3, 4]]", b"\xff\xfe"]
+        deadline = time.monotonic() + 15
+        message = None
+        while message is None and time.monotonic() < deadline:  # until subscribed
+            for payload in bad:
+                sub.client.publish("t/sensor/in/vib", payload, qos=1).wait_for_publish(5)
+            sub.client.publish("t/sensor/in/vib", b"[1, 2, 3, 4]", qos=1).wait_for_publish(5)
+            try:
+                message = json.loads(sub.wait_for(topic, 1).payload)
+            except Exception:
+                message = None
+        assert message is not None
+        jsonschema.validate(message, SCHEMA)
+        assert message["results"]["outputs"]["out"]["shape"] == [4]
+        snapshot = pipeline.snapshot()
+        assert snapshot["rejected"] >= len(bad) and snapshot["processed"] >= 1
+        assert "rejected payload" in caplog.text and "expected a JSON array" in caplog.text
+    finally:
+        sub.close()
+
+
+def test_daemon_when_killed_leaves_offline_as_its_last_will(
+        broker: Broker, repo_dir: Path, short_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"""device_id: lwt
+models_dir: {repo_dir}
+cache: {{dir: {tmp_path / 'cache'}, preload: []}}
+api: {{socket: {short_dir / 'e.sock'}}}
+mqtt: {{host: 127.0.0.1, port: {broker.port}, prefix: t/lwt}}
+""")
+    sub = Subscriber(broker, "t/lwt/status")
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert sub.wait_for("t/lwt/status", 30).payload == b"online"
+        proc.kill()  # no DISCONNECT: the broker publishes the will when the connection drops
+        proc.wait(10)
+        assert sub.wait_for("t/lwt/status", 60).payload == b"offline"
+        late = Subscriber(broker, "t/lwt/status")  # and keeps it, retained, for newcomers
+        try:
+            assert late.wait_for("t/lwt/status", 10).payload == b"offline"
+        finally:
+            late.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        sub.close()
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_stream_when_the_model_is_slower_than_the_camera_drops_and_keeps_memory_flat(
+        gate: GateBackend, make_served: ServeFactory, tmp_path: Path) -> None:
+    video = write_color_video(tmp_path / "big.avi", fps=120, frames_per_color=20,
+                              size=(640, 480))  # 0.9 MB per frame: a leak would show at once
+    served = make_served(cache="preload: [colors]",
+                         streams=f"[{{name: fast, source: 'file://{video}', model: colors, "
+                                 "loop: true, queue: 2, in_flight: 2}]")
+    pipeline = served.daemon.pipelines[0]
+    gate.gate.clear()  # the model now takes as long as the test wants
+
+    def wait_dropped(n: int) -> dict:
+        deadline = time.monotonic() + 30
+        while (row := pipeline.snapshot())["dropped"] < n and time.monotonic() < deadline:
+            assert row["queue_depth"] <= 2
+            time.sleep(0.02)
+        return row
+
+    wait_dropped(20)
+    before = rss_bytes()
+    row = wait_dropped(220)
+    grown = rss_bytes() - before
+    assert row["dropped"] >= 220, "the source should keep capturing (and dropping)"
+    assert grown < 50 * 1024 * 1024, f"RSS grew {grown / 2**20:.0f} MB over 200 dropped frames"
+    processed = row["processed"]
+    gate.gate.set()
+    deadline = time.monotonic() + 10
+    while pipeline.snapshot()["processed"] <= processed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pipeline.snapshot()["processed"] > processed

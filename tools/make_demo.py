@@ -1,0 +1,56 @@
+"""Demo assets for `make run` and the stream tests: the `colors` model repository and a video
+(written by OpenCV) whose frames are solid red, green and blue in turn, with a moving square
+so it is plainly video. The model's answer for each frame can be checked by eye or by test."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+COLORS_BGR = {"red": (0, 0, 255), "green": (0, 255, 0), "blue": (255, 0, 0)}
+ORDER = ("red", "green", "blue")
+
+
+def color_of(frame_index: int, frames_per_color: int) -> str:
+    return ORDER[(frame_index // frames_per_color) % len(ORDER)]
+
+
+def write_color_video(path: Path, *, fps: float = 30.0, frames_per_color: int = 30,
+                      cycles: int = 1, size: tuple[int, int] = (320, 240)) -> Path:
+    """An MJPG .avi (OpenCV's built-in writer: no codec libraries needed)."""
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    width, height = size
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (width, height))
+    if not writer.isOpened():
+        raise RuntimeError(f"OpenCV cannot write {path}")
+    try:
+        total = frames_per_color * len(ORDER) * cycles
+        for i in range(total):
+            frame = np.empty((height, width, 3), np.uint8)
+            frame[:] = COLORS_BGR[color_of(i, frames_per_color)]
+            x = (i * 4) % max(1, width - 40)
+            frame[height // 2 - 20:height // 2 + 20, x:x + 40] = 128  # grey: no colour wins
+            writer.write(frame)
+    finally:
+        writer.release()
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out_dir", type=Path, help="where models/ and colors.avi go")
+    args = parser.parse_args(argv)
+    import make_test_models
+
+    make_test_models.write_repository(args.out_dir / "models", names=["colors"])
+    print(write_color_video(args.out_dir / "colors.avi"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
