@@ -17,11 +17,13 @@ $(STAMP):
 
 setup: $(STAMP)
 
-# The daemon on the default config, with the demo model repository and local state under var/.
+# The daemon on the default config: the demo video through the demo model, results in the
+# terminal and on MQTT at 127.0.0.1:1883 when a broker is there. State stays under var/.
 run: setup
-	@test -d $(DEMO)/models || $(BIN)/python tools/make_test_models.py $(DEMO)/models
+	@test -f $(DEMO)/colors.avi || (cd tools && ../$(BIN)/python make_demo.py ../$(DEMO))
 	$(BIN)/edged run --config deploy/edged.yaml --models-dir $(DEMO)/models \
-		--cache-dir $(DEMO)/cache --socket $(DEMO)/edged.sock
+		--cache-dir $(DEMO)/cache --socket $(DEMO)/edged.sock \
+		--source demo=file://$(abspath $(DEMO))/colors.avi
 
 lint: setup
 	$(BIN)/ruff check edged tools tests

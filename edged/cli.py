@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--cache-dir", type=Path, help="override cache.dir")
     run.add_argument("--socket", type=Path, help="override api.socket")
     run.add_argument("--http", metavar="HOST:PORT", help="also listen on a loopback TCP port")
+    run.add_argument("--source", action="append", default=[], metavar="STREAM=URI",
+                     help="point a configured stream at another source (repeatable)")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
     check = sub.add_parser("check-config", help="validate a config file and its models")
@@ -87,8 +89,9 @@ def _setup_logging(level: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from edged.daemon import Daemon
 
+    sources = dict(item.partition("=")[::2] for item in args.source)
     config = with_overrides(load_config(args.config), models_dir=args.models_dir,
-                            socket=args.socket, http=args.http)
+                            socket=args.socket, http=args.http, sources=sources)
     if args.cache_dir:
         config = dataclasses.replace(config, cache=dataclasses.replace(config.cache,
                                                                        dir=args.cache_dir))

@@ -208,10 +208,21 @@ def parse_config(text: str) -> DaemonConfig:
 
 
 def with_overrides(config: DaemonConfig, *, models_dir: Path | None = None,
-                   socket: Path | None = None, http: str | None = None) -> DaemonConfig:
-    """Apply the CLI flags that override the file for the common cases."""
+                   socket: Path | None = None, http: str | None = None,
+                   sources: dict[str, str] | None = None) -> DaemonConfig:
+    """Apply the CLI flags that override the file for the common cases. `sources` maps a
+    stream's name to a new source URI (`--source demo=v4l2:///dev/video0`)."""
     if http is not None and (message := _check_loopback(http)):
         raise ConfigError([ConfigIssue("--http", message)])
     api = dataclasses.replace(config.api, socket=socket or config.api.socket,
                               http=http if http is not None else config.api.http)
-    return dataclasses.replace(config, models_dir=models_dir or config.models_dir, api=api)
+    streams = list(config.streams)
+    for name, uri in (sources or {}).items():
+        index = next((i for i, s in enumerate(streams) if s.name == name), None)
+        if index is None:
+            raise ConfigError([ConfigIssue("--source", f"no stream named {name!r}")])
+        if uri.partition("://")[0] not in STREAM_SCHEMES:
+            raise ConfigError([ConfigIssue("--source", f"unsupported source {uri!r}")])
+        streams[index] = dataclasses.replace(streams[index], source=uri)
+    return dataclasses.replace(config, models_dir=models_dir or config.models_dir, api=api,
+                               streams=streams)
