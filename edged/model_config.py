@@ -122,6 +122,8 @@ class PostprocessConfig:
         "optionally with objectness ([N, 5+C]); ssd = boxes [N, 4] + scores [N, C] or "
         "scores [N] + classes [N]")
     objectness: bool = setting(False, "yolo: a 5th column scales the class scores")
+    transposed: bool | None = setting(None, "yolo: the head is [4+C, N] (YOLOv8); null = "
+                                      "guess: fewer rows than columns")
     box: Literal["cxcywh", "xyxy", "yxyx"] = setting("cxcywh", "box encoding")
     normalized: bool = setting(False, "boxes are 0..1 of the input size, not input pixels")
     score_threshold: float = setting(0.25, "detections below are dropped", check=between(0, 1))

@@ -82,10 +82,15 @@ def _yolo(outputs: Mapping[str, np.ndarray],
     table = np.asarray(next(iter(outputs.values())), np.float32)
     table = table.reshape(table.shape[-2:]) if table.ndim == 3 else table
     extra = 5 if cfg.objectness else 4
-    if table.ndim != 2 or min(table.shape) <= extra:
+    if table.ndim != 2:
         raise InvalidModel(f"detect/yolo: expected [N, {extra}+classes], got {table.shape}")
-    if table.shape[0] < table.shape[1]:  # [K, N]: candidates (thousands) outnumber columns
+    transposed = cfg.transposed
+    if transposed is None:  # candidates (thousands) outnumber the columns
+        transposed = table.shape[0] < table.shape[1]
+    if transposed:
         table = table.T
+    if table.shape[1] <= extra:
+        raise InvalidModel(f"detect/yolo: expected [N, {extra}+classes], got {table.shape}")
     class_scores = table[:, extra:]
     if cfg.objectness:
         class_scores = class_scores * table[:, 4:5]

@@ -70,6 +70,8 @@ class SensorSource(Source):
             values = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise ValueError("not JSON: nested too deeply") from exc
         if not isinstance(values, list):
             raise ValueError(f"expected a JSON array, got {type(values).__name__}")
         try:
