@@ -24,6 +24,10 @@ def _check_mode(value: str) -> str | None:
     return None if re.fullmatch(r"0?[0-7]{3}", value) else "must be an octal mode such as \"0660\""
 
 
+def _check_size(size: list[int]) -> str | None:
+    return None if len(size) == 2 and min(size) > 0 else "size must be [width, height] > 0"
+
+
 def split_host_port(value: str) -> tuple[str, int]:
     """`127.0.0.1:8000` or `[::1]:8000` → (host, port); ValueError otherwise."""
     host, sep, port = value.rpartition(":")
@@ -126,7 +130,8 @@ class StreamConfig:
     backoff_initial_s: float = setting(0.5, "first reconnect delay", check=at_least(0.01))
     backoff_max_s: float = setting(30.0, "reconnect delays double up to this",
                                    check=at_least(0.01))
-    size: list[int] | None = setting(None, "v4l2/csi capture size [width, height]")
+    size: list[int] | None = setting(None, "v4l2/csi capture size [width, height]",
+                                     check=_check_size)
     payload: Literal["json", "raw"] = setting(
         "json", "mqtt:// sensors: JSON arrays, or raw little-endian tensors")
     log_results: bool = setting(False, "log one line per result (the demo shows them)")

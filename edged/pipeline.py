@@ -29,7 +29,7 @@ from edged.processing.post import Postprocessor
 from edged.processing.pre import Geometry, preprocess
 from edged.repository import ModelVersion
 from edged.scheduler import Outputs, Scheduler
-from edged.sources import Frame, Source
+from edged.sources import Frame, Source, worth_logging
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class StreamPipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._free: list[np.ndarray] = []
-        self._post: tuple[ModelVersion, Postprocessor] | None = None
+        self._version: tuple[ModelVersion, Postprocessor, str] | None = None
 
     def start(self) -> None:
         self.source.start()
@@ -139,10 +139,10 @@ class StreamPipeline:
 
     def _finish(self, item: _InFlight, outputs: Outputs) -> None:
         inference_ms = (self.clock() - item.submitted) * 1000
-        if item.buffer is not None and len(self._free) < self.cfg.in_flight:
-            self._free.append(item.buffer)  # the batch is done with it
+        self._release(item.buffer)
         try:
-            results = self._postprocessor(item.model)(outputs, item.geometry)
+            post, backend = self._per_version(item.model)
+            results = post(outputs, item.geometry)
         except EdgedError as exc:
             self._failed(item.frame, None, exc)
             return
@@ -153,7 +153,7 @@ class StreamPipeline:
             "stream": self.cfg.name, "seq": frame.seq, "capture_ts": round(frame.captured, 6),
             "publish_ts": round(time.time(), 6), "model": item.model.name,
             "version": item.model.version,
-            "backend": self.backend_of(item.model.name, item.model.version),
+            "backend": backend,
             "latency_ms": round(latency_ms, 3), "inference_ms": round(inference_ms, 3),
             "results": results}
         if item.geometry is not None:
@@ -168,19 +168,26 @@ class StreamPipeline:
         if self.publish is not None:
             self.publish(self.cfg.name, json.dumps(message, separators=(",", ":")).encode())
 
-    def _postprocessor(self, model: ModelVersion) -> Postprocessor:
-        if self._post is None or self._post[0] is not model:  # new version: its own config
-            self._post = (model, Postprocessor(model.config.postprocess, model.dir.parent))
-        return self._post[1]
+    def _per_version(self, model: ModelVersion) -> tuple[Postprocessor, str]:
+        """Post-processing and backend name of the version that ran, worked out once per
+        version (a new one brings its own config), not once per frame."""
+        if self._version is None or self._version[0] is not model:
+            self._version = (model, Postprocessor(model.config.postprocess, model.dir.parent),
+                             self.backend_of(model.name, model.version))
+        return self._version[1], self._version[2]
 
-    def _failed(self, frame: Frame, buffer: np.ndarray | None, error: EdgedError) -> None:
+    def _release(self, buffer: np.ndarray | None) -> None:
+        """Back to the stream's pool: the batch that read it is done with it."""
         if buffer is not None and len(self._free) < self.cfg.in_flight:
             self._free.append(buffer)
+
+    def _failed(self, frame: Frame, buffer: np.ndarray | None, error: EdgedError) -> None:
+        self._release(buffer)
         with self._lock:
             self.stats.failed += 1
             self.stats.last_error = str(error)
             count = self.stats.failed
-        if count <= 10 or count % 100 == 0:
+        if worth_logging(count):
             logger.warning("stream %s: frame %d failed (#%d): %s", self.cfg.name, frame.seq,
                            count, error)
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 USERNAME, PASSWORD = "edged", "s3cret-pass"
 
@@ -146,8 +148,6 @@ class Subscriber:
             Received(m.topic, m.payload, bool(m.retain), m.qos))
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda c, u, mid, codes, p: self._subscribed.put(mid)
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
         props = Properties(PacketTypes.CONNECT)
         if persistent:
             props.SessionExpiryInterval = 3600

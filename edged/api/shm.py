@@ -182,10 +182,9 @@ class ShmRegistry:
             if region.mapping is not None and position % ALIGN == 0:
                 start = position - region.offset + region.skip
                 return memoryview(region.mapping)[start:start + ref.byte_size]
-        raw = np.empty(ref.byte_size + ALIGN, np.uint8)
-        start = -raw.ctypes.data % ALIGN
-        view = raw.data[start:start + ref.byte_size]
-        with self._use(ref) as (region, position):
+            raw = np.empty(ref.byte_size + ALIGN, np.uint8)
+            start = -raw.ctypes.data % ALIGN
+            view = raw.data[start:start + ref.byte_size]
             got = os.preadv(region.fd, [view], position)
         if got != ref.byte_size:
             raise InvalidInput(f"region {ref.region!r}: only {got} of {ref.byte_size} bytes "

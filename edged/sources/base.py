@@ -24,6 +24,12 @@ logger = logging.getLogger(__name__)
 Policy = Literal["drop_oldest", "drop_newest", "block"]
 
 
+def worth_logging(count: int) -> bool:
+    """The first ten of a repeated warning, then every hundredth: a flood of bad frames or
+    payloads must not flood the journal."""
+    return count <= 10 or count % 100 == 0
+
+
 class SourceError(EdgedError):
     """A source cannot be opened or read (it will be retried), or cannot work here at all."""
 
@@ -245,6 +251,11 @@ class Source(ABC):
             self._error(str(exc))
             self._enter(State.RECONNECTING, str(exc))
             return
+        except Exception as exc:  # the device library failing in some new way: retry later
+            logger.exception("stream %s: opening failed", self.name)
+            self._error(f"opening failed: {exc}")
+            self._enter(State.RECONNECTING, f"opening failed: {exc}")
+            return
         try:
             reason = self._stream()
         except Exception as exc:  # a decoder or device library failing in some new way
@@ -299,7 +310,7 @@ class Source(ABC):
         with self._lock:
             self.stats.rejected += 1
             count = self.stats.rejected
-        if count <= 10 or count % 100 == 0:  # a flood of bad payloads must not flood the log
+        if worth_logging(count):
             logger.warning("stream %s: rejected payload #%d: %s", self.name, count, reason)
 
     def _error(self, message: str) -> None:

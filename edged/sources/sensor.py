@@ -62,8 +62,9 @@ class SensorSource(Source):
             if len(payload) != expected:
                 raise ValueError(f"{len(payload)} bytes, expected {expected} "
                                  f"({list(self.shape)} {self.dtype})")
-            return np.frombuffer(payload, self.dtype.newbyteorder("<")).reshape(self.shape) \
-                .astype(self.dtype)
+            # Converted (a copy) only on a big-endian host; a view of the payload otherwise.
+            wire = np.frombuffer(payload, self.dtype.newbyteorder("<")).reshape(self.shape)
+            return wire.astype(self.dtype, copy=False)
         if len(payload) > MAX_JSON_BYTES:
             raise ValueError(f"{len(payload)} bytes of JSON, more than {MAX_JSON_BYTES}")
         try:

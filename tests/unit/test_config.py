@@ -139,3 +139,8 @@ def test_check_config_when_a_model_is_broken_names_it(
     out = capsys.readouterr().out
     assert "tiny_cls/1/model.onnx: not a valid ONNX model" in out
     assert "cache.preload: model 'nothere' is not in" in out
+
+
+def test_config_when_stream_capture_size_is_not_width_height_names_it() -> None:
+    text = 'streams: [{name: a, source: "v4l2:///dev/video0", model: m, size: [640]}]\n'
+    assert errors_of(text) == ["streams[0].size: size must be [width, height] > 0 (line 1)"]
