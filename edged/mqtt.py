@@ -158,7 +158,13 @@ class MqttLink:
             if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 self._stats.published += 1
             elif info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
-                self._keep(message)  # QoS 0 in the moment the connection went away
+                # The connection went away just now. paho keeps a QoS 1/2 message and sends
+                # it after the reconnect (keeping it here as well would send it twice);
+                # QoS 0 it forgets, so it goes into the offline buffer.
+                if message.qos == 0:
+                    self._keep(message)
+                else:
+                    self._stats.published += 1
             else:  # MQTT_ERR_QUEUE_SIZE: paho already holds as many as the buffer may
                 self._drop(message.kind)
 

@@ -239,3 +239,70 @@ def test_stream_when_the_model_is_slower_than_the_camera_drops_and_keeps_memory_
     while pipeline.snapshot()["processed"] <= processed and time.monotonic() < deadline:
         time.sleep(0.02)
     assert pipeline.snapshot()["processed"] > processed
+
+
+def _broker_restart_mid_stream(broker: Broker, make_served: ServeFactory, tmp_path: Path,
+                               prefix: str, buffer: int) -> tuple[set[int], int, dict]:
+    """A 20 fps video stream publishing QoS 1 results; the broker goes away for 40 frames and
+    comes back. Returns the seqs a persistent subscriber got up to a seq published well after
+    the reconnect, that seq, and the daemon's last stats message."""
+    video = write_color_video(tmp_path / "c.avi", fps=20, frames_per_color=10)
+    results, stats_topic = f"{prefix}/streams/cam/results", f"{prefix}/stats"
+    sub = Subscriber(broker, results, stats_topic, client_id=f"{prefix}-sub", persistent=True)
+    try:
+        served = make_served(
+            cache="preload: [colors]",
+            mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}, qos_results: 1, "
+                 f"buffer_messages: {buffer}, stats_interval_s: 0.5",
+            streams=f"[{{name: cam, source: 'file://{video}', model: colors, loop: true, "
+                    "backpressure: block}]")  # every frame is published: seqs are 1, 2, 3...
+        link, pipeline = served.daemon.mqtt, served.daemon.pipelines[0]
+        assert link is not None
+        seqs = {json.loads(sub.wait_for(results, 20).payload)["seq"]}
+        broker.stop()
+        deadline = time.monotonic() + 10
+        while link.stats()["connected"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        outage_start = pipeline.snapshot()["processed"]
+        while pipeline.snapshot()["processed"] < outage_start + 40:
+            assert time.monotonic() < deadline + 20, "the stream stalled while offline"
+            time.sleep(0.05)
+        broker.start()
+        assert link.wait_connected(40)  # paho's reconnect delay is capped at 30 s
+        end = pipeline.snapshot()["processed"] + 10
+        last_stats: dict = {}
+        deadline = time.monotonic() + 60
+        while not seqs or max(seqs) < end:
+            message = sub.get(max(0.01, deadline - time.monotonic()))
+            if message.topic == results:
+                seqs.add(json.loads(message.payload)["seq"])
+            else:
+                last_stats = json.loads(message.payload)
+        while "mqtt" not in last_stats or last_stats["mqtt"]["buffered"] or \
+                not last_stats["mqtt"]["connected"]:  # a stats message from after the flush
+            message = sub.get(10)
+            if message.topic == stats_topic:
+                last_stats = json.loads(message.payload)
+        return seqs, end, last_stats
+    finally:
+        sub.close()
+        if broker.process is None:
+            broker.start()
+
+
+def test_stream_when_the_broker_restarts_loses_no_qos1_result_within_the_buffer(
+        broker: Broker, make_served: ServeFactory, tmp_path: Path) -> None:
+    seqs, end, stats = _broker_restart_mid_stream(broker, make_served, tmp_path, "t/rs1", 1000)
+    first = min(seqs)
+    assert set(range(first, end + 1)) <= seqs, \
+        f"missing results: {sorted(set(range(first, end + 1)) - seqs)}"
+    assert stats["mqtt"]["dropped"] == 0 and stats["mqtt"]["disconnects"] == 1
+
+
+def test_stream_when_the_broker_stays_away_past_the_buffer_reports_what_was_dropped(
+        broker: Broker, make_served: ServeFactory, tmp_path: Path) -> None:
+    seqs, end, stats = _broker_restart_mid_stream(broker, make_served, tmp_path, "t/rs2", 5)
+    missing = set(range(min(seqs), end + 1)) - seqs
+    dropped = stats["mqtt"]["dropped_by_class"].get("results", 0)
+    assert dropped > 0 and len(missing) == dropped, (sorted(missing), stats["mqtt"])
+    assert stats["streams"]["cam"]["dropped"] == 0  # the stream itself lost nothing
