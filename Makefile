@@ -36,6 +36,7 @@ bench: setup
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/edged bench core
 	$(BIN)/edged bench api
+	$(BIN)/edged bench streams
 
 clean:
 	rm -rf $(VENV) var bench-results

@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_target(models)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its table")
-    bench.add_argument("suite", choices=["core", "api"])
+    bench.add_argument("suite", choices=["core", "api", "streams"])
     bench.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON folder")
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     return parser
@@ -215,6 +215,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from edged.bench import api
 
         return api.main(out_dir=args.out, quick=args.quick)
+    if args.suite == "streams":
+        from edged.bench import streams
+
+        return streams.main(out_dir=args.out, quick=args.quick)
     from edged.bench import core
 
     return core.main(out_dir=args.out, quick=args.quick)

@@ -32,6 +32,7 @@ from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_re
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import session_options
 from edged.bench.assets import PPOCR_DET, TOOLS_DIR, ppocr_model, tiny_model_tools
+from edged.bench.broker import free_port
 from edged.bench.core import Latency, interleaved
 from edged.bench.load import Target, closed_loop, http_request, one
 from edged.client import EdgedClient, SharedRegion
@@ -47,27 +48,28 @@ def build_repository(root: Path) -> None:
     tiny_model_tools().write_repository(root, names=["tiny_cls"])
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def edged_config(workdir: Path, *, preload: list[str], http: str | None = None,
+                 mqtt: str = "enabled: false", streams: str = "[]") -> str:
+    """A daemon config over workdir/models with the bench's thread setting."""
+    listen = f', http: "{http}"' if http else ""
+    return f"""device_id: bench
+models_dir: {workdir / 'models'}
+cache: {{dir: {workdir / 'cache'}, preload: [{', '.join(preload)}]}}
+backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: {THREADS}}}}}
+api: {{socket: {workdir / 's.sock'}{listen}}}
+mqtt: {{{mqtt}}}
+streams: {streams}
+logging: {{level: warning}}
+"""
 
 
 @contextmanager
-def run_edged(workdir: Path, port: int) -> Iterator[Path]:
-    """`edged run` as a subprocess; yields its socket path once it is ready."""
+def run_edged(workdir: Path, config_text: str) -> Iterator[Path]:
+    """`edged run` as a subprocess on `config_text` (from edged_config); yields its socket
+    path once the daemon is ready."""
     sock = workdir / "s.sock"
     config = workdir / "edged.yaml"
-    config.write_text(f"""device_id: bench
-models_dir: {workdir / 'models'}
-cache: {{dir: {workdir / 'cache'}, preload: [tiny_cls, det]}}
-backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: {THREADS}}}}}
-api: {{socket: {sock}, http: "127.0.0.1:{port}"}}
-mqtt: {{enabled: false}}
-logging: {{level: warning}}
-""")
+    config.write_text(config_text)
     log = (workdir / "edged.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config", str(config)],
                             stdout=log, stderr=subprocess.STDOUT)
@@ -175,7 +177,8 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"latency": {}, "rates": {}}
     port = free_port()
     binary_req, json_req = tiny_requests(tiny_x)
-    with run_edged(workdir, port) as sock, EdgedClient(sock) as client:
+    config = edged_config(workdir, preload=["tiny_cls", "det"], http=f"127.0.0.1:{port}")
+    with run_edged(workdir, config) as sock, EdgedClient(sock) as client:
         for model, x, rounds in (("tiny_cls", tiny_x, rounds_tiny), ("det", det_x, rounds_det)):
             session = direct_session(workdir / "models" / model / "1" / "model.onnx")
             results["latency"][model] = latency_case(client, session, model, x, rounds)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,3 +125,18 @@ def test_bench_api_when_run_quick_measures_every_path(
         assert row["direct"]["p50_ms"] > 0 and row["socket"]["p50_ms"] > 0
         assert row["shm"]["p50_ms"] > 0
     assert results["rates"]["edged_socket_binary"]["c8"]["requests_per_s"] > 0
+
+
+def test_bench_streams_when_run_quick_measures_every_case_at_a_real_subscriber(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    assert main(["bench", "streams", "--quick", "--out", str(tmp_path)]) == 0
+    assert "achieved / model-bound" in capsys.readouterr().out
+    results = json.loads((tmp_path / "streams.json").read_text())
+    assert results["broker"] == "private mosquitto"
+    assert [(c["streams"], c["in_flight"]) for c in results["cases"]] == [(1, 2), (2, 2),
+                                                                          (4, 2), (4, 1)]
+    for case in results["cases"]:
+        assert case["achieved_fps"] > 0 and case["latency"]["p50_ms"] > 0
+        assert len(case["per_stream_fps"]) == case["streams"]  # every stream got results

@@ -54,3 +54,36 @@ def test_preprocess_when_gray_requested_gives_one_channel() -> None:
 def test_preprocess_when_frame_is_not_an_image_raises_invalid_input(shape: tuple[int, ...]) -> None:
     with pytest.raises(InvalidInput, match="not an image"):
         preprocess(np.zeros(shape, np.uint8), PreprocessConfig(), SPEC)
+
+
+def _reference(frame: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """The plain float formula, for frames already at the tensor's size."""
+    pixels = frame[:, :, ::-1] if cfg.color == "rgb" else frame
+    values = (pixels.astype(np.float64) * cfg.scale - np.array(cfg.mean)) / np.array(cfg.std)
+    return (values.transpose(2, 0, 1) if cfg.layout == "nchw" else values)[None]
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("color", ["rgb", "bgr"])
+def test_preprocess_when_given_a_buffer_writes_into_it_and_matches_the_formula(
+        layout: str, color: str) -> None:
+    frame = np.random.default_rng(0).integers(0, 256, (4, 8, 3), dtype=np.uint8)
+    cfg = PreprocessConfig(color=color, layout=layout, mean=[0.485, 0.456, 0.406],  # type: ignore[arg-type]
+                           std=[0.229, 0.224, 0.225])
+    shape = (-1, 3, 4, 8) if layout == "nchw" else (-1, 4, 8, 3)
+    spec = TensorSpec("x", np.dtype(np.float32), shape)
+    buffer = np.full((1, *shape[1:]), np.nan, np.float32)
+    tensor, _ = preprocess(frame, cfg, spec, buffer)
+    assert tensor is buffer
+    np.testing.assert_allclose(tensor, _reference(frame, cfg), rtol=1e-5, atol=1e-5)
+    other = np.empty((1, 3, 2, 2), np.float32)  # the wrong shape: a new array, untouched buffer
+    assert preprocess(frame, cfg, spec, other)[0] is not other
+
+
+def test_preprocess_when_input_is_uint8_rounds_and_clips() -> None:
+    frame = np.full((4, 8, 3), 200, np.uint8)
+    spec = TensorSpec("x", np.dtype(np.uint8), (1, 3, 4, 8))
+    tensor, _ = preprocess(frame, PreprocessConfig(scale=1.5), spec)
+    assert tensor.dtype == np.uint8 and (tensor == 255).all()
+    tensor, _ = preprocess(frame, PreprocessConfig(scale=0.5), spec)
+    assert (tensor == 100).all()

@@ -1,0 +1,62 @@
+"""An MQTT broker for benchmarks: a private mosquitto on a free loopback port when the binary
+is installed, else the one at 127.0.0.1:1883 when something listens there."""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+SHARED = ("127.0.0.1", 1883)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def loopback_broker(workdir: Path) -> Iterator[tuple[int, str]]:
+    """Yields (port, what it is); raises RuntimeError when there is no broker to be had."""
+    if shutil.which("mosquitto") is None:
+        if _listening(SHARED[1]):
+            yield SHARED[1], "mosquitto at 127.0.0.1:1883"
+            return
+        raise RuntimeError("no MQTT broker: install mosquitto (apt-get install mosquitto)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = workdir / "mosquitto.conf"
+    # `user`: started as root, mosquitto would otherwise switch to its own user.
+    config.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+                      f"user {getpass.getuser()}\nmax_queued_messages 10000\n")
+    with (workdir / "mosquitto.log").open("wb") as log:
+        process = subprocess.Popen(["mosquitto", "-c", str(config)], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 10
+        while not _listening(port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("private mosquitto did not start: "
+                                   + (workdir / "mosquitto.log").read_text())
+            time.sleep(0.05)
+        yield port, "private mosquitto"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
