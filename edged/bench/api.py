@@ -64,9 +64,9 @@ logging: {{level: warning}}
 
 
 @contextmanager
-def run_edged(workdir: Path, config_text: str) -> Iterator[Path]:
+def run_edged(workdir: Path, config_text: str) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
     """`edged run` as a subprocess on `config_text` (from edged_config); yields its socket
-    path once the daemon is ready."""
+    path and process once the daemon is ready."""
     sock = workdir / "s.sock"
     config = workdir / "edged.yaml"
     config.write_text(config_text)
@@ -88,7 +88,7 @@ def run_edged(workdir: Path, config_text: str) -> Iterator[Path]:
             if time.monotonic() > deadline:
                 raise RuntimeError("edged did not become ready in 120 s")
             time.sleep(0.2)
-        yield sock
+        yield sock, proc
     finally:
         proc.terminate()
         try:
@@ -178,7 +178,7 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     port = free_port()
     binary_req, json_req = tiny_requests(tiny_x)
     config = edged_config(workdir, preload=["tiny_cls", "det"], http=f"127.0.0.1:{port}")
-    with run_edged(workdir, config) as sock, EdgedClient(sock) as client:
+    with run_edged(workdir, config) as (sock, _), EdgedClient(sock) as client:
         for model, x, rounds in (("tiny_cls", tiny_x, rounds_tiny), ("det", det_x, rounds_det)):
             session = direct_session(workdir / "models" / model / "1" / "model.onnx")
             results["latency"][model] = latency_case(client, session, model, x, rounds)
