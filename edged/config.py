@@ -20,6 +20,11 @@ def _check_name(value: str) -> str | None:
     return None if _NAME.match(value) else f"{value!r} is not a valid name ([A-Za-z0-9_.-])"
 
 
+def _check_names(values: list[str]) -> str | None:
+    bad = [v for v in values if not _NAME.match(v)]
+    return f"{bad[0]!r} is not a valid name ([A-Za-z0-9_.-])" if bad else None
+
+
 def _check_mode(value: str) -> str | None:
     return None if re.fullmatch(r"0?[0-7]{3}", value) else "must be an octal mode such as \"0660\""
 
@@ -142,6 +147,14 @@ class OtaConfig:
     trusted_keys: list[Path] = setting(factory=list, help="Ed25519 public keys (PEM)")
     keep_versions: int = setting(3, "versions kept on disk per model", check=at_least(1))
     allow_unsigned: bool = setting(False, "accept manifests without a signature")
+    max_artifact_mb: int = setting(512, "largest artifact (and unpacked bundle) accepted",
+                                   check=at_least(1))
+    ca_file: Path | None = setting(None, "CA bundle for https:// artifacts; null = the system's")
+    chunk_timeout_s: float = setting(120.0, "inline (MQTT) artifacts: wait this long for all "
+                                            "chunks", check=at_least(1))
+    groups: list[str] = setting(factory=list, help="fleet groups this device takes updates "
+                                                   "for: <fleet_prefix>/groups/<g>/ota/<model>",
+                                check=_check_names)
 
 
 @dataclass(frozen=True)

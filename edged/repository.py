@@ -195,22 +195,35 @@ class ModelRepository:
         The files are written under .staging on the same filesystem, fsynced, checked, and the
         directory renamed into place, so a crash leaves either nothing or the whole version.
         """
-        check_model_name(name)
-        if version < 1:
-            raise InvalidModel(f"version must be a positive integer, got {version}")
-        if MODEL_FILE not in files:
-            raise InvalidModel(f"an install of {name}:{version} needs {MODEL_FILE}")
-        target = self.root / name / str(version)
-        if target.exists():
-            raise InvalidModel(f"{target} already exists; versions are immutable")
-        stage = self.staging_dir() / f"{name}-{version}-{uuid.uuid4().hex[:8]}"
+        stage = self.staging_dir() / f"{check_model_name(name)}-{version}-{uuid.uuid4().hex[:8]}"
         stage.mkdir(parents=True)
-        installed = False
         try:
             for filename, content in files.items():
                 if "/" in filename or filename.startswith(".") or filename == ACTIVE_FILE:
                     raise InvalidModel(f"refusing file name {filename!r} in an install")
                 _write_synced(stage / filename, content)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        return self.adopt(name, version, stage)
+
+    def adopt(self, name: str, version: int, stage: Path) -> ModelVersion:
+        """Rename a prepared directory under .staging into place as `<name>/<version>/`, after
+        fsyncing it and checking its model file. The stage is removed whatever happens."""
+        check_model_name(name)
+        installed = False
+        try:
+            if version < 1:
+                raise InvalidModel(f"version must be a positive integer, got {version}")
+            if not (stage / MODEL_FILE).is_file():
+                raise InvalidModel(f"an install of {name}:{version} needs {MODEL_FILE}")
+            target = self.root / name / str(version)
+            if target.exists():
+                raise InvalidModel(f"{target} already exists; versions are immutable")
+            for path in stage.rglob("*"):
+                if path.is_file():
+                    with path.open("rb+") as f:
+                        os.fsync(f.fileno())
             _fsync_dir(stage)
             read_signature(stage / MODEL_FILE)  # a corrupt file never reaches the repository
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -222,6 +235,11 @@ class ModelRepository:
                 shutil.rmtree(stage, ignore_errors=True)
         logger.info("installed %s:%d into %s", name, version, target)
         return self.get(name, version)
+
+    def read_candidate(self, name: str, vdir: Path) -> ModelVersion:
+        """Parse a version that is not (yet) in the repository, e.g. a staged update: its own
+        model.yaml if it has one, else the model's."""
+        return self._read_version(check_model_name(name), 0, vdir)
 
     def set_active(self, name: str, version: int) -> None:
         """Point new requests at `version`, atomically (tmp file, fsync, rename)."""

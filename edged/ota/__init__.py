@@ -1,0 +1,1 @@
+"""Over-the-air model updates: manifests, artifact delivery, install, rollback, MQTT glue."""
