@@ -55,6 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list a running daemon's models")
     _add_target(models)
 
+    ota = sub.add_parser("ota", help="OTA keys and manifests")
+    ota_sub = ota.add_subparsers(dest="ota_command", required=True)
+    keygen = ota_sub.add_parser("keygen", help="make an Ed25519 key pair (KEY and KEY.pub)")
+    keygen.add_argument("key", type=Path)
+    sign = ota_sub.add_parser("sign", help="sign a manifest (prints the signed JSON)")
+    sign.add_argument("manifest", type=Path)
+    sign.add_argument("--key", type=Path, required=True, help="Ed25519 private key (PEM)")
+    sign.add_argument("--artifact", type=Path, help="fill in artifact.size and sha256 from it")
+    sign.add_argument("--out", "-o", type=Path, help="write here instead of stdout")
+
     bench = sub.add_parser("bench", help="run a benchmark and print its table")
     bench.add_argument("suite", choices=["core", "api", "streams"])
     bench.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON folder")
@@ -224,10 +234,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return core.main(out_dir=args.out, quick=args.quick)
 
 
+def cmd_ota(args: argparse.Namespace) -> int:
+    from edged.ota import tools
+
+    if args.ota_command == "keygen":
+        public, key_id = tools.keygen(args.key)
+        print(f"private key: {args.key} (keep it off the devices)\npublic key:  {public} "
+              f"(list it in ota.trusted_keys)\nkey_id:      {key_id}")
+        return 0
+    text = json.dumps(tools.sign(args.manifest, args.key, args.artifact), indent=2) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands = {"run": cmd_run, "check-config": cmd_check_config, "infer": cmd_infer,
-                "models": cmd_models, "bench": cmd_bench}
+                "models": cmd_models, "bench": cmd_bench, "ota": cmd_ota}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -18,6 +18,9 @@ from edged.config import DaemonConfig
 from edged.errors import EdgedError
 from edged.metrics import InferenceCounters, Metrics, ModelState
 from edged.mqtt import MqttLink
+from edged.ota.install import Event, Updater
+from edged.ota.manifest import TrustStore
+from edged.ota.service import OtaService
 from edged.pipeline import StreamPipeline
 from edged.reporting import Reporter
 from edged.repository import ModelRepository
@@ -30,6 +33,7 @@ DRAIN_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 5.0
 SOURCE_STOP_S = 5.0
 MQTT_STOP_S = 3.0
+OTA_STOP_S = 10.0
 
 
 class Daemon:
@@ -51,6 +55,12 @@ class Daemon:
         self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
                               client_id=f"edged-{config.device_id}")
                      if config.mqtt.enabled else None)
+        self.updater = Updater(self.repository, self.cache, config.ota,
+                               TrustStore.load(config.ota.trusted_keys), self._ota_event)
+        self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
+                               groups=config.ota.groups,
+                               chunk_timeout_s=config.ota.chunk_timeout_s)
+                    if self.mqtt is not None else None)
         self.pipelines: list[StreamPipeline] = []
         self.reporter = Reporter(self.pipelines, self.mqtt.stats if self.mqtt else None,
                                  self.cache.status)
@@ -67,10 +77,10 @@ class Daemon:
         return self._ready and not self._stopping
 
     def warm_up(self) -> None:
-        """Clean leftovers of interrupted installs, then load and warm the preload list. A model
+        """Undo interrupted installs (OTA recovery), then load and warm the preload list. A model
         that fails is reported and left unavailable; the others still come up."""
         self.config.cache.dir.mkdir(parents=True, exist_ok=True)
-        self.repository.clean_staging()
+        self.updater.recover()
         for name in self.config.cache.preload:
             try:
                 self.cache.load(name)
@@ -109,6 +119,13 @@ class Daemon:
     def _publish_result(self, stream: str, payload: bytes) -> None:
         if self.mqtt is not None:
             self.mqtt.publish("results", f"streams/{stream}/results", payload)
+
+    def _ota_event(self, event: Event) -> None:
+        if self.ota is not None:
+            self.ota.report(event)
+        else:
+            logger.info("OTA %s:%d %s %s", event.model, event.version, event.state,
+                        event.detail)
 
     def _backend_of(self, name: str, version: int) -> str:
         for row in self.cache.status():
@@ -152,6 +169,8 @@ class Daemon:
                 self.mqtt.start()
             await asyncio.to_thread(self.warm_up)
             await asyncio.to_thread(self.start_streams)
+            if self.ota is not None:
+                self.ota.start()
             self._ready = True
             self.ready_event.set()
             logger.info("edged %s running with %d model(s) in %s, %d stream(s)",
@@ -189,6 +208,8 @@ class Daemon:
         logger.info("shutting down: draining queues (up to %.0fs)", DRAIN_TIMEOUT_S)
         try:
             await self.api.stop_accepting()
+            if self.ota is not None:  # a download stops; an install in progress finishes
+                await asyncio.to_thread(self.ota.stop, OTA_STOP_S)
             await asyncio.to_thread(self._stop_pipelines)
             await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)
             await self.api.stop()

@@ -75,13 +75,13 @@ ServeFactory = Callable[..., Served]
 
 @pytest.fixture
 def make_served(repo_dir: Path, short_dir: Path, tmp_path: Path) -> Iterator[ServeFactory]:
-    """Start a daemon with extra YAML for `api:`, `cache:`, `mqtt:` (off unless given) and
-    `streams:`; stopped after the test."""
+    """Start a daemon with extra YAML for `api:`, `cache:`, `mqtt:` (off unless given),
+    `streams:` and `ota:`; stopped after the test."""
     stack: list[Iterator[Daemon]] = []
 
     def start(api: str = "", cache: str = "preload: [tiny_cls]",
               sock_name: str | None = None, mqtt: str = "enabled: false",
-              streams: str = "[]") -> Served:
+              streams: str = "[]", ota: str = "") -> Served:
         port = free_port()
         sock = short_dir / (sock_name or f"s{len(stack)}.sock")
         config = parse_config(f"""device_id: test
@@ -91,6 +91,7 @@ backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: 1}}}}
 api: {{socket: {sock}, http: "127.0.0.1:{port}", {api}}}
 mqtt: {{{mqtt}}}
 streams: {streams}
+ota: {{{ota}}}
 """)
         running = serve(config)
         daemon = next(running)

@@ -54,6 +54,7 @@ class Event:
     detail: str = ""
     progress: float | None = None  # 0..100 while downloading
     reason: str | None = None  # a Rejected reason code, when failed
+    transient: bool = False  # not about the model's state (a refused command): not retained
 
     def to_dict(self) -> dict[str, object]:
         body: dict[str, object] = {"model": self.model, "version": self.version,
@@ -92,6 +93,8 @@ class Updater:
         manifest is already active, e.g. a retained fleet manifest seen again)."""
         with self._lock:
             held = self._busy.get(manifest.model)
+            if held == manifest.version:  # the same push again (a retained manifest re-sent)
+                return False
             if held is not None:
                 raise Rejected("busy", f"an update of {manifest.model} to version {held} is in "
                                        "progress; push again when it has finished")

@@ -222,25 +222,30 @@ class TrustStore:
 
     def verify(self, manifest: Manifest, *, allow_unsigned: bool) -> str | None:
         """The key_id that signed `manifest` (None if unsigned and that is allowed)."""
+        return self.verify_document(manifest.raw, allow_unsigned=allow_unsigned)
+
+    def verify_document(self, document: Mapping[str, Any], *,
+                        allow_unsigned: bool) -> str | None:
+        """Check the signature of any signed document (manifests, commands)."""
         from cryptography.exceptions import InvalidSignature
 
-        if manifest.signature is None:
+        key_id, signature = document.get("key_id"), document.get("signature")
+        if signature is None:
             if allow_unsigned:
                 return None
-            raise Rejected("unsigned", "the manifest has no signature and ota.allow_unsigned "
-                                       "is false")
-        if manifest.key_id is None:
-            raise Rejected("bad_manifest", "a signed manifest needs key_id")
-        key = self.keys.get(manifest.key_id)
+            raise Rejected("unsigned", "no signature, and ota.allow_unsigned is false")
+        if not isinstance(key_id, str) or not isinstance(signature, str):
+            raise Rejected("bad_manifest", "a signed document needs key_id and a base64 "
+                                           "signature")
+        key = self.keys.get(key_id)
         if key is None:
-            raise Rejected("unknown_key", f"key {manifest.key_id} is not in ota.trusted_keys")
+            raise Rejected("unknown_key", f"key {key_id} is not in ota.trusted_keys")
         try:
-            signature = base64.b64decode(manifest.signature, validate=True)
-            key.verify(signature, manifest.canonical())
+            key.verify(base64.b64decode(signature, validate=True), canonical_bytes(document))
         except (InvalidSignature, binascii.Error, ValueError):
             raise Rejected("bad_signature", f"the signature does not verify with key "
-                                            f"{manifest.key_id}") from None
-        return manifest.key_id
+                                            f"{key_id}") from None
+        return key_id
 
 
 def sign_document(document: Mapping[str, Any], private_key: Any) -> dict[str, Any]:

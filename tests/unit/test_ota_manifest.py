@@ -165,3 +165,27 @@ def test_trust_store_when_loading_keys_reads_pem_and_refuses_others(
         TrustStore.load([ec])
     with pytest.raises(ConfigError, match="cannot read"):
         TrustStore.load([tmp_path / "absent.pub"])
+
+
+def test_cli_ota_keygen_and_sign_make_a_manifest_a_device_accepts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edged.cli import main
+
+    key = tmp_path / "fleet.key"
+    assert main(["ota", "keygen", str(key)]) == 0
+    assert (key.stat().st_mode & 0o777) == 0o600
+    assert main(["ota", "keygen", str(key)]) == 1  # never overwrites a key
+    assert "exists" in capsys.readouterr().err
+    artifact = tmp_path / "model.onnx"
+    artifact.write_bytes(b"model bytes")
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"model": "cls", "version": 3, "format": "onnx",
+                                    "artifact": {"url": "http://127.0.0.1:1/m.onnx"}}))
+    out = tmp_path / "signed.json"
+    assert main(["ota", "sign", str(manifest), "--key", str(key), "--artifact", str(artifact),
+                 "-o", str(out)]) == 0
+    signed = parse_manifest(out.read_bytes())
+    assert signed.artifact.size == len(b"model bytes")
+    assert TrustStore.load([Path(f"{key}.pub")]).verify(signed, allow_unsigned=False)
+    manifest.write_text(json.dumps({"model": "../x", "version": 3}))
+    assert main(["ota", "sign", str(manifest), "--key", str(key)]) == 1  # a device would refuse

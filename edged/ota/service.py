@@ -1,0 +1,161 @@
+"""OTA over MQTT: manifests in on the device's, the fleet's and its groups' topics, chunks and
+commands in, status events out. The MQTT thread only parses and hands over; updates run on
+one worker thread, one at a time (a second update of a model that is updating is refused
+with reason `busy`; updates of other models wait their turn)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from edged.mqtt import MqttLink
+from edged.ota.fetch import ChunkAssembler
+from edged.ota.install import FINAL, Event, Updater
+from edged.ota.manifest import Rejected, parse_manifest
+from edged.repository import check_model_name
+
+logger = logging.getLogger(__name__)
+
+
+class OtaService:
+    def __init__(self, updater: Updater, link: MqttLink, *, fleet_prefix: str,
+                 groups: list[str], chunk_timeout_s: float) -> None:
+        self.updater = updater
+        self.link = link
+        self.roots = [link.prefix, fleet_prefix.rstrip("/"),
+                      *(f"{fleet_prefix.rstrip('/')}/groups/{g}" for g in groups)]
+        self.chunk_timeout_s = chunk_timeout_s
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="edged-ota")
+        self._lock = threading.Lock()
+        self._chunks: dict[tuple[str, str], ChunkAssembler] = {}
+        self.pending: list[Future[None]] = []
+
+    def start(self) -> None:
+        for root in self.roots:
+            self.link.subscribe(f"{root}/ota/+", self._on_manifest)
+            self.link.subscribe(f"{root}/ota/+/chunk/+", self._on_chunk)
+        self.link.subscribe(f"{self.link.prefix}/ota/+/command", self._on_command)
+
+    def stop(self, timeout_s: float) -> None:
+        self.updater.stop.set()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        for future in list(self.pending):
+            try:
+                future.result(timeout=timeout_s)
+            except Exception:  # already reported as a status event
+                pass
+
+    def report(self, event: Event) -> None:
+        """Updater events to `<prefix>/ota/<model>/status`; final states retained."""
+        payload = json.dumps(event.to_dict(), separators=(",", ":")).encode()
+        retain = event.state in FINAL and not event.transient
+        self.link.publish("ota", f"ota/{event.model}/status", payload, retain=retain)
+        log = logger.warning if event.state in ("failed", "rolled_back") else logger.info
+        log("OTA %s:%d %s %s", event.model, event.version, event.state, event.detail)
+
+    # -- inbound (paho's thread: quick, never raises) ------------------------------------------
+    def _on_manifest(self, topic: str, payload: bytes) -> None:
+        root, model = topic.rsplit("/ota/", 1)
+        if not payload:  # a retained manifest being cleared
+            return
+        try:
+            check_model_name(model)
+        except Exception:
+            logger.warning("OTA: ignoring a manifest on %s: not a model name", topic)
+            return
+        try:
+            manifest = parse_manifest(payload)
+            if manifest.model != model:
+                raise Rejected("bad_manifest", f"the manifest is for {manifest.model!r} but came "
+                                               f"on the topic of {model!r}")
+            if not self.updater.claim(manifest):
+                logger.debug("OTA: %s:%d is already active", model, manifest.version)
+                return
+        except Rejected as exc:
+            self.report(Event(model, _version_in(payload), "failed", str(exc),
+                              reason=exc.reason, transient=exc.reason == "busy"))
+            return
+        assembler = None
+        if manifest.artifact.chunks is not None:
+            assembler = ChunkAssembler(manifest.artifact, self.chunk_timeout_s)
+            with self._lock:
+                self._chunks[(root, model)] = assembler
+
+        def run() -> None:
+            try:
+                self.updater.apply(manifest, assembler)
+            except Rejected:
+                pass  # reported by the updater
+            except Exception as exc:  # a bug must not kill the worker; say what happened
+                logger.exception("OTA: update of %s:%d failed", model, manifest.version)
+                self.report(Event(model, manifest.version, "failed", repr(exc),
+                                  reason="internal"))
+            finally:
+                self.updater.release(manifest)
+                with self._lock:
+                    self._chunks.pop((root, model), None)
+
+        self._submit(run)
+
+    def _on_chunk(self, topic: str, payload: bytes) -> None:
+        head, index = topic.rsplit("/chunk/", 1)
+        root, model = head.rsplit("/ota/", 1)
+        with self._lock:
+            assembler = self._chunks.get((root, model))
+        if assembler is None or not index.isdigit():
+            return  # no chunked update of that model in progress: stale or stray
+        assembler.add(int(index), payload)
+
+    def _on_command(self, topic: str, payload: bytes) -> None:
+        model = topic.rsplit("/ota/", 1)[1].rsplit("/command", 1)[0]
+        try:
+            check_model_name(model)
+            command = json.loads(payload)
+            if not isinstance(command, dict) or command.get("action") != "rollback" or \
+                    command.get("model") != model:
+                raise Rejected("bad_command", 'commands are {"model": "<model>", "action": '
+                                              '"rollback"}, signed like manifests')
+            self.updater.trust.verify_document(command, allow_unsigned=self.updater.cfg
+                                               .allow_unsigned)
+        except Exception as exc:  # bad JSON, bad name, bad signature: reported, never raised
+            reason = exc.reason if isinstance(exc, Rejected) else "bad_command"
+            logger.warning("OTA: ignoring command on %s: %s", topic, exc)
+            self.report(Event(model if _is_name(model) else "?", 0, "failed", str(exc),
+                              reason=reason, transient=True))
+            return
+
+        def run() -> None:
+            try:
+                self.updater.rollback(model)
+            except Rejected as exc:
+                self.report(Event(model, 0, "failed", str(exc), reason=exc.reason,
+                                  transient=True))
+
+        self._submit(run)
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        try:
+            future: Future[None] = self._executor.submit(job)
+        except RuntimeError:  # shutting down
+            return
+        self.pending = [f for f in self.pending if not f.done()] + [future]
+
+
+def _version_in(payload: bytes) -> int:
+    """The version a rejected manifest asked for, when it says (for the status event)."""
+    try:
+        version = json.loads(payload).get("version")
+        return version if isinstance(version, int) and not isinstance(version, bool) else 0
+    except (ValueError, AttributeError, RecursionError):
+        return 0
+
+
+def _is_name(name: str) -> bool:
+    try:
+        check_model_name(name)
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,67 @@
+"""The operator's side of OTA: `edged ota keygen` and `edged ota sign`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from edged.errors import ConfigError
+from edged.ota.manifest import key_id_of, parse_manifest, sign_document
+
+
+def keygen(private_path: Path) -> tuple[Path, str]:
+    """A new Ed25519 key pair: `private_path` (PEM, mode 0600) and `<private_path>.pub`, the
+    file devices list in ota.trusted_keys. Returns the public key's path and key_id."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        NoEncryption,
+        PrivateFormat,
+        PublicFormat,
+    )
+
+    public_path = private_path.with_name(private_path.name + ".pub")
+    for path in (private_path, public_path):
+        if path.exists():
+            raise ConfigError(f"{path} exists; not overwriting a key")
+    key = Ed25519PrivateKey.generate()
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    public_path.write_bytes(key.public_key().public_bytes(Encoding.PEM,
+                                                          PublicFormat.SubjectPublicKeyInfo))
+    return public_path, key_id_of(key.public_key())
+
+
+def load_private_key(path: Path) -> Any:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        key = load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"cannot read the private key {path}: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ConfigError(f"{path} is not an Ed25519 private key")
+    return key
+
+
+def sign(manifest_path: Path, key_path: Path, artifact: Path | None = None) -> dict[str, Any]:
+    """The manifest at `manifest_path`, signed; with `artifact`, its size and sha256 are
+    filled in first. The result is checked by parsing it as a device would."""
+    try:
+        document = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the manifest {manifest_path}: {exc}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"{manifest_path}: a manifest is a JSON object")
+    if artifact is not None:
+        data = artifact.read_bytes()
+        document["artifact"] = {**document.get("artifact", {}), "size": len(data),
+                                "sha256": hashlib.sha256(data).hexdigest()}
+    signed = sign_document(document, load_private_key(key_path))
+    parse_manifest(json.dumps(signed).encode())  # refuse to sign what a device would refuse
+    return signed
