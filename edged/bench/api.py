@@ -12,13 +12,10 @@ the byte-identical JSON request (it has neither Unix sockets nor the binary exte
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,7 +28,7 @@ import numpy as np
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_request
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import session_options
-from edged.bench.assets import PPOCR_DET, TOOLS_DIR, ppocr_model, tiny_model_tools
+from edged.bench.assets import PPOCR_DET, TOOLS_DIR, ppocr_model, run_and_report, tiny_model_tools
 from edged.bench.broker import free_port
 from edged.bench.core import Latency, interleaved
 from edged.bench.load import Target, closed_loop, http_request, one
@@ -236,13 +233,5 @@ def format_table(r: dict[str, Any]) -> str:
 
 
 def main(*, out_dir: Path, quick: bool = False) -> int:
-    # A short directory: Unix socket paths are limited to 107 bytes.
-    with tempfile.TemporaryDirectory(prefix="edb-", dir="/tmp") as tmp:
-        results = run_bench(Path(tmp), quick=quick)
-    results["machine"] = {"python": platform.python_version(), "cpu": platform.processor()
-                          or platform.machine(), "cores": os.cpu_count(), "quick": quick}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "api.json").write_text(json.dumps(results, indent=2))
-    print(format_table(results))
-    print(f"\nwritten to {out_dir / 'api.json'}")
-    return 0
+    return run_and_report("api", lambda tmp: run_bench(tmp, quick=quick), format_table,
+                          out_dir=out_dir, quick=quick)

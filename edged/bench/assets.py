@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 PPOCR_CLS = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
 PPOCR_DET = "ch_PP-OCRv4_det_infer.onnx"
@@ -39,3 +41,24 @@ def tiny_model_tools() -> ModuleType:
         raise AssetMissing(f"tools/make_test_models.py not found next to edged ({exc}); "
                            "run benchmarks from a source checkout") from exc
     return make_test_models
+
+
+def run_and_report(name: str, run: Callable[[Path], dict[str, Any]],
+                   table: Callable[[dict[str, Any]], str], *, out_dir: Path,
+                   quick: bool) -> int:
+    """Run a bench in a short temporary directory (Unix socket paths are limited to 107
+    bytes), add the machine, write `<out_dir>/<name>.json` and print the table."""
+    import json
+    import os
+    import platform
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="edb-", dir="/tmp") as tmp:
+        results = run(Path(tmp))
+    results["machine"] = {"python": platform.python_version(), "cpu": platform.processor()
+                          or platform.machine(), "cores": os.cpu_count(), "quick": quick}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=2))
+    print(table(results))
+    print(f"\nwritten to {out_dir / f'{name}.json'}")
+    return 0

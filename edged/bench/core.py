@@ -12,11 +12,8 @@ sessions are the normal case, and thread spinning between sessions is what hurts
 
 from __future__ import annotations
 
-import json
-import platform
 import shutil
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from edged.backends import BackendOptions
-from edged.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, tiny_model_tools
+from edged.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report, tiny_model_tools
 from edged.cache import ModelCache
 from edged.repository import ModelRepository
 from edged.scheduler import Scheduler
@@ -231,12 +228,5 @@ def format_table(r: dict[str, Any]) -> str:
 
 
 def main(*, out_dir: Path, quick: bool = False) -> int:
-    with tempfile.TemporaryDirectory(prefix="edged-bench-") as tmp:
-        results = run_bench(Path(tmp), quick=quick)
-    results["machine"] = {"python": platform.python_version(), "cpu": platform.processor()
-                          or platform.machine(), "quick": quick}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "core.json").write_text(json.dumps(results, indent=2))
-    print(format_table(results))
-    print(f"\nwritten to {out_dir / 'core.json'}")
-    return 0
+    return run_and_report("core", lambda tmp: run_bench(tmp, quick=quick), format_table,
+                          out_dir=out_dir, quick=quick)

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import queue
 import shutil
 import signal
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +34,7 @@ import numpy as np
 
 from edged.backends import TensorSpec
 from edged.bench.api import THREADS, direct_session, edged_config, run_edged
-from edged.bench.assets import PPOCR_DET, ppocr_model
+from edged.bench.assets import PPOCR_DET, ppocr_model, run_and_report
 from edged.bench.broker import loopback_broker
 from edged.bench.core import Latency
 from edged.model_config import PreprocessConfig
@@ -235,13 +233,5 @@ def format_table(r: dict[str, Any]) -> str:
 
 
 def main(*, out_dir: Path, quick: bool = False) -> int:
-    # A short directory: Unix socket paths are limited to 107 bytes.
-    with tempfile.TemporaryDirectory(prefix="edb-", dir="/tmp") as tmp:
-        results = run_bench(Path(tmp), quick=quick)
-    results["machine"] = {"python": platform.python_version(), "cpu": platform.processor()
-                          or platform.machine(), "cores": os.cpu_count(), "quick": quick}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "streams.json").write_text(json.dumps(results, indent=2))
-    print(format_table(results))
-    print(f"\nwritten to {out_dir / 'streams.json'}")
-    return 0
+    return run_and_report("streams", lambda tmp: run_bench(tmp, quick=quick), format_table,
+                          out_dir=out_dir, quick=quick)
