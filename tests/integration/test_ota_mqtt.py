@@ -66,9 +66,17 @@ def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
                                  **extra}, private)
             sub.client.publish(topic, json.dumps(doc).encode(), qos=1).wait_for_publish(5)
 
-        time.sleep(0.5)  # the daemon subscribes once it is ready
-        push(f"{prefix}/ota/tiny_cls", 2, make_test_models.make_tiny_cls(1).SerializeToString())
-        events = statuses(sub, status, "active")
+        v2 = make_test_models.make_tiny_cls(1).SerializeToString()
+        first = None
+        for _ in range(20):  # until the daemon's subscription is in place (a repeat is a no-op)
+            push(f"{prefix}/ota/tiny_cls", 2, v2)
+            try:
+                first = json.loads(sub.wait_for(status, 0.5).payload)
+                break
+            except Exception:
+                continue
+        assert first is not None and first["state"] == "received"
+        events = [first, *statuses(sub, status, "active")]
         assert [e["state"] for e in events if e["state"] != "downloading"] == [
             "received", "verifying", "installing", "warming", "active"]
         with served.client() as client:
