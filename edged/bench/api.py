@@ -29,7 +29,7 @@ from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_re
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import session_options
 from edged.bench.assets import PPOCR_DET, TOOLS_DIR, ppocr_model, run_and_report, tiny_model_tools
-from edged.bench.broker import free_port
+from edged.bench.broker import free_port, stop_process
 from edged.bench.core import Latency, interleaved
 from edged.bench.load import Target, closed_loop, http_request, one
 from edged.client import EdgedClient, SharedRegion
@@ -87,12 +87,7 @@ def run_edged(workdir: Path, config_text: str) -> Iterator[tuple[Path, subproces
             time.sleep(0.2)
         yield sock, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, 20)
         log.close()
 
 

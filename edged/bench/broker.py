@@ -54,9 +54,14 @@ def loopback_broker(workdir: Path) -> Iterator[tuple[int, str]]:
             time.sleep(0.05)
         yield port, "private mosquitto"
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop_process(process, 10)
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`."""
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)

@@ -133,6 +133,7 @@ class Updater:
         self.fetcher.check_size(manifest.artifact)
         stage = self.repository.staging_dir() / f"ota-{name}-{version}-{uuid.uuid4().hex[:8]}"
         stage.mkdir()
+        staged = False
         try:
             artifact = stage / "artifact"
             self._crash_point("downloading")
@@ -161,10 +162,11 @@ class Updater:
                 raise Rejected("io_mismatch", str(exc)) from None
             self._check_io(manifest, candidate, current)
             (files / RECORD).write_text(json.dumps(dict(manifest.raw), sort_keys=True))
+            staged = True
             return files
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
+        finally:
+            if not staged:  # a refusal, or anything else that stopped it, leaves no trace
+                shutil.rmtree(stage, ignore_errors=True)
 
     def _install(self, manifest: Manifest, files: Path) -> None:
         name, version = manifest.model, manifest.version

@@ -9,8 +9,10 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
+from edged.errors import ModelNotFound
 from edged.mqtt import MqttLink
 from edged.ota.fetch import ChunkAssembler
 from edged.ota.install import FINAL, Event, Updater
@@ -45,7 +47,7 @@ class OtaService:
         for future in list(self.pending):
             try:
                 future.result(timeout=timeout_s)
-            except Exception:  # already reported as a status event
+            except (CancelledError, FutureTimeout):  # run() reports its own failures
                 pass
 
     def report(self, event: Event) -> None:
@@ -63,7 +65,7 @@ class OtaService:
             return
         try:
             check_model_name(model)
-        except Exception:
+        except ModelNotFound:
             logger.warning("OTA: ignoring a manifest on %s: not a model name", topic)
             return
         try:
@@ -120,7 +122,8 @@ class OtaService:
                                               '"rollback"}, signed like manifests')
             self.updater.trust.verify_document(command, allow_unsigned=self.updater.cfg
                                                .allow_unsigned)
-        except Exception as exc:  # bad JSON, bad name, bad signature: reported, never raised
+        except (ValueError, RecursionError, ModelNotFound, Rejected) as exc:  # bad JSON, name
+            # or signature: reported, never raised into paho's thread
             reason = exc.reason if isinstance(exc, Rejected) else "bad_command"
             logger.warning("OTA: ignoring command on %s: %s", topic, exc)
             self.report(Event(model if _is_name(model) else "?", 0, "failed", str(exc),
@@ -157,5 +160,5 @@ def _is_name(name: str) -> bool:
     try:
         check_model_name(name)
         return True
-    except Exception:
+    except ModelNotFound:
         return False
