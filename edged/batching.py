@@ -19,6 +19,13 @@ Outputs = dict[str, np.ndarray]
 ShapeKey = tuple[tuple[int, ...], ...] | None
 
 
+class Pending(Future[Outputs]):
+    """A request's future; `version` is the model version that ran it, set before the
+    result (an OTA swap may land between submit and run)."""
+
+    version: int | None = None
+
+
 @dataclass(eq=False)
 class Request:
     inputs: Mapping[str, np.ndarray]
@@ -27,7 +34,7 @@ class Request:
     priority: int  # 1 = highest
     deadline: float | None
     enqueued: float
-    future: Future[Outputs] = field(default_factory=Future)
+    future: Pending = field(default_factory=Pending)
 
 
 @dataclass(frozen=True)
@@ -193,8 +200,10 @@ def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int
     return rows, (tuple(key) if batched else None)
 
 
-def split(batch: list[Request], outputs: Outputs) -> None:
+def split(batch: list[Request], outputs: Outputs, version: int | None = None) -> None:
     """Hand each request its rows of the batch outputs (views, no copies)."""
+    for request in batch:
+        request.future.version = version
     if len(batch) == 1:
         batch[0].future.set_result(outputs)
         return

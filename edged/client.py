@@ -113,6 +113,9 @@ class EdgedClient:
                 self._conn.close()
                 if attempt:
                     raise
+            except (OSError, httplib.HTTPException):
+                self._conn.close()  # refused, timed out, half-read: the next call starts clean
+                raise
         raise AssertionError("unreachable")
 
     def _json(self, method: str, path: str, payload: Any = None, *,

@@ -17,14 +17,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 
 from edged.backends import Session
-from edged.batching import Outputs, Policy, Request, RequestQueue, split, validate
+from edged.batching import Outputs, Pending, Policy, Request, RequestQueue, split, validate
 from edged.cache import ModelCache
 from edged.errors import (
     EdgedError,
@@ -143,7 +142,7 @@ class Batcher:
                        now + timeout_s if timeout_s else None, now)
 
     def submit(self, inputs: Mapping[str, np.ndarray], priority: int | None,
-               timeout_s: float | None) -> Future[Outputs]:
+               timeout_s: float | None) -> Pending:
         request = self._request(inputs, priority, timeout_s)
         with self._lock:
             if self._stopping:
@@ -182,7 +181,8 @@ class Batcher:
                     request.rows, request.shape_key = validate(self._model, inputs)
                 with self._lock:
                     self._in_flight += 1
-                deliveries.append(self._execute([request], lease.session, None))
+                deliveries.append(self._execute([request], lease.session, None,
+                                                 lease.model.version))
         finally:
             self._release_slot()
         for deliver in deliveries:
@@ -241,7 +241,8 @@ class Batcher:
             if expired:
                 deliveries.append(partial(self._time_out, expired))
             if batch:
-                deliveries.append(self._execute(batch, lease.session, pool))
+                deliveries.append(self._execute(batch, lease.session, pool,
+                                                 lease.model.version))
         return deliveries
 
     def _adopt(self, model: ModelVersion) -> list[Delivery]:
@@ -284,8 +285,8 @@ class Batcher:
             count, rows, _ = queue.prefix(policy.trim(rows))
         return queue.pop(count), expired
 
-    def _execute(self, batch: list[Request], session: Session,
-                 pool: HostBufferPool | None) -> Delivery:
+    def _execute(self, batch: list[Request], session: Session, pool: HostBufferPool | None,
+                 version: int) -> Delivery:
         """Run one batch; return the call that hands its results (or error) to the callers."""
         started = time.perf_counter_ns()
         now = self._clock()
@@ -326,7 +327,7 @@ class Batcher:
             self._in_flight -= len(batch)
         if failure is not None:
             return partial(_fail_all, batch, failure)
-        return partial(split, batch, outputs)
+        return partial(split, batch, outputs, version)
 
     def _fail(self, requests: list[Request], error: EdgedError) -> None:
         with self._lock:
@@ -397,7 +398,7 @@ class Scheduler:
         self._closed = False
 
     def submit(self, model: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
-               priority: int | None = None, timeout_s: float | None = None) -> Future[Outputs]:
+               priority: int | None = None, timeout_s: float | None = None) -> Pending:
         """Queue one request. Raises at once for what is known at once (unknown model, bad
         input, full queue, shutting down); the future carries execution errors and timeouts."""
         return self._batcher(model, version).submit(inputs, priority, timeout_s)

@@ -223,7 +223,8 @@ class ApiServer:
                                        priority=parsed.priority, timeout_s=parsed.timeout_s)
         parsed.inputs = {}  # the batch owns them now; nothing here needs them
         outputs = await asyncio.wrap_future(future)
-        served = version if version is not None else self.cache.default_version(name)
+        served = future.version if future.version is not None else \
+            self.cache.default_version(name)
         parts, json_length = encode_response(name, served, parsed.id, outputs, parsed.outputs,
                                              parsed.binary_default, write_shm=self.shm.write)
         if json_length is None:

@@ -155,7 +155,7 @@ def test_batcher_when_cache_raises_unexpected_error_fails_queued_and_keeps_servi
     assert scheduler.submit("tiny_cls", {"x": cls_input(2.0)}).result(10)["prob"].shape == (1, 4)
 
 
-def test_batcher_when_swap_changes_the_signature_fails_only_queued_misfits(
+def test_batcher_when_swap_changes_the_signature_fails_only_queued_misfits_and_says_who_ran(
         tmp_path: Path, gate: GateBackend) -> None:
     root = make_test_models.write_repository(tmp_path / "m", names=["tiny_cls"])
     make_test_models.write_model(make_test_models.make_tiny_cnn(), root / "tiny_cls" / "2" /
@@ -174,10 +174,11 @@ def test_batcher_when_swap_changes_the_signature_fails_only_queued_misfits(
         cache.swap("tiny_cls", 2, drain_timeout_s=0.05)
         gate.gate.set()
         first.result(10)
+        assert first.version == 1  # the version that ran it, told to the API's response
         with pytest.raises(InvalidInput, match="does not fit version 2"):
             misfit.result(10)
-        out = scheduler.infer("tiny_cls", {"image": np.ones((1, 3, 8, 8), np.float32)})
-        assert out["logits"].shape == (1, 5)
+        after = scheduler.submit("tiny_cls", {"image": np.ones((1, 3, 8, 8), np.float32)})
+        assert after.result(10)["logits"].shape == (1, 5) and after.version == 2
     finally:
         scheduler.close(5)
 
