@@ -76,17 +76,19 @@ ServeFactory = Callable[..., Served]
 @pytest.fixture
 def make_served(repo_dir: Path, short_dir: Path, tmp_path: Path) -> Iterator[ServeFactory]:
     """Start a daemon with extra YAML for `api:`, `cache:`, `mqtt:` (off unless given),
-    `streams:` and `ota:`; stopped after the test."""
+    `streams:` and `ota:`, optionally its own device id and models folder; stopped after the
+    test."""
     stack: list[Iterator[Daemon]] = []
 
     def start(api: str = "", cache: str = "preload: [tiny_cls]",
               sock_name: str | None = None, mqtt: str = "enabled: false",
-              streams: str = "[]", ota: str = "") -> Served:
+              streams: str = "[]", ota: str = "", device_id: str = "test",
+              models_dir: Path | None = None) -> Served:
         port = free_port()
         sock = short_dir / (sock_name or f"s{len(stack)}.sock")
-        config = parse_config(f"""device_id: test
-models_dir: {repo_dir}
-cache: {{dir: {tmp_path / 'cache'}, {cache}}}
+        config = parse_config(f"""device_id: {device_id}
+models_dir: {models_dir or repo_dir}
+cache: {{dir: {tmp_path / f'cache-{len(stack)}'}, {cache}}}
 backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: 1}}}}
 api: {{socket: {sock}, http: "127.0.0.1:{port}", {api}}}
 mqtt: {{{mqtt}}}

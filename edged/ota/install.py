@@ -35,7 +35,9 @@ from edged.repository import MODEL_FILE, ModelRepository, ModelVersion
 
 logger = logging.getLogger(__name__)
 
-PENDING = ".ota-pending"  # <models>/<name>/: the version an unfinished install was adding
+PENDING = ".ota-pending"  # <models>/<name>/: "<version> <sha256>" of an unfinished install
+CRASHES = ".ota-crashes"  # <models>/<name>/: {sha256: installs of it cut by a restart}
+MAX_CRASHES = 2  # an artifact whose install was cut this often is not tried again
 RECORD = ".ota.json"  # <models>/<name>/<version>/: the manifest that installed it
 GOLDEN = "golden"  # bundle folder: inputs.npz, outputs.npz, tolerance.json
 STATES = ("received", "downloading", "verifying", "installing", "warming", "active", "failed",
@@ -101,6 +103,11 @@ class Updater:
             if self._installed_record(manifest.model) == manifest.artifact.sha256 and \
                     self._current(manifest.model) == manifest.version:
                 return False
+            crashes = self._crashes(manifest.model).get(manifest.artifact.sha256, 0)
+            if crashes >= MAX_CRASHES:  # e.g. a model that kills the runtime as it loads
+                raise Rejected("crash_loop", f"installing this artifact was cut by a restart "
+                                             f"{crashes} times; it is not tried again (push a "
+                                             "different artifact)")
             self._busy[manifest.model] = manifest.version
             return True
 
@@ -177,7 +184,8 @@ class Updater:
             if current is not None and self.repository.active_version(name) is None:
                 self.repository.set_active(name, current)  # pinned: the new one is not yet
             (self.repository.root / name).mkdir(parents=True, exist_ok=True)
-            _write_journal(self.repository.root / name / PENDING, version)
+            _write_journal(self.repository.root / name / PENDING,
+                           f"{version} {manifest.artifact.sha256}")
             if version in self._on_disk(name):  # an earlier, failed or rolled-back attempt
                 self.cache.unload(name, version, timeout_s=self.drain_timeout_s)
                 self.repository.remove_version(name, version)
@@ -260,12 +268,15 @@ class Updater:
             journal = self.repository.root / name / PENDING
             if not journal.is_file():
                 continue
-            text = journal.read_text().strip()
-            pending = int(text) if text.isdigit() else None
+            version, _, sha256 = journal.read_text().strip().partition(" ")
+            pending = int(version) if version.isdigit() else None
             if pending is not None and self.repository.active_version(name) != pending and \
                     pending in self._on_disk(name):
                 self.repository.remove_version(name, pending)
-                done.append(f"{name}: removed version {pending}, whose install was interrupted")
+                crashes = self._count_crash(name, sha256)
+                done.append(f"{name}: removed version {pending}, whose install was interrupted"
+                            + (f" ({crashes} times: not tried again)"
+                               if crashes >= MAX_CRASHES else ""))
                 self.report(Event(name, pending, "rolled_back", "the install was interrupted "
                                   "by a restart; the previous version serves",
                                   reason="interrupted"))
@@ -355,6 +366,20 @@ class Updater:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def _crashes(self, name: str) -> dict[str, int]:
+        try:
+            counts = json.loads((self.repository.root / name / CRASHES).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in counts.items() if isinstance(v, int)} \
+            if isinstance(counts, dict) else {}
+
+    def _count_crash(self, name: str, sha256: str) -> int:
+        counts = self._crashes(name)
+        counts[sha256] = counts.get(sha256, 0) + 1
+        _write_journal(self.repository.root / name / CRASHES, json.dumps(counts))
+        return counts[sha256]
+
     def _prune(self, name: str, keep: set[int | None]) -> None:
         versions = self._on_disk(name)
         kept = set(versions[-self.cfg.keep_versions:]) | keep
@@ -418,10 +443,10 @@ def _describe(sig: tuple[tuple[Tensor, ...], ...]) -> str:
     return f"({inputs}) -> ({outputs})"
 
 
-def _write_journal(path: Path, version: int) -> None:
+def _write_journal(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w") as f:
-        f.write(f"{version}\n")
+        f.write(f"{text}\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

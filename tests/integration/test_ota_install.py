@@ -337,3 +337,21 @@ def test_recover_when_the_pointer_had_already_moved_keeps_the_new_version(rig: R
     assert rig.updater.recover() == []
     assert rig.repo.versions_on_disk("tiny_cls") == [1, 2]
     assert rig.repo.default_version("tiny_cls") == 2
+
+
+def test_claim_when_an_artifact_was_cut_by_restarts_twice_refuses_it(rig: Rig) -> None:
+    """A model that kills the runtime as it loads must not crash-loop a device that keeps
+    receiving its retained manifest."""
+    manifest = rig.manifest(v2_bytes())
+    for attempt in (1, 2):
+        assert rig.updater.claim(manifest)  # tried again after the first cut
+        rig.updater.release(manifest)
+        rig.repo.install("tiny_cls", 2, {"model.onnx": v2_bytes()})  # killed while warming
+        (rig.root / "models" / "tiny_cls" / PENDING).write_text(
+            f"2 {manifest.artifact.sha256}\n")
+        assert rig.updater.recover()[0].endswith("not tried again)") == (attempt == 2)
+    with pytest.raises(Rejected) as info:
+        rig.updater.claim(manifest)
+    assert info.value.reason == "crash_loop"
+    assert rig.updater.claim(rig.manifest(make_test_models.make_tiny_cls(7)
+                                          .SerializeToString(), version=3))  # another: tried

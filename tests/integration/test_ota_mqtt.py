@@ -5,46 +5,26 @@ brings the old version back."""
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
+import shutil
+import threading
 import time
 from pathlib import Path
 
-import make_test_models
 import numpy as np
-import pytest
 from artifact_server import ArtifactServer, artifacts  # noqa: F401
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from mosquitto import Broker, Subscriber
+from ota_helpers import Pusher, X, expected, key, statuses, tiny_cls_bytes  # noqa: F401
 from served_daemon import ServeFactory
 
 from edged.ota.manifest import sign_document
 
-X = np.random.default_rng(0).random((1, 3, 8, 8), dtype=np.float32)
-
-
-def statuses(sub: Subscriber, topic: str, until: str, timeout: float = 30) -> list[dict]:
-    got: list[dict] = []
-    deadline = time.monotonic() + timeout
-    while not got or got[-1]["state"] != until:
-        message = sub.wait_for(topic, max(0.1, deadline - time.monotonic()))
-        got.append(json.loads(message.payload))
-    return got
-
-
-@pytest.fixture
-def key(tmp_path: Path) -> tuple[Ed25519PrivateKey, Path]:
-    private = Ed25519PrivateKey.generate()
-    public = tmp_path / "fleet.pub"
-    public.write_bytes(private.public_key().public_bytes(Encoding.PEM,
-                                                         PublicFormat.SubjectPublicKeyInfo))
-    return private, public
-
 
 def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
         broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,  # noqa: F811
-        key: tuple[Ed25519PrivateKey, Path]) -> None:
+        key: tuple[Ed25519PrivateKey, Path]) -> None:  # noqa: F811
     private, public = key
     prefix, fleet = "t/ota/dev1", "t/ota/fleet"
     status = f"{prefix}/ota/tiny_cls/status"
@@ -57,25 +37,8 @@ def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
         with served.client() as client:
             before = client.infer("tiny_cls", {"x": X}).outputs["prob"]
 
-        def push(topic: str, version: int, data: bytes, **extra: object) -> None:
-            (artifacts.root / f"v{version}").write_bytes(data)
-            doc = sign_document({"model": "tiny_cls", "version": version, "format": "onnx",
-                                 "artifact": {"url": artifacts.url(f"v{version}"),
-                                              "size": len(data),
-                                              "sha256": hashlib.sha256(data).hexdigest()},
-                                 **extra}, private)
-            sub.client.publish(topic, json.dumps(doc).encode(), qos=1).wait_for_publish(5)
-
-        v2 = make_test_models.make_tiny_cls(1).SerializeToString()
-        first = None
-        for _ in range(20):  # until the daemon's subscription is in place (a repeat is a no-op)
-            push(f"{prefix}/ota/tiny_cls", 2, v2)
-            try:
-                first = json.loads(sub.wait_for(status, 0.5).payload)
-                break
-            except Exception:
-                continue
-        assert first is not None and first["state"] == "received"
+        pusher = Pusher(sub, artifacts, private)
+        first = pusher.push_until_received(f"{prefix}/ota/tiny_cls", status, 2, tiny_cls_bytes(1))
         events = [first, *statuses(sub, status, "active")]
         assert [e["state"] for e in events if e["state"] != "downloading"] == [
             "received", "verifying", "installing", "warming", "active"]
@@ -83,10 +46,10 @@ def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
             after = client.infer("tiny_cls", {"x": X}).outputs["prob"]
         assert not np.allclose(before, after)
 
-        push(f"{fleet}/ota/tiny_cls", 3, make_test_models.make_tiny_cls(2).SerializeToString())
+        pusher.push(f"{fleet}/ota/tiny_cls", 3, tiny_cls_bytes(2))
         assert statuses(sub, status, "active")[-1]["version"] == 3
 
-        push(f"{prefix}/ota/tiny_cls", 1, b"whatever")  # older than the active one
+        pusher.push(f"{prefix}/ota/tiny_cls", 1, b"whatever")  # older than the active one
         failed = statuses(sub, status, "failed")[-1]
         assert failed["reason"] == "downgrade" and failed["version"] == 1
 
@@ -109,3 +72,91 @@ def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
         assert json.loads(late.wait_for(status, 10).payload)["state"] == "rolled_back"
     finally:
         late.close()
+
+
+def test_ota_when_8_clients_keep_calling_switches_each_once_and_fails_none(
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,  # noqa: F811
+        key: tuple[Ed25519PrivateKey, Path]) -> None:  # noqa: F811
+    private, public = key
+    prefix = "t/ota/busy"
+    status = f"{prefix}/ota/tiny_cls/status"
+    served = make_served(mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}",
+                         ota=f"trusted_keys: [{public}]")
+    old, new = expected(0), expected(1)
+    stop = threading.Event()
+    seen: list[list[tuple[int, str]]] = [[] for _ in range(8)]  # (which outputs, model_version)
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        with served.client() as client:
+            while not stop.is_set():
+                try:
+                    response = client.infer("tiny_cls", {"x": X})
+                except Exception as exc:  # every failure is the test's failure, counted
+                    errors.append(exc)
+                    continue
+                prob = response.outputs["prob"]
+                which = 1 if np.allclose(prob, old, rtol=1e-5) else \
+                    2 if np.allclose(prob, new, rtol=1e-5) else 0
+                seen[i].append((which, response.version))
+
+    def wait_each(count: list[int], more: int) -> None:
+        deadline = time.monotonic() + 30
+        while any(len(s) < c + more for s, c in zip(seen, count, strict=True)):
+            assert time.monotonic() < deadline and not errors, (errors, [len(s) for s in seen])
+            time.sleep(0.02)
+
+    clients = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    sub = Subscriber(broker, status)
+    try:
+        for thread in clients:
+            thread.start()
+        wait_each([0] * 8, 5)
+        Pusher(sub, artifacts, private).push_until_received(f"{prefix}/ota/tiny_cls", status, 2,
+                                                            tiny_cls_bytes(1))
+        assert statuses(sub, status, "active")[-1]["version"] == 2
+        wait_each([len(s) for s in seen], 5)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(30)
+        sub.close()
+    assert not errors
+    for calls in seen:
+        which = [w for w, _ in calls]
+        assert 0 not in which
+        switches = sum(a != b for a, b in itertools.pairwise(which))
+        assert which[0] == 1 and which[-1] == 2 and switches == 1, which
+        assert all(str(w) == version for w, version in calls)  # the response names who ran it
+
+
+def test_ota_when_pushed_to_the_fleet_reaches_every_device(
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,  # noqa: F811
+        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,  # noqa: F811
+        tmp_path: Path) -> None:
+    private, public = key
+    fleet = "t/fleet2/all"
+    topics = [f"t/fleet2/{d}/ota/tiny_cls/status" for d in ("d1", "d2")]
+    sub = Subscriber(broker, *topics)
+    pusher = Pusher(sub, artifacts, private)
+    try:
+        # Retained: a device that subscribes later (or is offline now) still gets the push.
+        pusher.push(f"{fleet}/ota/tiny_cls", 2, tiny_cls_bytes(1), retain=True)
+        devices = []
+        for device in ("d1", "d2"):
+            models = tmp_path / f"models-{device}"
+            shutil.copytree(repo_dir, models)
+            devices.append(make_served(
+                mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: t/fleet2/{device}, "
+                     f"fleet_prefix: {fleet}",
+                ota=f"trusted_keys: [{public}]", device_id=device, models_dir=models))
+        for topic in topics:
+            assert statuses(sub, topic, "active")[-1]["version"] == 2
+        for served in devices:
+            with served.client() as client:
+                np.testing.assert_allclose(client.infer("tiny_cls", {"x": X}).outputs["prob"],
+                                           expected(1), rtol=1e-5)
+            assert served.daemon.cache.repository.active_version("tiny_cls") == 2
+    finally:
+        sub.client.publish(f"{fleet}/ota/tiny_cls", b"", qos=1, retain=True).wait_for_publish(5)
+        sub.close()

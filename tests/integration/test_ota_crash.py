@@ -1,0 +1,102 @@
+"""Power cuts during an update: `edged run` as a subprocess SIGKILLs itself as it enters each
+install step (EDGED_TEST_OTA_CRASH_AT), is started again, and must serve the old version with
+no staging leftovers and no half-installed version on disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from artifact_server import ArtifactServer, artifacts  # noqa: F401
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mosquitto import Broker, Subscriber
+from ota_helpers import Pusher, X, expected, key, statuses, tiny_cls_bytes  # noqa: F401
+
+from edged.client import EdgedClient
+from edged.ota.install import CRASH_AT_ENV, PENDING
+from edged.repository import ModelRepository
+
+
+def start(config: Path, log: Path, crash_at: str | None = None) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != CRASH_AT_ENV}
+    if crash_at:
+        env[CRASH_AT_ENV] = crash_at
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config",
+                                 str(config)], stdout=out, stderr=out, env=env)
+
+
+def wait_ready(client: EdgedClient, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, f"edged exited {proc.returncode}:\n{log.read_text()}"
+        try:
+            if client.ready():
+                return
+        except OSError:  # not listening yet
+            pass
+        assert time.monotonic() < deadline, f"edged not ready in 60 s:\n{log.read_text()}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("step", ["downloading", "verifying", "installing", "warming",
+                                  "switched"])
+def test_ota_when_killed_at_a_step_serves_the_old_version_after_restart(
+        step: str, broker: Broker, artifacts: ArtifactServer,  # noqa: F811
+        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,  # noqa: F811
+        short_dir: Path, tmp_path: Path) -> None:
+    private, public = key
+    prefix = f"t/crash/{step}"
+    status = f"{prefix}/ota/tiny_cls/status"
+    sock = short_dir / "c.sock"
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"""device_id: crash-{step}
+models_dir: {repo_dir}
+cache: {{dir: {tmp_path / 'cache'}, preload: [tiny_cls]}}
+backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: 1}}}}
+api: {{socket: {sock}}}
+mqtt: {{host: 127.0.0.1, port: {broker.port}, prefix: {prefix}}}
+ota: {{trusted_keys: [{public}]}}
+""")
+    log = tmp_path / "edged.log"
+    sub = Subscriber(broker, status)
+    client = EdgedClient(sock, timeout_s=10)
+    proc = start(config, log, crash_at=step)
+    try:
+        wait_ready(client, proc, log)
+        Pusher(sub, artifacts, private).push_until_received(f"{prefix}/ota/tiny_cls", status, 2,
+                                                            tiny_cls_bytes(1))
+        assert proc.wait(30) == -9, log.read_text()  # the power cut
+        client.close()
+        proc = start(config, log)
+        wait_ready(client, proc, log)
+        np.testing.assert_allclose(client.infer("tiny_cls", {"x": X}).outputs["prob"],
+                                   expected(0), rtol=1e-5)
+        repo = ModelRepository(repo_dir)
+        assert repo.versions_on_disk("tiny_cls") == [1]
+        assert repo.default_version("tiny_cls") == 1
+        assert not list(repo.staging_dir().iterdir())
+        assert not (repo_dir / "tiny_cls" / PENDING).exists()
+        if step in ("warming", "switched"):  # a version was on disk: recovery says so
+            event = statuses(sub, status, "rolled_back")[-1]
+            assert event["reason"] == "interrupted" and event["version"] == 2
+        # and the same update, pushed again, now goes through
+        Pusher(sub, artifacts, private).push(f"{prefix}/ota/tiny_cls", 2, tiny_cls_bytes(1))
+        assert statuses(sub, status, "active")[-1]["version"] == 2
+        np.testing.assert_allclose(client.infer("tiny_cls", {"x": X}).outputs["prob"],
+                                   expected(1), rtol=1e-5)
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        sub.close()

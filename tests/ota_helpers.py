@@ -1,0 +1,89 @@
+"""What the OTA tests share: a signing key, the tiny model's expected outputs per version, and
+a pusher that publishes signed manifests (their artifacts on the test's HTTP server) and reads
+the status events a device answers with."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+import make_test_models
+import numpy as np
+import pytest
+from artifact_server import ArtifactServer
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from mosquitto import Subscriber
+
+from edged.ota.manifest import sign_document
+
+X = np.random.default_rng(0).random((1, 3, 8, 8), dtype=np.float32)
+
+
+def tiny_cls_bytes(seed: int) -> bytes:
+    """Version `seed + 1` of tiny_cls, as the repository fixture numbers them (seed 0 = v1)."""
+    return make_test_models.make_tiny_cls(seed).SerializeToString()
+
+
+def expected(seed: int, x: np.ndarray = X) -> np.ndarray:
+    """tiny_cls(seed)'s answer to `x`, straight from ONNX Runtime."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(tiny_cls_bytes(seed), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> tuple[Ed25519PrivateKey, Path]:
+    """A fleet key: the private half signs, the public file goes in ota.trusted_keys."""
+    private = Ed25519PrivateKey.generate()
+    public = tmp_path / "fleet.pub"
+    public.write_bytes(private.public_key().public_bytes(Encoding.PEM,
+                                                         PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def statuses(sub: Subscriber, topic: str, until: str, timeout: float = 30) -> list[dict]:
+    """Status events on `topic` up to and including the first in state `until`."""
+    got: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while not got or got[-1]["state"] != until:
+        message = sub.wait_for(topic, max(0.1, deadline - time.monotonic()))
+        got.append(json.loads(message.payload))
+    return got
+
+
+class Pusher:
+    """Publishes signed manifests for tiny_cls through `sub`'s connection."""
+
+    def __init__(self, sub: Subscriber, artifacts: ArtifactServer,
+                 private: Ed25519PrivateKey) -> None:
+        self.sub, self.artifacts, self.private = sub, artifacts, private
+
+    def push(self, topic: str, version: int, data: bytes, *, retain: bool = False,
+             **extra: Any) -> None:
+        name = f"v{version}-{hashlib.sha256(data).hexdigest()[:8]}"
+        (self.artifacts.root / name).write_bytes(data)
+        doc = sign_document({"model": "tiny_cls", "version": version, "format": "onnx",
+                             "artifact": {"url": self.artifacts.url(name), "size": len(data),
+                                          "sha256": hashlib.sha256(data).hexdigest()},
+                             **extra}, self.private)
+        self.sub.client.publish(topic, json.dumps(doc).encode(), qos=1,
+                                retain=retain).wait_for_publish(5)
+
+    def push_until_received(self, topic: str, status: str, version: int, data: bytes) -> dict:
+        """Push until the device says `received`: its subscription may not be in place yet
+        (a repeat of a manifest being applied is a no-op)."""
+        for _ in range(40):
+            self.push(topic, version, data)
+            try:
+                event = json.loads(self.sub.wait_for(status, 0.5).payload)
+            except queue.Empty:
+                continue
+            if event["state"] == "received":
+                return event
+        raise AssertionError(f"no 'received' on {status} after 40 pushes")
