@@ -64,12 +64,47 @@ def _parser() -> argparse.ArgumentParser:
     sign.add_argument("--key", type=Path, required=True, help="Ed25519 private key (PEM)")
     sign.add_argument("--artifact", type=Path, help="fill in artifact.size and sha256 from it")
     sign.add_argument("--out", "-o", type=Path, help="write here instead of stdout")
+    push = ota_sub.add_parser("push", help="publish a manifest and follow the devices' status")
+    push.add_argument("manifest", type=Path)
+    push.add_argument("--key", type=Path, help="sign it (filling in the artifact) before sending")
+    push.add_argument("--artifact", type=Path, help="the artifact file (size, sha256, sending)")
+    push.add_argument("--serve", metavar="HOST:PORT",
+                      help="serve --artifact over HTTP from here while the devices fetch it")
+    push.add_argument("--url-host", help="the host name devices reach --serve by")
+    push.add_argument("--inline", action="store_true",
+                      help="send --artifact as MQTT chunks of 64 KiB (small models)")
+    push.add_argument("--retain", action="store_true",
+                      help="retain the manifest: devices offline now get it when they connect")
+    _add_ota_target(push, timeout=600.0)
+    roll = ota_sub.add_parser("rollback", help="ask devices to serve the previous version")
+    roll.add_argument("model")
+    roll.add_argument("--key", type=Path, help="sign the command (devices require it unless "
+                                               "ota.allow_unsigned)")
+    roll.add_argument("--from-version", type=int,
+                      help="only devices serving this version roll back (fleet-wide use)")
+    _add_ota_target(roll, timeout=120.0)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its table")
     bench.add_argument("suite", choices=["core", "api", "streams"])
     bench.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON folder")
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     return parser
+
+
+def _add_ota_target(parser: argparse.ArgumentParser, timeout: float) -> None:
+    parser.add_argument("--broker", default="127.0.0.1:1883", metavar="HOST:PORT")
+    parser.add_argument("--username")
+    parser.add_argument("--password-file", type=Path)
+    parser.add_argument("--ca-file", type=Path, help="connect with TLS, trusting this CA")
+    parser.add_argument("--device", action="append", default=[], metavar="PREFIX",
+                        help="a device's topic prefix, e.g. edged/edge-01 (repeatable)")
+    parser.add_argument("--fleet", metavar="PREFIX", help="the fleet prefix, e.g. edged/fleet")
+    parser.add_argument("--group", help="with --fleet: only this group")
+    parser.add_argument("--watch", action="append", default=[], metavar="PREFIX",
+                        help="device prefixes to follow (MQTT wildcards; default: the devices, "
+                             "or the fleet prefix's siblings)")
+    parser.add_argument("--expect", type=int, help="devices that must answer")
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds to follow")
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
@@ -242,6 +277,18 @@ def cmd_ota(args: argparse.Namespace) -> int:
         print(f"private key: {args.key} (keep it off the devices)\npublic key:  {public} "
               f"(list it in ota.trusted_keys)\nkey_id:      {key_id}")
         return 0
+    if args.ota_command in ("push", "rollback"):
+        from edged.ota import push
+
+        broker = push.Broker.parse(args.broker, username=args.username,
+                                   password_file=args.password_file, ca_file=args.ca_file)
+        target = push.Target.of(args.device, args.fleet, args.group, args.watch, args.expect)
+        if args.ota_command == "rollback":
+            return push.rollback(args.model, broker, target, args.key,
+                                 from_version=args.from_version, timeout_s=args.timeout)
+        return push.push(args.manifest, broker, target, key=args.key, artifact=args.artifact,
+                         serve_at=args.serve, url_host=args.url_host, inline=args.inline,
+                         retain=args.retain, timeout_s=args.timeout)
     text = json.dumps(tools.sign(args.manifest, args.key, args.artifact), indent=2) + "\n"
     if args.out:
         args.out.write_text(text)

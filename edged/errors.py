@@ -48,6 +48,14 @@ class ConfigError(EdgedError):
         super().__init__("; ".join(str(i) for i in self.issues))
 
 
+class ToolError(EdgedError):
+    """An operator command (`edged ota ...`) cannot do what it was asked: bad arguments,
+    unreadable files, an unreachable broker."""
+
+    code = "tool_error"
+    http_status = 400
+
+
 class ModelNotFound(EdgedError):
     code = "model_not_found"
     http_status = 404

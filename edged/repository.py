@@ -36,7 +36,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 def check_model_name(name: str) -> str:
     """Return `name` if it is a safe directory name, else raise ModelNotFound."""
-    if not _NAME.match(name) or ".." in name:
+    if not _NAME.fullmatch(name) or ".." in name:
         raise ModelNotFound(f"invalid model name {name!r}: use letters, digits, _ . -")
     return name
 
@@ -89,7 +89,7 @@ class ModelRepository:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and _NAME.match(p.name) and not p.name.startswith("."))
+                      if p.is_dir() and _NAME.fullmatch(p.name) and not p.name.startswith("."))
 
     def versions_on_disk(self, name: str) -> list[int]:
         model_dir = self.root / check_model_name(name)

@@ -111,6 +111,10 @@ class Updater:
             self._busy[manifest.model] = manifest.version
             return True
 
+    def serving(self, name: str) -> int | None:
+        """The version that requests of `name` go to now (None: not in the repository)."""
+        return self._current(name)
+
     def release(self, manifest: Manifest) -> None:
         with self._lock:
             self._busy.pop(manifest.model, None)
@@ -233,12 +237,17 @@ class Updater:
         raise Rejected(reason, detail)
 
     # -- manual rollback ---------------------------------------------------------------------
-    def rollback(self, name: str) -> int:
+    def rollback(self, name: str, from_version: int | None = None) -> int:
         """Serve the newest version older than the active one again and remove the active
-        one. Returns the version now serving; Rejected('no_previous') if there is none."""
+        one. Returns the version now serving; Rejected('no_previous') if there is none, and
+        Rejected('not_active') when `from_version` is given and is not the active one (a
+        fleet-wide rollback must not take a device that never updated one step further)."""
         current = self._current(name)
         if current is None:
             raise Rejected("no_previous", f"model {name!r} is not in the repository")
+        if from_version is not None and current != from_version:
+            raise Rejected("not_active", f"{name} serves version {current}, not "
+                                         f"{from_version}: nothing to roll back")
         older = [v for v in self._on_disk(name) if v < current]
         if not older:
             raise Rejected("no_previous", f"{name} has no version older than {current} on disk")

@@ -63,7 +63,7 @@ class Manifest:
     format: Literal["onnx", "bundle"]
     artifact: Artifact
     precision: str = "fp32"
-    force: bool = False  # allow a downgrade (or the same version again)
+    force: bool = False  # allow a downgrade (never the active version number again)
     allow_io_change: bool = False
     io: tuple[tuple[Tensor, ...], tuple[Tensor, ...]] | None = None  # expected inputs, outputs
     key_id: str | None = None
@@ -113,7 +113,7 @@ def parse_manifest(payload: bytes) -> Manifest:
         raise Rejected("bad_manifest", f"precision must be fp32, fp16, int8 or auto, "
                                        f"got {precision!r}")
     key_id, signature = doc.get("key_id"), doc.get("signature")
-    if key_id is not None and (not isinstance(key_id, str) or not _KEY_ID.match(key_id)):
+    if key_id is not None and (not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id)):
         raise Rejected("bad_manifest", "key_id must be 16 lowercase hex digits")
     if signature is not None and not isinstance(signature, str):
         raise Rejected("bad_manifest", "signature must be a base64 string")
@@ -150,7 +150,7 @@ def _artifact(value: Any) -> Artifact:
     sha256 = _get(value, "sha256", str)
     if size < 1:
         raise Rejected("bad_manifest", f"artifact.size must be positive, got {size}")
-    if not _SHA256.match(sha256):
+    if not _SHA256.fullmatch(sha256):
         raise Rejected("bad_manifest", "artifact.sha256 must be 64 lowercase hex digits")
     url, chunks = value.get("url"), value.get("chunks")
     if (url is None) == (chunks is None):

@@ -36,10 +36,10 @@ class OtaService:
         self.pending: list[Future[None]] = []
 
     def start(self) -> None:
-        for root in self.roots:
+        for root in self.roots:  # the device's, the fleet's and its groups'
             self.link.subscribe(f"{root}/ota/+", self._on_manifest)
             self.link.subscribe(f"{root}/ota/+/chunk/+", self._on_chunk)
-        self.link.subscribe(f"{self.link.prefix}/ota/+/command", self._on_command)
+            self.link.subscribe(f"{root}/ota/+/command", self._on_command)
 
     def stop(self, timeout_s: float) -> None:
         self.updater.stop.set()
@@ -74,7 +74,9 @@ class OtaService:
                 raise Rejected("bad_manifest", f"the manifest is for {manifest.model!r} but came "
                                                f"on the topic of {model!r}")
             if not self.updater.claim(manifest):
-                logger.debug("OTA: %s:%d is already active", model, manifest.version)
+                if self.updater.serving(model) == manifest.version:  # say so: a pusher waits
+                    self.report(Event(model, manifest.version, "active",
+                                      f"already serving version {manifest.version}"))
                 return
         except Rejected as exc:
             self.report(Event(model, _version_in(payload), "failed", str(exc),
@@ -117,9 +119,10 @@ class OtaService:
             check_model_name(model)
             command = json.loads(payload)
             if not isinstance(command, dict) or command.get("action") != "rollback" or \
-                    command.get("model") != model:
+                    command.get("model") != model or not _optional_version(command):
                 raise Rejected("bad_command", 'commands are {"model": "<model>", "action": '
-                                              '"rollback"}, signed like manifests')
+                                              '"rollback", optional "from_version": <int>}, '
+                                              "signed like manifests")
             self.updater.trust.verify_document(command, allow_unsigned=self.updater.cfg
                                                .allow_unsigned)
         except (ValueError, RecursionError, ModelNotFound, Rejected) as exc:  # bad JSON, name
@@ -132,8 +135,12 @@ class OtaService:
 
         def run() -> None:
             try:
-                self.updater.rollback(model)
+                self.updater.rollback(model, command.get("from_version"))
             except Rejected as exc:
+                if exc.reason == "not_active":  # not on that version: nothing to do is fine
+                    self.report(Event(model, self.updater.serving(model) or 0, "active",
+                                      str(exc), transient=True))
+                    return
                 self.report(Event(model, 0, "failed", str(exc), reason=exc.reason,
                                   transient=True))
 
@@ -154,6 +161,12 @@ def _version_in(payload: bytes) -> int:
         return version if isinstance(version, int) and not isinstance(version, bool) else 0
     except (ValueError, AttributeError, RecursionError):
         return 0
+
+
+def _optional_version(command: dict[str, object]) -> bool:
+    version = command.get("from_version")
+    return version is None or (isinstance(version, int) and not isinstance(version, bool)
+                               and version > 0)
 
 
 def _is_name(name: str) -> bool:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from edged.errors import ConfigError
+from edged.errors import ToolError
 from edged.ota.manifest import key_id_of, parse_manifest, sign_document
 
 
@@ -26,7 +26,7 @@ def keygen(private_path: Path) -> tuple[Path, str]:
     public_path = private_path.with_name(private_path.name + ".pub")
     for path in (private_path, public_path):
         if path.exists():
-            raise ConfigError(f"{path} exists; not overwriting a key")
+            raise ToolError(f"{path} exists; not overwriting a key")
     key = Ed25519PrivateKey.generate()
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -43,9 +43,9 @@ def load_private_key(path: Path) -> Any:
     try:
         key = load_pem_private_key(path.read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as exc:
-        raise ConfigError(f"cannot read the private key {path}: {exc}") from None
+        raise ToolError(f"cannot read the private key {path}: {exc}") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise ConfigError(f"{path} is not an Ed25519 private key")
+        raise ToolError(f"{path} is not an Ed25519 private key")
     return key
 
 
@@ -55,9 +55,9 @@ def sign(manifest_path: Path, key_path: Path, artifact: Path | None = None) -> d
     try:
         document = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the manifest {manifest_path}: {exc}") from None
+        raise ToolError(f"cannot read the manifest {manifest_path}: {exc}") from None
     if not isinstance(document, dict):
-        raise ConfigError(f"{manifest_path}: a manifest is a JSON object")
+        raise ToolError(f"{manifest_path}: a manifest is a JSON object")
     if artifact is not None:
         data = artifact.read_bytes()
         document["artifact"] = {**document.get("artifact", {}), "size": len(data),
