@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/edged bench core
 	$(BIN)/edged bench api
 	$(BIN)/edged bench streams
+	$(BIN)/edged bench ota
 
 clean:
 	rm -rf $(VENV) var bench-results

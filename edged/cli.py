@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_ota_target(roll, timeout=120.0)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its table")
-    bench.add_argument("suite", choices=["core", "api", "streams"])
+    bench.add_argument("suite", choices=["core", "api", "streams", "ota"])
     bench.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON folder")
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     return parser
@@ -255,18 +255,11 @@ def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec) -
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
     _setup_logging("warning")
-    if args.suite == "api":
-        from edged.bench import api
-
-        return api.main(out_dir=args.out, quick=args.quick)
-    if args.suite == "streams":
-        from edged.bench import streams
-
-        return streams.main(out_dir=args.out, quick=args.quick)
-    from edged.bench import core
-
-    return core.main(out_dir=args.out, quick=args.quick)
+    suite = importlib.import_module(f"edged.bench.{args.suite}")
+    return int(suite.main(out_dir=args.out, quick=args.quick))
 
 
 def cmd_ota(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.IGNORECASE)
@@ -109,5 +110,40 @@ def closed_loop(target: Target, request: bytes, *, concurrency: int, seconds: fl
                 task.cancel()
             for _reader, writer in conns:
                 writer.close()
+
+    return asyncio.run(run())
+
+
+@dataclass(frozen=True)
+class Sample:
+    end: float  # time.time() when the answer came
+    latency_s: float
+    body: bytes | None  # None: the request failed
+
+
+def sampled_loop(target: Target, request: bytes, *, concurrency: int,
+                 stop: Callable[[], bool]) -> list[Sample]:
+    """Closed loop until `stop()` says so, keeping every answer with its time and body and
+    counting failures instead of raising (an update under load must not fail any)."""
+    async def run() -> list[Sample]:
+        samples: list[Sample] = []
+
+        async def client() -> None:
+            reader, writer = await target.connect()
+            try:
+                while not stop():
+                    started = time.perf_counter()
+                    try:
+                        body: bytes | None = await _exchange(reader, writer, request)
+                    except (HttpFailed, OSError, asyncio.IncompleteReadError):
+                        body = None
+                        writer.close()
+                        reader, writer = await target.connect()
+                    samples.append(Sample(time.time(), time.perf_counter() - started, body))
+            finally:
+                writer.close()
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return samples
 
     return asyncio.run(run())

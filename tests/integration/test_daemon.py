@@ -140,3 +140,19 @@ def test_bench_streams_when_run_quick_measures_every_case_at_a_real_subscriber(
     for case in results["cases"]:
         assert case["achieved_fps"] > 0 and case["latency"]["p50_ms"] > 0
         assert len(case["per_stream_fps"]) == case["streams"]  # every stream got results
+
+
+def test_bench_ota_when_run_quick_updates_under_load_without_a_failed_request(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    assert main(["bench", "ota", "--quick", "--out", str(tmp_path)]) == 0
+    assert "received->active" in capsys.readouterr().out
+    results = json.loads((tmp_path / "ota.json").read_text())
+    assert [c["model"] for c in results["cases"]] == ["cls", "det"]
+    for case in results["cases"]:
+        (update,) = case["rounds"]
+        assert all(update[p]["requests"] > 0 and update[p]["failed"] == 0
+                   for p in ("before", "after"))
+        assert update["during"]["failed"] == 0 and update["received_to_active_s"] > 0
+        assert set(update["answers_by_version"]) == {"1", "2"}  # both served, under load
