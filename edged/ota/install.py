@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import signal
-import tarfile
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ from edged.cache import ModelCache
 from edged.config import OtaConfig
 from edged.errors import EdgedError, InvalidModel, ModelNotFound
 from edged.onnx_signature import read_signature
+from edged.ota.bundle import GOLDEN, unpack
 from edged.ota.fetch import ChunkAssembler, Fetcher, sha256_of
 from edged.ota.manifest import Manifest, Rejected, Tensor, TrustStore
 from edged.repository import MODEL_FILE, ModelRepository, ModelVersion
@@ -39,7 +39,6 @@ PENDING = ".ota-pending"  # <models>/<name>/: "<version> <sha256>" of an unfinis
 CRASHES = ".ota-crashes"  # <models>/<name>/: {sha256: installs of it cut by a restart}
 MAX_CRASHES = 2  # an artifact whose install was cut this often is not tried again
 RECORD = ".ota.json"  # <models>/<name>/<version>/: the manifest that installed it
-GOLDEN = "golden"  # bundle folder: inputs.npz, outputs.npz, tolerance.json
 STATES = ("received", "downloading", "verifying", "installing", "warming", "active", "failed",
           "rolled_back")
 FINAL = frozenset({"active", "failed", "rolled_back"})
@@ -161,7 +160,7 @@ class Updater:
             if manifest.format == "onnx":
                 os.rename(artifact, files / MODEL_FILE)
             else:
-                _unpack(artifact, files, self.fetcher.max_bytes)
+                unpack(artifact, files, self.fetcher.max_bytes)
                 artifact.unlink()
             try:
                 read_signature(files / MODEL_FILE)
@@ -459,44 +458,3 @@ def _write_journal(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _unpack(archive: Path, dest: Path, max_bytes: int) -> None:
-    """A bundle (.tar.gz) into `dest`: regular files only, at the top level or in golden/,
-    names of letters, digits and _ . -, at most `max_bytes` unpacked. Anything else is
-    refused before a byte is written."""
-    try:
-        with tarfile.open(archive, "r:gz") as tar:
-            members = tar.getmembers()
-            total = 0
-            for member in members:
-                parts = member.name.split("/")
-                if member.isdir() and member.name.rstrip("/") == GOLDEN:
-                    continue
-                ok = member.isfile() and all(_safe_name(p) for p in parts) and (
-                    len(parts) == 1 or (len(parts) == 2 and parts[0] == GOLDEN))
-                if not ok:
-                    raise Rejected("bad_bundle", f"bundle member {member.name!r} is not allowed "
-                                                 "(regular files at the top or in golden/)")
-                total += member.size
-                if total > max_bytes:
-                    raise Rejected("oversize", f"the bundle unpacks to more than {max_bytes} "
-                                               "bytes")
-            if MODEL_FILE not in {m.name for m in members}:
-                raise Rejected("bad_bundle", f"the bundle has no {MODEL_FILE}")
-            for member in members:
-                if not member.isfile():
-                    continue
-                target = dest / member.name
-                target.parent.mkdir(exist_ok=True)
-                source = tar.extractfile(member)
-                assert source is not None
-                with source, target.open("wb") as out:
-                    shutil.copyfileobj(source, out, 1 << 20)
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise Rejected("bad_bundle", f"not a readable .tar.gz: {exc}") from None
-
-
-def _safe_name(part: str) -> bool:
-    return bool(part) and not part.startswith(".") and all(
-        c.isalnum() or c in "_.-" for c in part)

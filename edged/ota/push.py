@@ -27,7 +27,7 @@ from typing import Any, TextIO
 from edged.config import split_host_port
 from edged.errors import ToolError
 from edged.ota.manifest import Rejected, parse_manifest, sign_document
-from edged.ota.tools import load_private_key
+from edged.ota.tools import load_private_key, read_manifest
 
 FINAL = ("active", "failed", "rolled_back")
 CHUNK_BYTES = 64 * 1024
@@ -86,12 +86,7 @@ class Outcome:
 def prepare(manifest_path: Path, *, key: Path | None, artifact: Path | None,
             url: str | None, inline: bool) -> tuple[dict[str, Any], bytes | None]:
     """The manifest to publish (signed when `key` is given) and the inline artifact bytes."""
-    try:
-        doc = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ToolError(f"cannot read the manifest {manifest_path}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ToolError(f"{manifest_path}: a manifest is a JSON object")
+    doc = read_manifest(manifest_path)
     data = None
     if artifact is not None:
         data = artifact.read_bytes()

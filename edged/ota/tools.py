@@ -49,15 +49,21 @@ def load_private_key(path: Path) -> Any:
     return key
 
 
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A manifest file as the operator wrote it (not yet checked)."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ToolError(f"cannot read the manifest {path}: {exc}") from None
+    if not isinstance(document, dict):
+        raise ToolError(f"{path}: a manifest is a JSON object")
+    return document
+
+
 def sign(manifest_path: Path, key_path: Path, artifact: Path | None = None) -> dict[str, Any]:
     """The manifest at `manifest_path`, signed; with `artifact`, its size and sha256 are
     filled in first. The result is checked by parsing it as a device would."""
-    try:
-        document = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ToolError(f"cannot read the manifest {manifest_path}: {exc}") from None
-    if not isinstance(document, dict):
-        raise ToolError(f"{manifest_path}: a manifest is a JSON object")
+    document = read_manifest(manifest_path)
     if artifact is not None:
         data = artifact.read_bytes()
         document["artifact"] = {**document.get("artifact", {}), "size": len(data),
