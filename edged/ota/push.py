@@ -61,6 +61,8 @@ class Target:
         devices = [d.rstrip("/") for d in devices]
         if bool(devices) == bool(fleet):
             raise ToolError("give the devices (--device PREFIX, repeatable) or --fleet PREFIX")
+        if group and not fleet:
+            raise ToolError("--group goes with --fleet")
         if devices:
             return cls(devices, watch or devices, expect if expect is not None else len(devices))
         assert fleet is not None
@@ -87,6 +89,7 @@ def prepare(manifest_path: Path, *, key: Path | None, artifact: Path | None,
             url: str | None, inline: bool) -> tuple[dict[str, Any], bytes | None]:
     """The manifest to publish (signed when `key` is given) and the inline artifact bytes."""
     doc = read_manifest(manifest_path)
+    given: dict[str, Any] = doc["artifact"] if isinstance(doc.get("artifact"), dict) else {}
     data = None
     if artifact is not None:
         data = artifact.read_bytes()
@@ -97,12 +100,11 @@ def prepare(manifest_path: Path, *, key: Path | None, artifact: Path | None,
         elif url is not None:
             described["url"] = url
         else:
-            described["url"] = doc.get("artifact", {}).get("url")
-        changed = {k: v for k, v in described.items()
-                   if doc.get("artifact", {}).get(k) != v}
+            described["url"] = given.get("url")
+        changed = {k: v for k, v in described.items() if given.get(k) != v}
         if changed and key is None:
             raise ToolError(f"the manifest's {', '.join(changed)} do not match what is being "
-                              "sent; pass --key to fill them in and sign it")
+                            "sent; pass --key to fill them in and sign it")
         doc["artifact"] = {k: v for k, v in described.items() if v is not None}
     elif inline or url is not None:
         raise ToolError("--serve and --inline send the --artifact file: give it")
@@ -121,15 +123,15 @@ def serve(path: Path, bind: str, advertise: str | None) -> Iterator[str]:
     """Serve `path` over HTTP (with Range, for resumed downloads) while the block runs;
     yields its URL."""
     host, port = _host_port(bind, "--serve", any_port=True)
+    shown = advertise or host
+    if shown in ("0.0.0.0", "::", ""):
+        raise ToolError("--serve binds every address: say which one devices reach with "
+                        "--url-host")
+    shown = f"[{shown}]" if ":" in shown else shown
     httpd = ThreadingHTTPServer((host, port), _file_handler(path))
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, name="edged-ota-serve", daemon=True)
     thread.start()
-    shown = advertise or host
-    if shown in ("0.0.0.0", "::", ""):
-        raise ToolError("--serve binds every address: say which one devices reach with "
-                          "--url-host")
-    shown = f"[{shown}]" if ":" in shown else shown
     try:
         yield f"http://{shown}:{httpd.server_address[1]}/{path.name}"
     finally:
@@ -221,12 +223,12 @@ class Session:
             self._client.connect(broker.host, broker.port, keepalive=30)
         except OSError as exc:
             raise ToolError(f"cannot reach the broker {broker.host}:{broker.port}: "
-                              f"{exc}") from None
+                            f"{exc}") from None
         self._client.loop_start()
         if not self._connected.wait(CONNECT_TIMEOUT_S) or self._refused:
             self.close()
             raise ToolError(f"the broker {broker.host}:{broker.port} did not accept us: "
-                              f"{self._refused or 'no answer'}")
+                            f"{self._refused or 'no answer'}")
 
     def _on_connect(self, _client: Any, _userdata: Any, _flags: Any, reason: Any,
                     _properties: Any = None) -> None:

@@ -109,6 +109,7 @@ def test_ota_push_when_inline_to_the_fleet_reaches_each_expected_device(
     (["-k", "-a", "--device", "a", "--broker", "nonsense"], "--broker: expected HOST:PORT"),
     (["-k", "-a", "-b", "--device", "a", "--serve", "0.0.0.0:0"], "say which one devices"),
     (["-k", "-a", "-b", "--device", "a", "--serve", "127.0.0.1:0", "--inline"], "pick one"),
+    (["-k", "-a", "-b", "--device", "a", "--group", "line-3"], "--group goes with --fleet"),
 ])
 def test_ota_push_when_misused_or_unanswered_says_why(
         broker: Broker, fleet_key: tuple[Path, Path], tmp_path: Path,
