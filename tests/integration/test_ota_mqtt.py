@@ -150,8 +150,14 @@ def test_ota_when_pushed_to_the_fleet_reaches_every_device(
                 mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: t/fleet2/{device}, "
                      f"fleet_prefix: {fleet}",
                 ota=f"trusted_keys: [{public}]", device_id=device, models_dir=models))
-        for topic in topics:
-            assert statuses(sub, topic, "active")[-1]["version"] == 2
+        final: dict[str, dict] = {}  # both update at once: read both topics together
+        deadline = time.monotonic() + 30
+        while len(final) < len(topics):
+            message = sub.get(max(0.1, deadline - time.monotonic()))
+            event = json.loads(message.payload)
+            if event["state"] in ("active", "failed", "rolled_back"):
+                final[message.topic] = event
+        assert all(e["state"] == "active" and e["version"] == 2 for e in final.values()), final
         for served in devices:
             with served.client() as client:
                 np.testing.assert_allclose(client.infer("tiny_cls", {"x": X}).outputs["prob"],
