@@ -69,8 +69,15 @@ ota: {{trusted_keys: [{public}]}}
     proc = start(config, log, crash_at=step)
     try:
         wait_ready(client, proc, log)
-        Pusher(sub, artifacts, private).push_until_received(f"{prefix}/ota/tiny_cls", status, 2,
-                                                            tiny_cls_bytes(1))
+        pusher = Pusher(sub, artifacts, private)
+        for _ in range(40):  # until its subscription is in place and the update starts; the
+            # kill may come before its `received` status leaves, as in a real power cut
+            pusher.push(f"{prefix}/ota/tiny_cls", 2, tiny_cls_bytes(1))
+            try:
+                proc.wait(0.5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         assert proc.wait(30) == -9, log.read_text()  # the power cut
         client.close()
         proc = start(config, log)
@@ -86,7 +93,7 @@ ota: {{trusted_keys: [{public}]}}
             event = statuses(sub, status, "rolled_back")[-1]
             assert event["reason"] == "interrupted" and event["version"] == 2
         # and the same update, pushed again, now goes through
-        Pusher(sub, artifacts, private).push(f"{prefix}/ota/tiny_cls", 2, tiny_cls_bytes(1))
+        pusher.push_until_received(f"{prefix}/ota/tiny_cls", status, 2, tiny_cls_bytes(1))
         assert statuses(sub, status, "active")[-1]["version"] == 2
         np.testing.assert_allclose(client.infer("tiny_cls", {"x": X}).outputs["prob"],
                                    expected(1), rtol=1e-5)
