@@ -202,7 +202,7 @@ class ModelRepository:
                 if "/" in filename or filename.startswith(".") or filename == ACTIVE_FILE:
                     raise InvalidModel(f"refusing file name {filename!r} in an install")
                 _write_synced(stage / filename, content)
-        except BaseException:
+        except BaseException:  # remove the half-written stage, then re-raise whatever it was
             shutil.rmtree(stage, ignore_errors=True)
             raise
         return self.adopt(name, version, stage)

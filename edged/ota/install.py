@@ -39,9 +39,6 @@ PENDING = ".ota-pending"  # <models>/<name>/: "<version> <sha256>" of an unfinis
 CRASHES = ".ota-crashes"  # <models>/<name>/: {sha256: installs of it cut by a restart}
 MAX_CRASHES = 2  # an artifact whose install was cut this often is not tried again
 RECORD = ".ota.json"  # <models>/<name>/<version>/: the manifest that installed it
-STATES = ("received", "downloading", "verifying", "installing", "warming", "active", "failed",
-          "rolled_back")
-FINAL = frozenset({"active", "failed", "rolled_back"})
 # Tests set this to a state name to make the daemon SIGKILL itself as it enters that state
 # (plus "switched": after the swap, before the pointer moves), to prove crash safety.
 CRASH_AT_ENV = "EDGED_TEST_OTA_CRASH_AT"

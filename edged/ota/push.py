@@ -26,10 +26,9 @@ from typing import Any, TextIO
 
 from edged.config import split_host_port
 from edged.errors import ToolError
-from edged.ota.manifest import Rejected, parse_manifest, sign_document
+from edged.ota.manifest import FINAL, Rejected, parse_manifest, sign_document
 from edged.ota.tools import load_private_key, read_manifest
 
-FINAL = ("active", "failed", "rolled_back")
 CHUNK_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 15.0
 

@@ -15,8 +15,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from edged.errors import ModelNotFound
 from edged.mqtt import MqttLink
 from edged.ota.fetch import ChunkAssembler
-from edged.ota.install import FINAL, Event, Updater
-from edged.ota.manifest import Rejected, parse_manifest
+from edged.ota.install import Event, Updater
+from edged.ota.manifest import FINAL, Rejected, parse_manifest
 from edged.repository import check_model_name
 
 logger = logging.getLogger(__name__)
