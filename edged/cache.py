@@ -8,8 +8,8 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -51,6 +51,19 @@ class ModelStatus:
     pinned: bool = False
     load_seconds: float | None = None
     reason: str | None = None
+
+
+@dataclass
+class ModelCounters:
+    """One model's counts since the cache was made (they only grow), and how long each
+    version's last load and warm-up took. Unloading a version by request (a swap, an unload
+    call) is not an eviction: evictions are what the byte budget forced."""
+
+    name: str
+    loads: int = 0
+    failed_loads: int = 0
+    evictions: int = 0
+    load_seconds: Mapping[int, float] = field(default_factory=dict)  # version -> seconds
 
 
 class Lease:
@@ -96,6 +109,7 @@ class ModelCache:
         self._active: dict[str, int] = {}  # name -> version that requests without one get
         self._retired: set[Key] = set()  # swapped out: a late load of one unloads after use
         self._bytes = 0  # sum of nbytes over _entries, kept as they come and go
+        self._counters: dict[str, ModelCounters] = {}  # name -> counts, under _lock
         self.evictions = 0
 
     # -- leases ------------------------------------------------------------------------------
@@ -182,6 +196,7 @@ class ModelCache:
                     logger.exception("%s:%d: loading failed", *key)
                 with self._lock:
                     self._failed[key] = (self._clock(), copy.copy(error))
+                    self._count(key[0]).failed_loads += 1
                 if error is exc:
                     raise
                 raise error from exc
@@ -194,6 +209,9 @@ class ModelCache:
                 self._entries[key] = entry
                 self._bytes += entry.nbytes
                 self._failed.pop(key, None)
+                counters = self._count(key[0])
+                counters.loads += 1
+                counters.load_seconds = {**counters.load_seconds, key[1]: entry.load_seconds}
                 # Routing sticks to what was loaded: a version dropped on disk must not take
                 # requests before it is warmed and swapped in.
                 self._active.setdefault(key[0], default)
@@ -211,7 +229,7 @@ class ModelCache:
         spec = LoadSpec(name, version, model.onnx_path, model.inputs, model.outputs,
                         model.max_batch_size, _precision(model))
         options = _options_for(model, self.options)
-        started = time.perf_counter()
+        started = self._clock()
         try:
             session = backend.load(spec, options)
         except EdgedError:
@@ -226,7 +244,7 @@ class ModelCache:
             session.close()
             logger.exception("%s: warm-up inference failed", model.label)
             raise ModelLoadError(f"{model.label}: warm-up inference failed: {exc}") from exc
-        seconds = time.perf_counter() - started
+        seconds = self._clock() - started
         logger.info("%s ready on %s (%s) in %.2fs, %.1f MB", model.label, backend.name,
                     ", ".join(session.providers), seconds, session.nbytes / 1e6)
         return Entry(model, session, backend.name, session.nbytes, seconds, self._clock())
@@ -249,6 +267,7 @@ class ModelCache:
             doomed.append(entry)
             self._drop(entry)
             self.evictions += 1
+            self._count(entry.model.name).evictions += 1
             logger.info("evicting %s (idle, %.1f MB) to stay within the %.1f MB budget",
                         entry.model.label, entry.nbytes / 1e6, self.budget_bytes / 1e6)
         if self._bytes > self.budget_bytes:
@@ -334,6 +353,18 @@ class ModelCache:
                 rows[key] = ModelStatus(*key, "READY", e.backend, tuple(e.session.providers),
                                         e.nbytes, e.refs, key[0] in self.pinned, e.load_seconds)
         return [rows[k] for k in sorted(rows)]
+
+    def counters(self) -> list[ModelCounters]:
+        """Loads, failed loads, evictions and last load times, per model loaded at least once."""
+        with self._lock:
+            return [dataclasses.replace(c) for _, c in sorted(self._counters.items())]
+
+    def _count(self, name: str) -> ModelCounters:
+        """The model's counters (lock held)."""
+        counters = self._counters.get(name)
+        if counters is None:
+            counters = self._counters[name] = ModelCounters(name)
+        return counters
 
     def ready(self, name: str, version: int | None = None) -> bool:
         try:

@@ -1,17 +1,24 @@
-"""Prometheus metrics with Triton's names and meanings (`nv_` becomes `edged_`), read from
-plain snapshots at scrape time so that the hot path only bumps integers it already keeps.
+"""Prometheus metrics with Triton's names and meanings (`nv_` becomes `edged_`), and edged's
+own for model loads, streams, the MQTT link, the process and GPUs, all read from plain
+snapshots at scrape time so that the hot path only bumps integers it already keeps.
 
 Counters follow the Prometheus text convention: the family `edged_inference_count` is exposed
 as the sample `edged_inference_count_total`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from edged import host
+
+if TYPE_CHECKING:
+    from edged.cache import ModelCounters
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -87,13 +94,138 @@ class InferenceCollector(Collector):
         yield size
 
 
+class LoadCollector(Collector):
+    def __init__(self, counters: Callable[[], Iterable[ModelCounters]]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        rows = list(self._counters())
+        seconds = GaugeMetricFamily("edged_model_load_duration_seconds",
+                                    "how long the version's last load and warm-up took",
+                                    labels=["model", "version"])
+        loads = CounterMetricFamily("edged_model_loads", "loads of the model, by outcome",
+                                    labels=["model", "outcome"])
+        evictions = CounterMetricFamily("edged_model_evictions",
+                                        "versions unloaded to stay within the cache budget",
+                                        labels=["model"])
+        for row in rows:
+            for version, value in sorted(row.load_seconds.items()):
+                seconds.add_metric([row.name, str(version)], value)
+            loads.add_metric([row.name, "ok"], row.loads)
+            loads.add_metric([row.name, "failed"], row.failed_loads)
+            evictions.add_metric([row.name], row.evictions)
+        yield from (seconds, loads, evictions)
+
+
+# (family, help, snapshot key) over StreamPipeline.snapshot().
+_STREAM_COUNTERS = (
+    ("edged_stream_frames_in", "frames captured and offered to the stream's queue", "frames_in"),
+    ("edged_stream_frames_processed", "frames through the model and post-processing",
+     "processed"),
+    ("edged_stream_frames_dropped", "frames the full queue dropped or refused", "dropped"),
+    ("edged_stream_frames_failed", "frames that failed on the way through the model", "failed"),
+    ("edged_stream_frames_skipped", "frames read but not offered: over the stream's fps limit",
+     "skipped"),
+    ("edged_stream_frames_rejected", "payloads that were not valid frames (sensor streams)",
+     "rejected"),
+    ("edged_stream_reconnects", "times the source lost its stream and reconnected",
+     "reconnects"),
+)
+
+
+class StreamCollector(Collector):
+    def __init__(self, snapshots: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+        self._snapshots = snapshots
+
+    def collect(self) -> Iterator[Metric]:
+        rows = sorted(self._snapshots().items())
+        for family, help_text, key in _STREAM_COUNTERS:
+            metric = CounterMetricFamily(family, help_text, labels=["stream"])
+            for name, row in rows:
+                metric.add_metric([name], row[key])
+            yield metric
+        up = GaugeMetricFamily("edged_stream_up", "1 while the source is streaming",
+                               labels=["stream"])
+        depth = GaugeMetricFamily("edged_stream_queue_depth",
+                                  "frames waiting between capture and the model",
+                                  labels=["stream"])
+        for name, row in rows:
+            up.add_metric([name], 1.0 if row["state"] == "streaming" else 0.0)
+            depth.add_metric([name], row["queue_depth"])
+        yield from (up, depth)
+
+
+class LinkCollector(Collector):
+    def __init__(self, stats: Callable[[], Mapping[str, Any] | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        if stats is None:  # MQTT is off
+            return
+        published = CounterMetricFamily("edged_mqtt_published",
+                                        "messages handed to the MQTT client, by topic class",
+                                        labels=["class"])
+        for kind, count in sorted(stats["published_by_class"].items()):
+            published.add_metric([kind], count)
+        dropped = CounterMetricFamily("edged_mqtt_dropped",
+                                      "messages lost to a full buffer, by topic class",
+                                      labels=["class"])
+        for kind, count in sorted(stats["dropped_by_class"].items()):
+            dropped.add_metric([kind], count)
+        yield from (published, dropped)
+        yield GaugeMetricFamily("edged_mqtt_queued",
+                                "messages held in the offline buffer for the broker",
+                                value=stats["buffered"])
+        yield GaugeMetricFamily("edged_mqtt_connected", "1 while connected to the broker",
+                                value=1.0 if stats["connected"] else 0.0)
+
+
+class GpuCollector(Collector):
+    def __init__(self, gpus: Callable[[], Iterable[host.GpuStats]]) -> None:
+        self._gpus = gpus
+
+    def collect(self) -> Iterator[Metric]:
+        gpus = list(self._gpus())
+        if not gpus:
+            return
+        used = GaugeMetricFamily("edged_gpu_memory_used_bytes", "GPU memory in use (all "
+                                 "processes)", labels=["gpu"])
+        total = GaugeMetricFamily("edged_gpu_memory_total_bytes", "GPU memory",
+                                  labels=["gpu"])
+        busy = GaugeMetricFamily("edged_gpu_utilization", "fraction of the last sample period "
+                                 "a kernel ran on the GPU (0..1)", labels=["gpu"])
+        for gpu in gpus:
+            used.add_metric([str(gpu.index)], gpu.memory_used_bytes)
+            total.add_metric([str(gpu.index)], gpu.memory_total_bytes)
+            if gpu.utilization_percent is not None:
+                busy.add_metric([str(gpu.index)], gpu.utilization_percent / 100)
+        yield from (used, total, busy)
+
+
 class Metrics:
-    """The daemon's registry: inference metrics plus the API's own error counter."""
+    """The daemon's registry: inference metrics, the API's own error counter, the process's
+    (`process_resident_memory_bytes` and the rest of Prometheus' standard set) and NVML's
+    GPUs; model loads, streams and the MQTT link when their snapshots are given."""
 
     def __init__(self, counters: Callable[[], Iterable[InferenceCounters]],
-                 models: Callable[[], Iterable[ModelState]]) -> None:
+                 models: Callable[[], Iterable[ModelState]], *,
+                 loads: Callable[[], Iterable[ModelCounters]] | None = None,
+                 streams: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
+                 link: Callable[[], Mapping[str, Any] | None] | None = None,
+                 gpus: Callable[[], Iterable[host.GpuStats]] = host.gpus) -> None:
+        """`loads`: ModelCache.counters; `streams`: stream name -> StreamPipeline.snapshot();
+        `link`: MqttLink.stats, or None while MQTT is off; `gpus`: host.gpus (NVML)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(InferenceCollector(counters, models))
+        if loads is not None:
+            self.registry.register(LoadCollector(loads))
+        if streams is not None:
+            self.registry.register(StreamCollector(streams))
+        if link is not None:
+            self.registry.register(LinkCollector(link))
+        self.registry.register(GpuCollector(gpus))
+        ProcessCollector(registry=self.registry)
         self.api_errors = Counter("edged_api_errors", "API requests answered with an error",
                                   ["code"], registry=self.registry)
 

@@ -45,6 +45,7 @@ class LinkStats:
     received: int = 0
     handler_errors: int = 0
     dropped_by_class: dict[str, int] = field(default_factory=dict)
+    published_by_class: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,10 @@ class MqttLink:
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)
 
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Publish `offline` (retained), give paho `timeout_s` to deliver what it holds, and
         disconnect. A broker that is away gets the Last Will's `offline` instead."""
@@ -156,7 +161,7 @@ class MqttLink:
         info = self._client.publish(message.topic, message.payload, message.qos, message.retain)
         with self._lock:
             if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
-                self._stats.published += 1
+                self._published(message.kind)
             elif info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
                 # The connection went away just now. paho keeps a QoS 1/2 message and sends
                 # it after the reconnect (keeping it here as well would send it twice);
@@ -164,7 +169,7 @@ class MqttLink:
                 if message.qos == 0:
                     self._keep(message)
                 else:
-                    self._stats.published += 1
+                    self._published(message.kind)
             else:  # MQTT_ERR_QUEUE_SIZE: paho already holds as many as the buffer may
                 self._drop(message.kind)
 
@@ -176,6 +181,10 @@ class MqttLink:
         if len(self._buffer) >= self.config.buffer_messages:
             self._drop(self._buffer.popleft().kind)
         self._buffer.append(message)
+
+    def _published(self, kind: str) -> None:
+        self._stats.published += 1
+        self._stats.published_by_class[kind] = self._stats.published_by_class.get(kind, 0) + 1
 
     def _drop(self, kind: str) -> None:
         self._stats.dropped += 1
@@ -190,6 +199,13 @@ class MqttLink:
             self._handlers[topic_filter] = handler
         if self._connected.is_set():
             self._client.subscribe(topic_filter, qos=1)
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        """Stop delivering `topic_filter` (a stream removed by a reload)."""
+        with self._lock:
+            known = self._handlers.pop(topic_filter, None) is not None
+        if known and self._connected.is_set():
+            self._client.unsubscribe(topic_filter)
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         with self._lock:
@@ -245,6 +261,7 @@ class MqttLink:
         with self._lock:
             s = self._stats
             return {"connected": s.connected, "published": s.published,
+                    "published_by_class": dict(s.published_by_class),
                     "buffered": len(self._buffer), "dropped": s.dropped,
                     "dropped_by_class": dict(s.dropped_by_class), "connects": s.connects,
                     "disconnects": s.disconnects, "received": s.received,

@@ -1,15 +1,19 @@
 """What the daemon tells the fleet besides results: the periodic `stats` message (per stream
-fps in/processed/dropped, latency percentiles, queue depth, reconnects; the MQTT link's own
-counters) and each model's retained `models/<m>/state`, republished when it changes."""
+fps in/processed/dropped, latency percentiles, queue depth, reconnects; per model its state,
+last load time, loads and evictions; the MQTT link's own counters; the process's memory and
+uptime; GPUs when NVML sees any) and each model's retained `models/<m>/state`, republished
+when it changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from edged.cache import ModelStatus
+from edged import host
+from edged.cache import ModelCounters, ModelStatus
 from edged.pipeline import StreamPipeline
 
 RATES = {"fps_in": "frames_in", "fps_processed": "processed", "fps_dropped": "dropped"}
@@ -19,13 +23,20 @@ class Reporter:
     def __init__(self, pipelines: Sequence[StreamPipeline],
                  link_stats: Callable[[], dict[str, Any]] | None,
                  model_status: Callable[[], list[ModelStatus]],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 model_counters: Callable[[], list[ModelCounters]] | None = None,
+                 rss: Callable[[], int | None] = host.rss_bytes,
+                 gpus: Callable[[], list[host.GpuStats]] = host.gpus) -> None:
         self.pipelines = pipelines
         self.link_stats = link_stats
         self.model_status = model_status
+        self.model_counters = model_counters
+        self.rss = rss
+        self.gpus = gpus
         self.clock = clock
-        self._last: dict[str, dict[str, Any]] = {}
-        self._last_at = clock()
+        self._started = clock()
+        self._last: dict[str, tuple[StreamPipeline, dict[str, Any]]] = {}
+        self._last_at = self._started
         self._states: dict[str, bytes] = {}
 
     def stats(self) -> dict[str, Any]:
@@ -33,29 +44,46 @@ class Reporter:
         now = self.clock()
         span = max(now - self._last_at, 1e-6)
         streams: dict[str, Any] = {}
-        for pipeline in self.pipelines:
+        last: dict[str, tuple[StreamPipeline, dict[str, Any]]] = {}
+        for pipeline in list(self.pipelines):
             row = pipeline.snapshot()
-            before = self._last.get(pipeline.cfg.name, {})
+            held, before = self._last.get(pipeline.cfg.name, (pipeline, {}))
+            if held is not pipeline:  # a new pipeline under the old name (a reload)
+                before = {}
             for rate, counter in RATES.items():
                 row[rate] = round((row[counter] - before.get(counter, 0)) / span, 3)
             streams[pipeline.cfg.name] = row
-            self._last[pipeline.cfg.name] = row
+            last[pipeline.cfg.name] = (pipeline, row)
+        self._last = last  # streams that went away are forgotten
         self._last_at = now
-        message: dict[str, Any] = {"ts": round(time.time(), 3), "streams": streams}
+        message: dict[str, Any] = {"ts": round(time.time(), 3), "streams": streams,
+                                   "models": self._models(),
+                                   "process": {"rss_bytes": self.rss(),
+                                               "uptime_s": round(now - self._started, 3)}}
+        gpus = self.gpus()
+        if gpus:
+            message["gpus"] = [dataclasses.asdict(gpu) for gpu in gpus]
         if self.link_stats is not None:
             message["mqtt"] = self.link_stats()
         return message
 
+    def _models(self) -> dict[str, Any]:
+        counters = {c.name: c for c in self.model_counters()} if self.model_counters else {}
+        models = {}
+        for name, row in _latest(self.model_status()).items():
+            counts = counters.get(name, ModelCounters(name))
+            load_s = row.load_seconds if row.load_seconds is not None else \
+                counts.load_seconds.get(row.version)  # evicted: the last load's time
+            models[name] = {"version": row.version, "state": row.state, "backend": row.backend,
+                            "load_s": None if load_s is None else round(load_s, 3),
+                            "loads": counts.loads, "failed_loads": counts.failed_loads,
+                            "evictions": counts.evictions}
+        return models
+
     def changed_states(self) -> list[tuple[str, bytes]]:
         """(model, retained state JSON) for each model whose state changed since last asked."""
-        latest: dict[str, ModelStatus] = {}
-        for row in self.model_status():  # the ready version if any, else the newest
-            held = latest.get(row.name)
-            if held is None or (row.state == "READY", row.version) >= (held.state == "READY",
-                                                                        held.version):
-                latest[row.name] = row
         changed = []
-        for name, row in latest.items():
+        for name, row in _latest(self.model_status()).items():
             payload = json.dumps({"model": name, "version": row.version, "state": row.state,
                                   "backend": row.backend, "providers": list(row.providers),
                                   "reason": row.reason}, separators=(",", ":")).encode()
@@ -63,3 +91,14 @@ class Reporter:
                 self._states[name] = payload
                 changed.append((name, payload))
         return changed
+
+
+def _latest(rows: Iterable[ModelStatus]) -> dict[str, ModelStatus]:
+    """One row per model: the ready version if any, else the newest."""
+    latest: dict[str, ModelStatus] = {}
+    for row in rows:
+        held = latest.get(row.name)
+        if held is None or (row.state == "READY", row.version) >= (held.state == "READY",
+                                                                    held.version):
+            latest[row.name] = row
+    return latest

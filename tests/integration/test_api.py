@@ -172,6 +172,10 @@ def test_metrics_when_requests_ran_count_them_with_triton_names(served: Served) 
     assert f"edged_inference_compute_infer_duration_us_total{labels}" in text
     assert f"edged_inference_queue_duration_us_total{labels}" in text
     assert f"edged_model_ready{labels} 1.0" in text
+    assert f"edged_model_load_duration_seconds{labels}" in text  # tiny_cls was preloaded
+    assert 'edged_model_loads_total{model="tiny_cls",outcome="ok"} 1.0' in text
+    assert "process_resident_memory_bytes" in text
+    assert "edged_mqtt_" not in text  # MQTT is off here
 
 
 def test_cli_when_listing_models_prints_version_backend_providers_and_state(

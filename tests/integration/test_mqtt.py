@@ -118,7 +118,9 @@ def test_mqtt_link_when_broker_restarts_delivers_the_buffer_and_counts_what_over
             if payload != b"before":
                 got.append(payload)
         assert got == [b"3", b"4", b"5", b"6", b"7"]
-        assert link.stats()["dropped_by_class"] == {"results": 3}
+        stats = link.stats()
+        assert stats["dropped_by_class"] == {"results": 3}
+        assert stats["published_by_class"] == {"results": 6}  # "before" and the 5 kept
     finally:
         sub.close()
         if broker.process is None:

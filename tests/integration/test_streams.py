@@ -20,6 +20,7 @@ import pytest
 from conftest import GateBackend
 from make_demo import COLORS_BGR, color_of, write_color_video
 from mosquitto import Broker, Subscriber, free_port
+from prometheus_client.parser import text_string_to_metric_families
 from served_daemon import ServeFactory
 
 from edged.sources import State
@@ -59,6 +60,58 @@ def test_stream_when_a_video_plays_publishes_right_results_in_the_schema(
     seqs = [m["seq"] for m in results]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     assert served.daemon.pipelines[0].snapshot()["dropped"] == 0  # `block` drops nothing
+
+
+def test_stream_when_frames_flowed_metrics_and_the_stats_message_count_them(
+        broker: Broker, make_served: ServeFactory, tmp_path: Path) -> None:
+    video = write_color_video(tmp_path / "colors.avi", fps=60, frames_per_color=10)
+    stats_topic = "t/metrics/stats"
+    sub = Subscriber(broker, stats_topic)
+    try:
+        served = make_served(
+            cache="preload: [colors]",
+            mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: t/metrics, "
+                 "stats_interval_s: 0.2",
+            streams=f"[{{name: cam, source: 'file://{video}', model: colors, loop: true}}]")
+        deadline = time.monotonic() + 30
+        stats: dict = {}
+        while not (stats.get("streams", {}).get("cam", {}).get("processed") and
+                   stats["mqtt"]["published_by_class"].get("results")):
+            stats = json.loads(sub.wait_for(stats_topic, max(0.1, deadline - time.monotonic()))
+                               .payload)
+        with served.client() as client:
+            text = client.metrics()
+    finally:
+        sub.close()
+    colors = stats["models"]["colors"]
+    assert (colors["version"], colors["state"], colors["backend"], colors["loads"],
+            colors["failed_loads"], colors["evictions"]) == (1, "READY", "onnxruntime", 1, 0, 0)
+    assert colors["load_s"] > 0
+    assert stats["process"]["rss_bytes"] > 0 and stats["process"]["uptime_s"] >= 0
+    for gpu in stats.get("gpus", []):  # only where NVML sees a GPU
+        assert gpu["memory_total_bytes"] >= gpu["memory_used_bytes"]
+    assert {"published", "buffered", "dropped"} <= set(stats["mqtt"])
+
+    found = {(m.name, tuple(sorted(m.labels.items()))): m.value
+             for family in text_string_to_metric_families(text) for m in family.samples}
+    cam = (("stream", "cam"),)
+    # The scrape came after the stats message: counters only grow.
+    assert found[("edged_stream_frames_in_total", cam)] >= stats["streams"]["cam"]["frames_in"]
+    assert found[("edged_stream_frames_processed_total", cam)] >= \
+        stats["streams"]["cam"]["processed"] > 0
+    assert found[("edged_stream_frames_failed_total", cam)] == 0
+    assert found[("edged_stream_reconnects_total", cam)] == 0
+    assert found[("edged_stream_up", cam)] == 1
+    assert ("edged_stream_queue_depth", cam) in found
+    assert found[("edged_model_loads_total", (("model", "colors"), ("outcome", "ok")))] == 1
+    assert found[("edged_model_evictions_total", (("model", "colors"),))] == 0
+    assert found[("edged_model_load_duration_seconds",
+                  (("model", "colors"), ("version", "1")))] == pytest.approx(colors["load_s"],
+                                                                            abs=1e-3)
+    assert found[("edged_mqtt_published_total", (("class", "results"),))] > 0
+    assert found[("edged_mqtt_connected", ())] == 1
+    assert ("edged_mqtt_queued", ()) in found
+    assert found[("process_resident_memory_bytes", ())] > 0
 
 
 class MjpegServer:

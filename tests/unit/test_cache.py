@@ -78,6 +78,50 @@ def test_cache_when_over_budget_evicts_least_recently_used_idle_unpinned(
     assert cache.evictions == 1
 
 
+def test_cache_counters_when_the_budget_evicts_count_that_but_not_an_unload(
+        repo: ModelRepository, tmp_path: Path) -> None:
+    cache = ModelCache(repo, budget_bytes=size_of(repo, "tiny_cls"), options=options(tmp_path))
+    cache.load("tiny_cls")
+    cache.load("tiny_cnn")  # over budget: the idle tiny_cls goes
+    assert cache.unload("tiny_cnn")  # asked for: not an eviction
+    cache.load("tiny_cls")
+    counts = {c.name: (c.loads, c.failed_loads, c.evictions) for c in cache.counters()}
+    assert counts == {"tiny_cls": (2, 0, 1), "tiny_cnn": (1, 0, 0)}
+    assert cache.evictions == 1
+
+
+def test_cache_counters_when_a_load_and_warmup_take_time_record_it_per_version(
+        repo: ModelRepository, tmp_path: Path, gate: GateBackend) -> None:
+    now = [1000.0]
+    cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path),
+                       clock=lambda: now[0])
+    gate.gate.clear()  # the warm-up inference waits until the test has moved the clock
+    loading = threading.Thread(target=cache.load, args=("tiny_cnn",))
+    loading.start()
+    gate.wait_calls(1)
+    now[0] += 2.5
+    gate.gate.set()
+    loading.join(10)
+    [counters] = cache.counters()
+    assert (counters.name, counters.loads, dict(counters.load_seconds)) == ("tiny_cnn", 1,
+                                                                           {1: 2.5})
+    assert next(s for s in cache.status() if s.name == "tiny_cnn").load_seconds == 2.5
+
+
+def test_cache_counters_when_a_load_fails_count_each_attempt_not_each_request(
+        repo_dir: Path, tmp_path: Path) -> None:
+    (repo_dir / "tiny_cnn" / "1" / "model.onnx").write_bytes(b"\x0a\x02broken")
+    cache = ModelCache(ModelRepository(repo_dir), budget_bytes=1 << 30, options=options(tmp_path))
+    for _ in range(3):  # the first attempt fails; the next two get its remembered error
+        with pytest.raises(InvalidModel):
+            cache.acquire("tiny_cnn")
+    with pytest.raises(InvalidModel):
+        cache.load("tiny_cnn")  # an explicit load tries again
+    [counters] = cache.counters()
+    assert (counters.name, counters.loads, counters.failed_loads) == ("tiny_cnn", 0, 2)
+    assert counters.load_seconds == {}
+
+
 def test_cache_when_model_pinned_or_in_use_never_evicts_it(repo: ModelRepository,
                                                            tmp_path: Path) -> None:
     budget = size_of(repo, "tiny_cls")  # room for one model

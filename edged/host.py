@@ -1,0 +1,101 @@
+"""What the daemon's process and machine are using: the process's resident memory, and each
+NVIDIA GPU's memory and utilisation through NVML (`nvidia-ml-py`) when there is one. Without
+the package or a driver that has NVML (Jetson has none) there are simply no GPUs to report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuStats:
+    index: int
+    name: str
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization_percent: int | None  # None where the GPU does not report it (MIG slices)
+
+
+def rss_bytes() -> int | None:
+    """The process's resident set size now; None where /proc is not there (not Linux)."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+class Nvml:
+    """NVML, initialised on first use and once only. Any failure to start it (no package, no
+    driver, no library) means no GPUs, logged once; a GPU that fails a query later is left
+    out of that reading."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nvml: ModuleType | None = None
+        self._tried = False
+
+    def _started(self) -> ModuleType | None:
+        with self._lock:
+            if not self._tried:
+                self._tried = True
+                self._nvml = _start_nvml()
+            return self._nvml
+
+    def gpus(self) -> list[GpuStats]:
+        nvml = self._started()
+        if nvml is None:
+            return []
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            logger.debug("NVML: counting GPUs failed: %s", exc)
+            return []
+        found = []
+        for index in range(count):
+            try:
+                found.append(_read_gpu(nvml, index))
+            except nvml.NVMLError as exc:  # e.g. a GPU that fell off the bus
+                logger.debug("NVML: reading GPU %d failed: %s", index, exc)
+        return found
+
+
+def _start_nvml() -> ModuleType | None:
+    try:
+        import pynvml
+    except ImportError:
+        logger.info("no GPU metrics: nvidia-ml-py is not installed")
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError mostly; a driver in some other state: still no GPUs
+        logger.info("no GPU metrics: NVML is not available (%s)", exc)
+        return None
+    return pynvml
+
+
+def _read_gpu(nvml: ModuleType, index: int) -> GpuStats:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    name = nvml.nvmlDeviceGetName(handle)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        utilization: int | None = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except nvml.NVMLError:  # not supported on this GPU or slice
+        utilization = None
+    return GpuStats(index, name.decode() if isinstance(name, bytes) else str(name),
+                    int(memory.used), int(memory.total), utilization)
+
+
+_NVML = Nvml()
+
+
+def gpus() -> list[GpuStats]:
+    """Every GPU NVML sees, read now; [] without NVML. One NVML for the whole process."""
+    return _NVML.gpus()

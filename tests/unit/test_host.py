@@ -1,0 +1,101 @@
+"""Process memory from /proc, and GPUs through a stand-in for NVML's `pynvml` module (this
+machine has no GPU): what it reports, and that a missing package or driver means no GPUs,
+said once, never an error."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edged.host import GpuStats, Nvml, rss_bytes
+
+
+class FakeNvml(types.ModuleType):
+    """The few pynvml calls edged makes, over a list of GPUs; `None` for a field the GPU does
+    not support, an exception instance to raise it."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, gpus: list[dict[str, Any]], init_error: str | None = None) -> None:
+        super().__init__("pynvml")
+        self.gpus = gpus
+        self.init_error = init_error
+        self.inits = 0
+
+    def nvmlInit(self) -> None:
+        self.inits += 1
+        if self.init_error is not None:
+            raise self.NVMLError(self.init_error)
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:
+        return self.gpus[index]
+
+    def nvmlDeviceGetName(self, handle: dict[str, Any]) -> str | bytes:
+        return self._field(handle, "name")
+
+    def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any]) -> types.SimpleNamespace:
+        used, total = self._field(handle, "memory")
+        return types.SimpleNamespace(used=used, total=total, free=total - used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: dict[str, Any]) -> types.SimpleNamespace:
+        return types.SimpleNamespace(gpu=self._field(handle, "gpu"), memory=0)
+
+    def _field(self, handle: dict[str, Any], key: str) -> Any:
+        value = handle[key]
+        if value is None:
+            raise self.NVMLError("Not Supported")
+        return value
+
+
+def test_gpus_when_nvml_sees_gpus_reports_memory_and_utilisation_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakeNvml([
+        {"name": "NVIDIA H100 80GB HBM3", "memory": (3 << 30, 80 << 30), "gpu": 42},
+        {"name": b"NVIDIA A100-SXM4-40GB MIG 1g.5gb", "memory": (1 << 20, 5 << 30),
+         "gpu": None},  # a MIG slice: no utilisation, and an older pynvml's bytes name
+        {"name": None, "memory": (0, 0), "gpu": 0},  # a GPU that fails its queries
+    ])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    reader = Nvml()
+    assert reader.gpus() == [
+        GpuStats(0, "NVIDIA H100 80GB HBM3", 3 << 30, 80 << 30, 42),
+        GpuStats(1, "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 1 << 20, 5 << 30, None)]
+    reader.gpus()
+    assert nvml.inits == 1  # NVML is started once, not per reading
+
+
+def test_gpus_when_the_driver_has_no_nvml_reports_none_and_says_so_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    nvml = FakeNvml([], init_error="NVML Shared Library Not Found")
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    reader = Nvml()
+    with caplog.at_level(logging.INFO, logger="edged.host"):
+        assert reader.gpus() == [] and reader.gpus() == []
+    assert nvml.inits == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "no GPU metrics: NVML is not available (NVML Shared Library Not Found)"]
+
+
+def test_gpus_when_nvidia_ml_py_is_not_installed_reports_none(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    with caplog.at_level(logging.INFO, logger="edged.host"):
+        assert Nvml().gpus() == []
+    assert "nvidia-ml-py is not installed" in caplog.text
+
+
+def test_rss_bytes_when_on_linux_is_the_resident_size_now() -> None:
+    rss = rss_bytes()
+    status = dict(line.split(":", 1) for line in
+                  Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    peak = int(status["VmHWM"].split()[0]) * 1024  # the most it has ever been resident
+    assert rss is not None and 0 < rss <= peak

@@ -1,0 +1,72 @@
+"""The stats message from plain snapshots: per model state with load time, loads and
+evictions, the process's memory and uptime, GPUs only where there are some, and rates that
+survive a stream being replaced under its old name."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from edged.cache import ModelCounters, ModelStatus
+from edged.host import GpuStats
+from edged.reporting import Reporter
+
+
+class FakePipeline:
+    def __init__(self, name: str, **counts: int) -> None:
+        self.cfg = SimpleNamespace(name=name)
+        self.counts = {"frames_in": 0, "processed": 0, "dropped": 0, **counts}
+
+    def snapshot(self) -> dict[str, Any]:
+        return dict(self.counts)
+
+
+def status() -> list[ModelStatus]:
+    return [ModelStatus("det", 1, "UNAVAILABLE", reason="unloaded; loads on first request"),
+            ModelStatus("det", 2, "READY", "onnxruntime", ("CPUExecutionProvider",), 4096,
+                        load_seconds=1.23456),
+            ModelStatus("cls", 1, "UNAVAILABLE", reason="unloaded; loads on first request")]
+
+
+def counters() -> list[ModelCounters]:
+    return [ModelCounters("det", loads=2, evictions=0, load_seconds={2: 1.23456}),
+            ModelCounters("cls", loads=1, failed_loads=1, evictions=1, load_seconds={1: 0.5})]
+
+
+def test_stats_when_models_ran_reports_each_with_load_time_loads_and_evictions() -> None:
+    now = [100.0]
+    reporter = Reporter([], None, status, lambda: now[0], model_counters=counters,
+                        rss=lambda: 50 << 20, gpus=list)
+    now[0] += 30
+    message = reporter.stats()
+    assert message["models"] == {
+        "det": {"version": 2, "state": "READY", "backend": "onnxruntime", "load_s": 1.235,
+                "loads": 2, "failed_loads": 0, "evictions": 0},
+        "cls": {"version": 1, "state": "UNAVAILABLE", "backend": None,
+                "load_s": 0.5,  # evicted: the time its last load took
+                "loads": 1, "failed_loads": 1, "evictions": 1}}
+    assert message["process"] == {"rss_bytes": 50 << 20, "uptime_s": 30.0}
+    assert "gpus" not in message and "mqtt" not in message
+
+
+def test_stats_when_nvml_sees_a_gpu_lists_it() -> None:
+    gpu = GpuStats(0, "Orin", 2 << 30, 8 << 30, 17)
+    message = Reporter([], lambda: {"connected": True}, status, gpus=lambda: [gpu]).stats()
+    assert message["gpus"] == [{"index": 0, "name": "Orin", "memory_used_bytes": 2 << 30,
+                                "memory_total_bytes": 8 << 30, "utilization_percent": 17}]
+    assert message["mqtt"] == {"connected": True}
+
+
+def test_stats_when_a_stream_is_replaced_under_its_name_starts_its_rates_afresh() -> None:
+    now = [0.0]
+    pipelines = [FakePipeline("cam", frames_in=100, processed=90, dropped=10)]
+    reporter = Reporter(pipelines, None, list, lambda: now[0], gpus=list)
+    reporter.stats()
+    now[0] += 2
+    pipelines[:] = [FakePipeline("cam", frames_in=130, processed=120)]  # a config reload
+    row = reporter.stats()["streams"]["cam"]
+    assert (row["fps_in"], row["fps_processed"], row["fps_dropped"]) == (65.0, 60.0, 0.0)
+    now[0] += 1
+    pipelines[0].counts.update(frames_in=160, processed=150, dropped=3)
+    row = reporter.stats()["streams"]["cam"]
+    assert (row["fps_in"], row["fps_processed"], row["fps_dropped"]) == (30.0, 30.0, 3.0)
