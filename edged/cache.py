@@ -193,7 +193,8 @@ class ModelCache:
                 error = exc if isinstance(exc, EdgedError) else ModelLoadError(
                     f"{key[0]}:{key[1]}: loading failed: {exc}")
                 if error is not exc:
-                    logger.exception("%s:%d: loading failed", *key)
+                    logger.exception("%s:%d: loading failed", *key,
+                                     extra={"model": key[0], "version": key[1]})
                 with self._lock:
                     self._failed[key] = (self._clock(), copy.copy(error))
                     self._count(key[0]).failed_loads += 1
@@ -235,18 +236,21 @@ class ModelCache:
         except EdgedError:
             raise
         except Exception as exc:  # a backend's own error types: report, never crash
-            logger.exception("%s: %s failed to load it", model.label, backend.name)
+            logger.exception("%s: %s failed to load it", model.label, backend.name,
+                             extra=_fields(model, "model_load_failed"))
             raise ModelLoadError(f"{model.label}: {backend.name} failed to load: {exc}") from exc
         try:
             if model.config.warmup.enabled:
                 session.infer(warmup_inputs(model))
         except Exception as exc:
             session.close()
-            logger.exception("%s: warm-up inference failed", model.label)
+            logger.exception("%s: warm-up inference failed", model.label,
+                             extra=_fields(model, "model_load_failed"))
             raise ModelLoadError(f"{model.label}: warm-up inference failed: {exc}") from exc
         seconds = self._clock() - started
         logger.info("%s ready on %s (%s) in %.2fs, %.1f MB", model.label, backend.name,
-                    ", ".join(session.providers), seconds, session.nbytes / 1e6)
+                    ", ".join(session.providers), seconds, session.nbytes / 1e6,
+                    extra=_fields(model, "model_ready"))
         return Entry(model, session, backend.name, session.nbytes, seconds, self._clock())
 
     # -- eviction and unloading --------------------------------------------------------------
@@ -269,7 +273,8 @@ class ModelCache:
             self.evictions += 1
             self._count(entry.model.name).evictions += 1
             logger.info("evicting %s (idle, %.1f MB) to stay within the %.1f MB budget",
-                        entry.model.label, entry.nbytes / 1e6, self.budget_bytes / 1e6)
+                        entry.model.label, entry.nbytes / 1e6, self.budget_bytes / 1e6,
+                        extra=_fields(entry.model, "model_evicted"))
         if self._bytes > self.budget_bytes:
             logger.warning("model cache over budget (%.1f MB > %.1f MB): the rest is pinned or "
                            "in use", self._bytes / 1e6, self.budget_bytes / 1e6)
@@ -373,6 +378,11 @@ class ModelCache:
             return False
         with self._lock:
             return key in self._entries
+
+
+def _fields(model: ModelVersion, code: str) -> dict[str, object]:
+    """Journal fields of a log line about `model` (MODEL=, MODEL_VERSION=, CODE=)."""
+    return {"model": model.name, "version": model.version, "code": code}
 
 
 def _precision(model: ModelVersion) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list a running daemon's models")
     _add_target(models)
+
+    status = sub.add_parser("status", help="a running daemon's health, models, streams, broker")
+    status.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_target(status)
 
     ota = sub.add_parser("ota", help="OTA keys and manifests")
     ota_sub = ota.add_subparsers(dest="ota_command", required=True)
@@ -126,22 +129,27 @@ def _client(args: argparse.Namespace) -> EdgedClient:
     return EdgedClient(socket)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-
-
 def cmd_run(args: argparse.Namespace) -> int:
+    from edged import systemd
     from edged.daemon import Daemon
 
     sources = dict(item.partition("=")[::2] for item in args.source)
-    config = with_overrides(load_config(args.config), models_dir=args.models_dir,
-                            socket=args.socket, http=args.http, sources=sources)
-    if args.cache_dir:
-        config = dataclasses.replace(config, cache=dataclasses.replace(config.cache,
-                                                                       dir=args.cache_dir))
-    _setup_logging(args.log_level or config.logging.level)
-    Daemon(config).run()
+
+    def read_config() -> DaemonConfig:
+        """The file with the command line's overrides: at start, and again on SIGHUP."""
+        config = with_overrides(load_config(args.config), models_dir=args.models_dir,
+                                socket=args.socket, http=args.http, sources=sources)
+        if args.cache_dir:
+            config = dataclasses.replace(config, cache=dataclasses.replace(config.cache,
+                                                                           dir=args.cache_dir))
+        if args.log_level:
+            config = dataclasses.replace(config, logging=dataclasses.replace(
+                config.logging, level=args.log_level))
+        return config
+
+    config = read_config()
+    systemd.setup_logging(config.logging.level, config.logging.target)
+    Daemon(config, reload_config=read_config).run()
     return 0
 
 
@@ -193,6 +201,20 @@ def cmd_models(args: argparse.Namespace) -> int:
     for r in table:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4])
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One screen: health, models, queues, streams, broker, recent warnings. Exit 0 when the
+    daemon is live and ready, 1 otherwise."""
+    from edged.status import render
+
+    with _client(args) as client:
+        report = client.status()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+    return 0 if report.get("live") and report.get("ready") else 1
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
@@ -257,7 +279,9 @@ def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec) -
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    _setup_logging("warning")
+    from edged.systemd import setup_logging
+
+    setup_logging("warning", "stderr")
     suite = importlib.import_module(f"edged.bench.{args.suite}")
     return int(suite.main(out_dir=args.out, quick=args.quick))
 
@@ -293,7 +317,8 @@ def cmd_ota(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands = {"run": cmd_run, "check-config": cmd_check_config, "infer": cmd_infer,
-                "models": cmd_models, "bench": cmd_bench, "ota": cmd_ota}
+                "models": cmd_models, "status": cmd_status, "bench": cmd_bench,
+                "ota": cmd_ota}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -137,6 +137,11 @@ class EdgedClient:
     def ready(self) -> bool:
         return self._status("/v2/health/ready")
 
+    def status(self) -> dict[str, Any]:
+        """The daemon's own summary (`edged status`)."""
+        result: dict[str, Any] = self._json("GET", "/v2/edged/status")
+        return result
+
     def server_metadata(self) -> dict[str, Any]:
         result: dict[str, Any] = self._json("GET", "/v2")
         return result

@@ -160,6 +160,19 @@ class OtaConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     level: Literal["debug", "info", "warning", "error"] = setting("info", "log level")
+    target: Literal["auto", "journal", "stderr"] = setting(
+        "auto", "auto: the journal (with MODEL=, STREAM=, CODE= fields) when systemd "
+                "connected stderr to it, else stderr")
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    stall_after_s: float = setting(
+        60.0, "a model with work but no finished batch, or a stream loop or capture call "
+              "that has not come round, for this long is stuck: /v2/health/live answers 503 "
+              "and systemd's watchdog pings stop (so it restarts edged)", check=at_least(0.1))
+    tick_s: float = setting(5.0, "health check period when systemd sets no watchdog "
+                                 "(with one: half its interval)", check=at_least(0.05))
 
 
 @dataclass(frozen=True)
@@ -173,6 +186,7 @@ class DaemonConfig:
     streams: list[StreamConfig] = setting(factory=list, help="camera and sensor streams")
     ota: OtaConfig = setting(factory=OtaConfig, help="over-the-air model updates")
     logging: LoggingConfig = setting(factory=LoggingConfig, help="logging")
+    health: HealthConfig = setting(factory=HealthConfig, help="progress checks and watchdog")
 
     @property
     def mqtt_prefix(self) -> str:

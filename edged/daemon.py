@@ -1,21 +1,28 @@
 """The composition root: builds the repository, cache, scheduler, socket API, MQTT link and
-stream pipelines from config, runs them on one asyncio loop, and shuts them down in order
-with every wait bounded."""
+stream pipelines from config, runs them on one asyncio loop, tells systemd how it is going
+(ready, status, watchdog, reloading, stopping), applies a re-read config on SIGHUP, and shuts
+down in order with every wait bounded."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
+from edged import __version__, host
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.cache import ModelCache, backend_options
-from edged.config import DaemonConfig
-from edged.errors import EdgedError
+from edged.config import DaemonConfig, StreamConfig
+from edged.errors import ConfigError, EdgedError
+from edged.health import Beating, HealthMonitor, RecentErrors
 from edged.metrics import InferenceCounters, Metrics, ModelState
 from edged.mqtt import MqttLink
 from edged.ota.install import Event, Updater
@@ -26,6 +33,7 @@ from edged.reporting import Reporter
 from edged.repository import ModelRepository
 from edged.scheduler import BatcherStats, Scheduler
 from edged.sources import Backoff, FrameQueue, open_source
+from edged.systemd import Notifier, activated_unix_socket, listen_fds
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +42,22 @@ UNLOAD_TIMEOUT_S = 5.0
 SOURCE_STOP_S = 5.0
 MQTT_STOP_S = 3.0
 OTA_STOP_S = 10.0
+# Sections a reload cannot change in a running daemon: they take effect at the next start.
+RESTART_ONLY = ("device_id", "models_dir", "backends", "api", "mqtt")
+RESTART_ONLY_CACHE = ("dir", "budget_mb")
+RESTART_ONLY_OTA = ("keep_versions", "allow_unsigned", "max_artifact_mb", "ca_file",
+                    "chunk_timeout_s", "groups")
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig) -> None:
+    def __init__(self, config: DaemonConfig, *,
+                 reload_config: Callable[[], DaemonConfig] | None = None,
+                 notifier: Notifier | None = None) -> None:
+        """`reload_config` reads the config again (SIGHUP); None: reloading is refused."""
         self.config = config
+        self.reload_config = reload_config
+        self.notifier = notifier or Notifier()
+        self.started = time.monotonic()
         self.repository = ModelRepository(config.models_dir)
         self.cache = ModelCache(
             self.repository,
@@ -49,9 +68,17 @@ class Daemon:
         )
         self.scheduler = Scheduler(self.cache)
         self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs)
-        self.metrics = Metrics(self.inference_counters, self.model_states)
+        self.metrics = Metrics(  # streams and the link are looked up at scrape time
+            self.inference_counters, self.model_states, loads=self.cache.counters,
+            streams=lambda: {p.cfg.name: p.snapshot() for p in list(self.pipelines)},
+            link=lambda: self.mqtt.stats() if self.mqtt is not None else None)
+        self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
+                                    batchers=self.scheduler.batchers, beats=self._beats,
+                                    loaded=self.cache.ready)
+        self.recent = RecentErrors()
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
-                             shm=self.shm, metrics=self.metrics, is_ready=self.is_ready)
+                             shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
+                             is_live=self.is_live, status=self.status_report)
         self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
                               client_id=f"edged-{config.device_id}")
                      if config.mqtt.enabled else None)
@@ -63,7 +90,7 @@ class Daemon:
                     if self.mqtt is not None else None)
         self.pipelines: list[StreamPipeline] = []
         self.reporter = Reporter(self.pipelines, self.mqtt.stats if self.mqtt else None,
-                                 self.cache.status)
+                                 self.cache.status, model_counters=self.cache.counters)
         self._ready = False
         self._stopping = False
         # For threads that wait on the daemon (tests, tools).
@@ -72,9 +99,18 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._signals = 0
+        self._reloading: asyncio.Task[bool] | None = None
+        self._reload_again = False
+        self.reloads = {"ok": 0, "failed": 0}
 
     def is_ready(self) -> bool:
-        return self._ready and not self._stopping
+        """Serving: warm, not stopping, nothing stuck (Kubernetes sends no traffic otherwise)."""
+        return self._ready and not self._stopping and not self.health.problems
+
+    def is_live(self) -> tuple[bool, list[str]]:
+        """Alive unless the health tick found something stuck (then a restart is the cure)."""
+        problems = list(self.health.problems)
+        return not problems, problems
 
     def warm_up(self) -> None:
         """Undo interrupted installs (OTA recovery), then load and warm the preload list. A model
@@ -85,7 +121,8 @@ class Daemon:
             try:
                 self.cache.load(name)
             except EdgedError as exc:
-                logger.error("preload of %s failed: %s", name, exc)
+                logger.error("preload of %s failed: %s", name, exc,
+                             extra={"model": name, "code": exc.code})
         for row in self.cache.status():
             logger.info("model %s:%d %s%s", row.name, row.version, row.state,
                         f" on {', '.join(row.providers)}" if row.providers else
@@ -94,27 +131,36 @@ class Daemon:
     def start_streams(self) -> None:
         """One pipeline per configured stream. A stream whose model or source is unusable is
         logged and left out; the others run."""
-        for cfg in self.config.streams:
-            try:
-                model = self.scheduler.model(cfg.model)
-                spec = model.inputs[0]
-                batched = model.max_batch_size > 0
-                source = open_source(
-                    cfg.name, cfg.source, FrameQueue(cfg.queue, cfg.backpressure),
-                    common={"fps": cfg.fps, "watchdog_s": cfg.watchdog_s,
-                            "backoff": Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)},
-                    camera={"loop": cfg.loop,
-                            "size": tuple(cfg.size) if cfg.size else None},
-                    sensor={"subscribe": self.mqtt.subscribe if self.mqtt else None,
-                            "shape": spec.shape[1:] if batched else spec.shape,
-                            "dtype": spec.dtype, "payload": cfg.payload})
-            except EdgedError as exc:
-                logger.error("stream %s is not started: %s", cfg.name, exc)
-                continue
-            pipeline = StreamPipeline(cfg, source, self.scheduler, self._publish_result,
-                                      backend_of=self._backend_of)
-            pipeline.start()
-            self.pipelines.append(pipeline)
+        started = [p for p in map(self._start_stream, self.config.streams) if p is not None]
+        self.pipelines[:] = [*self.pipelines, *started]
+
+    def _start_stream(self, cfg: StreamConfig) -> StreamPipeline | None:
+        try:
+            model = self.scheduler.model(cfg.model)
+            spec = model.inputs[0]
+            batched = model.max_batch_size > 0
+            source = open_source(
+                cfg.name, cfg.source, FrameQueue(cfg.queue, cfg.backpressure),
+                common={"fps": cfg.fps, "watchdog_s": cfg.watchdog_s,
+                        "backoff": Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)},
+                camera={"loop": cfg.loop,
+                        "size": tuple(cfg.size) if cfg.size else None},
+                sensor={"subscribe": self.mqtt.subscribe if self.mqtt else None,
+                        "unsubscribe": self.mqtt.unsubscribe if self.mqtt else None,
+                        "shape": spec.shape[1:] if batched else spec.shape,
+                        "dtype": spec.dtype, "payload": cfg.payload})
+        except EdgedError as exc:
+            logger.error("stream %s is not started: %s", cfg.name, exc,
+                         extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
+            return None
+        pipeline = StreamPipeline(cfg, source, self.scheduler, self._publish_result,
+                                  backend_of=self._backend_of)
+        pipeline.start()
+        return pipeline
+
+    def _beats(self) -> list[Beating]:
+        """The threads the health tick watches: each stream's loop and capture thread."""
+        return [part for p in list(self.pipelines) for part in (p, p.source)]
 
     def _publish_result(self, stream: str, payload: bytes) -> None:
         if self.mqtt is not None:
@@ -140,7 +186,8 @@ class Daemon:
             for name, payload in await asyncio.to_thread(self.reporter.changed_states):
                 if self.mqtt is not None:
                     self.mqtt.publish("state", f"models/{name}/state", payload, retain=True)
-            stats = json.dumps(self.reporter.stats(), separators=(",", ":")).encode()
+            message = await asyncio.to_thread(self.reporter.stats)  # reads disk, NVML
+            stats = json.dumps(message, separators=(",", ":")).encode()
             if self.mqtt is not None:
                 self.mqtt.publish("stats", "stats", stats)
             await asyncio.sleep(interval)
@@ -162,11 +209,18 @@ class Daemon:
         if handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self._on_signal, sig)
+            loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+        logging.getLogger().addHandler(self.recent)
+        tasks: list[asyncio.Task[None]] = []
         try:
             # Listen first: liveness answers while models warm, readiness once they are.
-            await self.api.start()
+            # Under socket activation systemd holds the socket and queues early callers.
+            self.notifier.status("starting: opening the API socket")
+            await self.api.start(activated_unix_socket(listen_fds(), "api"))
             if self.mqtt is not None:
                 self.mqtt.start()
+            self.notifier.status("starting: loading and warming "
+                                 f"{len(self.config.cache.preload)} preloaded model(s)")
             await asyncio.to_thread(self.warm_up)
             await asyncio.to_thread(self.start_streams)
             if self.ota is not None:
@@ -176,11 +230,171 @@ class Daemon:
             logger.info("edged %s running with %d model(s) in %s, %d stream(s)",
                         self.config.device_id, len(self.repository.names()),
                         self.config.models_dir, len(self.pipelines))
-            reporting = asyncio.create_task(self._report_loop())
+            self.notifier.ready(await asyncio.to_thread(self.status_line))
+            tasks = [asyncio.create_task(self._report_loop()),
+                     asyncio.create_task(self._health_loop())]
             await self._stop.wait()
-            reporting.cancel()
         finally:
+            for task in tasks:
+                task.cancel()
             await self.shutdown()
+            logging.getLogger().removeHandler(self.recent)
+
+    # -- health and status -------------------------------------------------------------------
+    async def _health_loop(self) -> None:
+        """Check progress; ping systemd's watchdog only while nothing is stuck, so that a
+        stuck model worker or stream gets the service restarted. The check runs on the loop
+        itself: a loop that cannot run it stops the pings too."""
+        watchdog_s = self.notifier.watchdog_s
+        interval = watchdog_s / 2 if watchdog_s else self.config.health.tick_s
+        last_line = None
+        while True:
+            self.health.stall_after_s = self.config.health.stall_after_s
+            problems = self.health.check()
+            if not problems:
+                self.notifier.watchdog()
+            line = await asyncio.to_thread(self.status_line, problems)
+            if line != last_line:
+                self.notifier.status(line)
+                last_line = line
+            await asyncio.sleep(interval)
+
+    def status_line(self, problems: list[str] | None = None) -> str:
+        """One line for `systemctl status`: what is loaded, what streams, the broker."""
+        problems = self.health.problems if problems is None else problems
+        if problems:
+            return "STUCK: " + "; ".join(problems)
+        rows = self.cache.status()
+        ready = [f"{r.name}:{r.version}" for r in rows if r.state == "READY"]
+        up = sum(1 for p in self.pipelines if p.source.state.value == "streaming")
+        parts = [f"{len(ready)} model(s) ready" + (f" ({', '.join(ready[:4])}"
+                                                    f"{', ...' if len(ready) > 4 else ''})"
+                                                    if ready else ""),
+                 f"streams {up}/{len(self.pipelines)} up"]
+        if self.mqtt is not None:
+            parts.append("broker " + ("connected" if self.mqtt.connected else "unreachable"))
+        return ", ".join(parts)
+
+    def status_report(self) -> dict[str, Any]:
+        """What `edged status` shows (GET /v2/edged/status); called on a thread."""
+        live, problems = self.is_live()
+        queues = {}
+        for batcher in self.scheduler.batchers():
+            pending, batches = batcher.progress()
+            queues[batcher.label] = {"queued": batcher.depth, "pending": pending,
+                                     "batches": batches}
+        return {
+            "device_id": self.config.device_id, "version": __version__, "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self.started, 1),
+            "ready": self.is_ready(), "live": live, "problems": problems,
+            "systemd": {"notify": self.notifier.enabled, "watchdog_s": self.notifier.watchdog_s},
+            "reloads": dict(self.reloads),
+            "models": [dataclasses.asdict(row) for row in self.cache.status()],
+            "queues": queues,
+            "streams": {p.cfg.name: {"source": p.cfg.source, "model": p.cfg.model,
+                                     "running_s": round(p.running_s(), 1), **p.snapshot()}
+                        for p in list(self.pipelines)},
+            "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
+            "process": {"rss_bytes": host.rss_bytes()},
+            "gpus": [dataclasses.asdict(gpu) for gpu in host.gpus()],
+            "recent": self.recent.rows(),
+        }
+
+    # -- reloading ---------------------------------------------------------------------------
+    def request_reload(self) -> None:
+        """SIGHUP (on the loop): reload now, or once more after the reload under way."""
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True
+            return
+        self._reloading = asyncio.get_running_loop().create_task(self.reload())
+
+    async def reload(self) -> bool:
+        """Read the config again and apply what a running daemon can: streams added, removed
+        or changed, preloaded and pinned models, trusted OTA keys, log level, health limits.
+        A config with errors changes nothing. Returns True when the new config was applied."""
+        while True:
+            self._reload_again = False
+            applied = await self._reload_once()
+            if not self._reload_again:
+                return applied
+
+    async def _reload_once(self) -> bool:
+        self.notifier.reloading()
+        if self.reload_config is None:
+            logger.warning("reload: this daemon was not started from a config file")
+            self.notifier.ready(await asyncio.to_thread(self.status_line))
+            return False
+        logger.info("reloading the config")
+        try:
+            new = await asyncio.to_thread(self.reload_config)
+        except (ConfigError, OSError) as exc:
+            issues = [str(i) for i in exc.issues] if isinstance(exc, ConfigError) else [str(exc)]
+            for issue in issues:
+                logger.error("reload refused, the old config stays: %s", issue,
+                             extra={"code": "config_invalid"})
+            self.reloads["failed"] += 1
+            self.notifier.ready(f"reload failed ({issues[0]}); running the previous config")
+            return False
+        await asyncio.to_thread(self._apply, new)
+        self.reloads["ok"] += 1
+        self.notifier.ready(await asyncio.to_thread(self.status_line))
+        return True
+
+    def _apply(self, new: DaemonConfig) -> None:
+        """On a thread: make the running daemon match `new` where it can without a restart."""
+        old = self.config
+        keep: dict[str, Any] = {}
+        for section in RESTART_ONLY:
+            if getattr(new, section) != getattr(old, section):
+                logger.warning("reload: %s changed; it takes effect at the next restart",
+                               section)
+                keep[section] = getattr(old, section)
+        cache = _keep_fields(old.cache, new.cache, RESTART_ONLY_CACHE, "cache")
+        ota = _keep_fields(old.ota, new.ota, RESTART_ONLY_OTA, "ota")
+        if new.logging.target != old.logging.target:
+            logger.warning("reload: logging.target changed; it takes effect at the next restart")
+        logging.getLogger().setLevel(getattr(logging, new.logging.level.upper()))
+        self.cache.pinned = set(new.cache.pinned)
+        if ota.trusted_keys != old.ota.trusted_keys:
+            try:
+                self.updater.trust = TrustStore.load(ota.trusted_keys)
+            except EdgedError as exc:
+                logger.error("reload: the trusted keys are not changed: %s", exc,
+                             extra={"code": exc.code})
+                ota = dataclasses.replace(ota, trusted_keys=old.ota.trusted_keys)
+        self.config = dataclasses.replace(new, cache=cache, ota=ota, **keep)
+        self.updater.cfg = self.config.ota
+        for name in [n for n in new.cache.preload if n not in old.cache.preload]:
+            try:
+                self.cache.load(name)
+            except EdgedError as exc:
+                logger.error("reload: preload of %s failed: %s", name, exc,
+                             extra={"model": name, "code": exc.code})
+        self._apply_streams(old.streams, new.streams)
+
+    def _apply_streams(self, old: list[StreamConfig], new: list[StreamConfig]) -> None:
+        """Stop streams that went or changed, start the new and changed ones; the rest are
+        not touched (their frames keep flowing)."""
+        wanted = {cfg.name: cfg for cfg in new}
+        running = {p.cfg.name: p for p in self.pipelines}
+        gone = [p for name, p in running.items() if wanted.get(name) != p.cfg]
+        if gone:  # out of the list first: the stats and health tick stop looking at them
+            self.pipelines[:] = [p for p in self.pipelines if p not in gone]
+            for pipeline in gone:
+                pipeline.stop_source(SOURCE_STOP_S)
+            for pipeline in gone:
+                pipeline.stop(DRAIN_TIMEOUT_S)
+                logger.info("reload: stream %s stopped", pipeline.cfg.name,
+                            extra={"stream": pipeline.cfg.name})
+        kept = {p.cfg.name for p in self.pipelines}
+        for cfg in new:
+            if cfg.name in kept:
+                continue
+            started = self._start_stream(cfg)
+            if started is not None:
+                self.pipelines[:] = [*self.pipelines, started]
+                logger.info("reload: stream %s started (%s → %s)", cfg.name, cfg.source,
+                            cfg.model, extra={"stream": cfg.name})
 
     def request_stop(self) -> None:
         """Ask the daemon to stop (from any thread; calling it again changes nothing)."""
@@ -205,6 +419,9 @@ class Daemon:
         answer and close connections → unload models → close shared memory regions →
         publish `offline` and disconnect."""
         self._stopping = True
+        self.notifier.stopping(f"stopping: draining queues (up to {DRAIN_TIMEOUT_S:.0f} s)")
+        if self._reloading is not None:
+            self._reloading.cancel()
         logger.info("shutting down: draining queues (up to %.0fs)", DRAIN_TIMEOUT_S)
         try:
             await self.api.stop_accepting()
@@ -220,6 +437,7 @@ class Daemon:
             if self.mqtt is not None:
                 await asyncio.to_thread(self.mqtt.stop, MQTT_STOP_S)
             logger.info("stopped")
+            self.notifier.close()
             self.stopped_event.set()
 
     def _stop_pipelines(self) -> None:
@@ -252,3 +470,14 @@ class Daemon:
     def model_states(self) -> list[ModelState]:
         return [ModelState(row.name, row.version, row.state == "READY", row.nbytes)
                 for row in self.cache.status()]
+
+
+def _keep_fields(old: Any, new: Any, fields: tuple[str, ...], section: str) -> Any:
+    """`new` with `fields` kept at their running values (changes need a restart)."""
+    kept = {}
+    for name in fields:
+        if getattr(new, name) != getattr(old, name):
+            logger.warning("reload: %s.%s changed; it takes effect at the next restart",
+                           section, name)
+            kept[name] = getattr(old, name)
+    return dataclasses.replace(new, **kept)

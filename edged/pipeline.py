@@ -71,8 +71,11 @@ class StreamPipeline:
         self._thread: threading.Thread | None = None
         self._free: list[np.ndarray] = []
         self._version: tuple[ModelVersion, Postprocessor, str] | None = None
+        self._beat: float | None = None  # each time round the loop (the health tick reads it)
+        self.started_at: float | None = None
 
     def start(self) -> None:
+        self.started_at = self.clock()
         self.source.start()
         self._thread = threading.Thread(target=self._run, name=f"pipeline-{self.cfg.name}",
                                         daemon=True)
@@ -93,7 +96,17 @@ class StreamPipeline:
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
         window: deque[_InFlight] = deque()
+        try:
+            self._loop(window)
+        except Exception:  # a bug: the beat is left to go stale, so the health tick reports it
+            logger.exception("stream %s: the processing loop died", self.cfg.name,
+                             extra={"stream": self.cfg.name, "code": "pipeline_died"})
+            return
+        self._beat = None
+
+    def _loop(self, window: deque[_InFlight]) -> None:
         while not (self._stop.is_set() and not window):
+            self._beat = self.clock()
             while len(window) < self.cfg.in_flight and not self._stop.is_set():
                 frame = self.source.queue.get(0.0 if window else 0.2)
                 if frame is None:
@@ -164,7 +177,9 @@ class StreamPipeline:
             self._latencies.append(latency_ms)
         if self.cfg.log_results:
             logger.info("stream %s #%d: %s (%.1f ms)", self.cfg.name, frame.seq,
-                        summarize(results), latency_ms)
+                        summarize(results), latency_ms,
+                        extra={"stream": self.cfg.name, "model": item.model.name,
+                               "version": item.model.version})
         if self.publish is not None:
             self.publish(self.cfg.name, json.dumps(message, separators=(",", ":")).encode())
 
@@ -189,7 +204,15 @@ class StreamPipeline:
             count = self.stats.failed
         if worth_logging(count):
             logger.warning("stream %s: frame %d failed (#%d): %s", self.cfg.name, frame.seq,
-                           count, error)
+                           count, error, extra={"stream": self.cfg.name,
+                                                "model": self.cfg.model, "code": error.code})
+
+    def running_s(self) -> float:
+        return 0.0 if self.started_at is None else self.clock() - self.started_at
+
+    def heartbeat(self) -> tuple[str, float | None]:
+        """When the loop last came round (it does at least every 0.2 s); None once stopped."""
+        return f"stream {self.cfg.name}: processing loop", self._beat
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for the stats message (rates are computed by whoever samples them)."""

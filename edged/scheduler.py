@@ -114,6 +114,12 @@ class Batcher:
         with self._lock:
             return sum(self._stats.values(), BatcherStats())
 
+    def progress(self) -> tuple[int, int]:
+        """(requests queued or running, batches run so far): what the health tick watches."""
+        with self._lock:
+            return (len(self._queue) + self._in_flight,
+                    sum(s.exec_count for s in self._stats.values()))
+
     def stats_by_version(self) -> dict[int, BatcherStats]:
         with self._lock:
             return {v: dataclasses.replace(s) for v, s in self._stats.items()}

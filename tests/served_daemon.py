@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,9 +46,9 @@ def short_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def serve(config: DaemonConfig) -> Iterator[Daemon]:
+def serve(config: DaemonConfig, **daemon_args: Any) -> Iterator[Daemon]:
     """Run a Daemon on a thread until the block ends; fails if it is not ready in 30 s."""
-    daemon = Daemon(config)
+    daemon = Daemon(config, **daemon_args)
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -76,14 +77,15 @@ ServeFactory = Callable[..., Served]
 @pytest.fixture
 def make_served(repo_dir: Path, short_dir: Path, tmp_path: Path) -> Iterator[ServeFactory]:
     """Start a daemon with extra YAML for `api:`, `cache:`, `mqtt:` (off unless given),
-    `streams:` and `ota:`, optionally its own device id and models folder; stopped after the
-    test."""
+    `streams:`, `ota:` and `health:`, optionally its own device id and models folder, and
+    Daemon arguments (a Notifier); stopped after the test."""
     stack: list[Iterator[Daemon]] = []
 
     def start(api: str = "", cache: str = "preload: [tiny_cls]",
               sock_name: str | None = None, mqtt: str = "enabled: false",
               streams: str = "[]", ota: str = "", device_id: str = "test",
-              models_dir: Path | None = None) -> Served:
+              models_dir: Path | None = None, health: str = "",
+              **daemon_args: Any) -> Served:
         port = free_port()
         sock = short_dir / (sock_name or f"s{len(stack)}.sock")
         config = parse_config(f"""device_id: {device_id}
@@ -94,8 +96,9 @@ api: {{socket: {sock}, http: "127.0.0.1:{port}", {api}}}
 mqtt: {{{mqtt}}}
 streams: {streams}
 ota: {{{ota}}}
+health: {{{health}}}
 """)
-        running = serve(config)
+        running = serve(config, **daemon_args)
         daemon = next(running)
         stack.append(running)
         return Served(daemon, sock, f"127.0.0.1:{port}")

@@ -44,17 +44,23 @@ ALIGN = 64  # bytes; where tensor data in a request body starts
 DECODE_ON_THREAD_BYTES = 256 * 1024
 _VERSION = re.compile(r"^[0-9]{1,9}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Liveness = Callable[[], tuple[bool, list[str]]]
 
 
 class ApiServer:
     def __init__(self, config: ApiConfig, *, scheduler: Scheduler, cache: ModelCache,
-                 shm: ShmRegistry, metrics: Metrics, is_ready: Callable[[], bool]) -> None:
+                 shm: ShmRegistry, metrics: Metrics, is_ready: Callable[[], bool],
+                 is_live: Liveness | None = None,
+                 status: Callable[[], dict[str, Any]] | None = None) -> None:
         self.config = config
         self.scheduler = scheduler
         self.cache = cache
         self.shm = shm
         self.metrics = metrics
         self.is_ready = is_ready
+        self.is_live: Liveness = is_live or (lambda: (True, []))
+        self.status = status
+        self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
         self._allowed_gids = frozenset(config.allowed_gids)
         self._runner: web.AppRunner | None = None
@@ -89,21 +95,34 @@ class ApiServer:
             post(shm + "/unregister", self.shm_unregister),
             web.route("*", "/v2/cudasharedmemory{tail:.*}", self.cuda_shm),
             get("/metrics", self.prometheus),
+            get("/v2/edged/status", self.daemon_status),
         ])
         return app
 
-    async def start(self) -> None:
-        """Listen on the Unix socket (and the loopback port, if configured)."""
+    async def start(self, activated: socket.socket | None = None) -> None:
+        """Listen on the Unix socket (and the loopback port, if configured). `activated` is a
+        listening socket systemd passed (edged.socket): served as it is, its file left to
+        systemd, which owns its path, mode and group."""
         cfg = self.config
-        self._unix = bind_unix(cfg.socket, int(cfg.socket_mode, 8), cfg.socket_group)
+        if activated is not None:
+            activated.setblocking(False)
+            self.activated = True
+            sock = activated
+        else:
+            self._unix = bind_unix(cfg.socket, int(cfg.socket_mode, 8), cfg.socket_group)
+            sock = self._unix.sock
         try:
             runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
                                    shutdown_timeout=5.0)
             await runner.setup()
             self._runner = runner
-            await web.SockSite(runner, self._unix.sock).start()
-            logger.info("API on unix:%s (mode %s%s)", cfg.socket, cfg.socket_mode,
-                        f", group {cfg.socket_group}" if cfg.socket_group else "")
+            await web.SockSite(runner, sock).start()
+            if activated is not None:
+                logger.info("API on unix:%s (socket activation: passed by systemd)",
+                            sock.getsockname() or "(unnamed)")
+            else:
+                logger.info("API on unix:%s (mode %s%s)", cfg.socket, cfg.socket_mode,
+                            f", group {cfg.socket_group}" if cfg.socket_group else "")
             if cfg.http:
                 host, port = split_host_port(cfg.http)
                 await web.TCPSite(runner, host, port).start()
@@ -175,7 +194,18 @@ class ApiServer:
                                   "extensions": EXTENSIONS})
 
     async def live(self, _request: web.Request) -> web.Response:
-        return web.json_response({"live": True})
+        """200 while the daemon makes progress; 503 with what is stuck (restart me)."""
+        live, problems = self.is_live()
+        body: dict[str, Any] = {"live": live}
+        if problems:
+            body["problems"] = problems
+        return web.json_response(body, status=200 if live else 503)
+
+    async def daemon_status(self, _request: web.Request) -> web.Response:
+        """edged's own extension: the summary `edged status` prints."""
+        if self.status is None:
+            raise ModelNotFound("this server has no status report")
+        return web.json_response(await asyncio.to_thread(self.status))
 
     async def ready(self, _request: web.Request) -> web.Response:
         ready = self.is_ready()

@@ -56,7 +56,8 @@ class OtaService:
         retain = event.state in FINAL and not event.transient
         self.link.publish("ota", f"ota/{event.model}/status", payload, retain=retain)
         log = logger.warning if event.state in ("failed", "rolled_back") else logger.info
-        log("OTA %s:%d %s %s", event.model, event.version, event.state, event.detail)
+        log("OTA %s:%d %s %s", event.model, event.version, event.state, event.detail,
+            extra={"model": event.model, "version": event.version, "code": f"ota_{event.state}"})
 
     # -- inbound (paho's thread: quick, never raises) ------------------------------------------
     def _on_manifest(self, topic: str, payload: bytes) -> None:

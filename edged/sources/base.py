@@ -169,6 +169,7 @@ class Source(ABC):
         self._thread: threading.Thread | None = None
         self._seq = 0
         self._last_offered = -1e18
+        self._in_call_since: float | None = None  # inside open()/read(): the health tick's view
         self.state_changed = threading.Condition(self._lock)
 
     # -- what a device implements ------------------------------------------------------------
@@ -205,7 +206,8 @@ class Source(ABC):
                 self.stats.reconnects += 1
             self.state_changed.notify_all()
         log = logger.warning if state == State.RECONNECTING else logger.info
-        log("stream %s: %s%s", self.name, state.value, f" ({reason})" if reason else "")
+        log("stream %s: %s%s", self.name, state.value, f" ({reason})" if reason else "",
+            extra={"stream": self.name, "code": f"stream_{state.value}"})
 
     def wait_state(self, state: State, timeout_s: float) -> bool:
         with self._lock:
@@ -242,6 +244,7 @@ class Source(ABC):
     def _session(self) -> None:
         """One connection: open, stream until it fails or goes quiet, close."""
         try:
+            self._in_call_since = self.clock()
             self.open()
         except SourceUnavailable as exc:
             self._error(str(exc))
@@ -252,28 +255,34 @@ class Source(ABC):
             self._enter(State.RECONNECTING, str(exc))
             return
         except Exception as exc:  # the device library failing in some new way: retry later
-            logger.exception("stream %s: opening failed", self.name)
+            logger.exception("stream %s: opening failed", self.name, extra={"stream": self.name})
             self._error(f"opening failed: {exc}")
             self._enter(State.RECONNECTING, f"opening failed: {exc}")
             return
+        finally:
+            self._in_call_since = None
         try:
             reason = self._stream()
         except Exception as exc:  # a decoder or device library failing in some new way
-            logger.exception("stream %s: capture failed", self.name)
+            logger.exception("stream %s: capture failed", self.name, extra={"stream": self.name})
             reason = f"capture failed: {exc}"
             self._error(reason)
         finally:
+            self._in_call_since = None  # read() raised: not stuck in it
             try:
                 self.close()
             except Exception:  # closing a broken device must not end the capture thread
-                logger.exception("stream %s: close failed", self.name)
+                logger.exception("stream %s: close failed", self.name,
+                                 extra={"stream": self.name})
         if not self._stop.is_set():
             self._enter(State.RECONNECTING, reason)
 
     def _stream(self) -> str:
         last_frame = self.clock()
         while not self._stop.is_set():
+            self._in_call_since = self.clock()
             data = self.read()
+            self._in_call_since = None
             now = self.clock()
             if data is None:
                 if now - last_frame > self.watchdog_s:
@@ -311,12 +320,18 @@ class Source(ABC):
             self.stats.rejected += 1
             count = self.stats.rejected
         if worth_logging(count):
-            logger.warning("stream %s: rejected payload #%d: %s", self.name, count, reason)
+            logger.warning("stream %s: rejected payload #%d: %s", self.name, count, reason,
+                           extra={"stream": self.name, "code": "payload_rejected"})
 
     def _error(self, message: str) -> None:
         with self._lock:
             self.stats.errors += 1
             self.stats.last_error = message
+
+    def heartbeat(self) -> tuple[str, float | None]:
+        """When the capture thread entered the device call it is in now (None: not in one).
+        A call that never returns (a driver or an RTSP read hung in C) shows up here."""
+        return f"stream {self.name}: capture in open()/read()", self._in_call_since
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -23,6 +23,7 @@ class SensorSource(Source):
     kind = "sensor"
 
     def __init__(self, *args: Any, subscribe: Subscribe | None,
+                 unsubscribe: Callable[[str], None] | None = None,
                  shape: tuple[int, ...], dtype: np.dtype,
                  payload: Literal["json", "raw"] = "json", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -31,6 +32,7 @@ class SensorSource(Source):
         self.dtype = np.dtype(dtype)
         self.payload = payload
         self._subscribe = subscribe
+        self._unsubscribe = unsubscribe
         self._subscribed = False
         self._pending: deque[np.ndarray] = deque(maxlen=self.queue.capacity)
         self._arrived = threading.Condition()
@@ -97,4 +99,10 @@ class SensorSource(Source):
         return False  # a quiet sensor has not ended; the watchdog decides
 
     def close(self) -> None:
-        pass
+        pass  # subscribed until stopped: the link resubscribes by itself after reconnects
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        if self._subscribed and self._unsubscribe is not None:
+            self._unsubscribe(self.topic)
+            self._subscribed = False
+        return super().stop(timeout_s)

@@ -1,0 +1,100 @@
+"""`edged status`: the daemon's status report (GET /v2/edged/status) as one screen of text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+RECENT_SHOWN = 5
+
+
+def render(report: dict[str, Any]) -> str:
+    """Health first (what a person checks first), then models, queues, streams, the broker,
+    the process and the last warnings."""
+    lines = [_headline(report)]
+    for problem in report.get("problems", []):
+        lines.append(f"  STUCK {problem}")
+    lines.append("")
+    lines += _table(["MODEL", "STATE", "BACKEND", "LOAD", "DETAIL"], [
+        (f"{m['name']}:{m['version']}", m["state"],
+         m.get("backend") or "-",
+         f"{m['load_seconds']:.2f}s" if m.get("load_seconds") is not None else "-",
+         ", ".join(m.get("providers") or []) or m.get("reason") or "")
+        for m in report.get("models", [])])
+    queues = report.get("queues", {})
+    if queues:
+        lines.append("")
+        lines += _table(["QUEUE", "WAITING", "IN MODEL", "BATCHES"], [
+            (label, str(q["queued"]), str(q["pending"] - q["queued"]), str(q["batches"]))
+            for label, q in sorted(queues.items())])
+    streams = report.get("streams", {})
+    lines.append("")
+    if streams:
+        lines += _table(["STREAM", "STATE", "MODEL", "IN", "DONE", "DROPPED", "RECONN",
+                         "LAST ERROR"], [
+            (name, s["state"], s["model"], str(s["frames_in"]), str(s["processed"]),
+             str(s["dropped"]), str(s["reconnects"]), _short(s.get("last_error") or ""))
+            for name, s in sorted(streams.items())])
+    else:
+        lines.append("no streams")
+    mqtt = report.get("mqtt")
+    lines.append("")
+    if mqtt is None:
+        lines.append("mqtt: disabled")
+    else:
+        lines.append(f"mqtt: {'connected' if mqtt.get('connected') else 'NOT connected'}, "
+                     f"published {mqtt.get('published', 0)}, "
+                     f"buffered while offline {mqtt.get('buffered', 0)}, "
+                     f"dropped {mqtt.get('dropped', 0)}")
+    process = report.get("process")
+    if process:
+        rss = process.get("rss_bytes")
+        lines.append(f"process: rss {rss / 2**20:.0f} MiB" if rss else "process: rss unknown")
+    for gpu in report.get("gpus") or []:
+        lines.append(f"gpu {gpu.get('index')}: {gpu.get('name', '')} memory "
+                     f"{gpu.get('memory_used_bytes', 0) / 2**20:.0f}/"
+                     f"{gpu.get('memory_total_bytes', 0) / 2**20:.0f} MiB"
+                     + (f", utilisation {gpu['utilization_percent']}%"
+                        if gpu.get("utilization_percent") is not None else ""))
+    recent = report.get("recent", [])[-RECENT_SHOWN:]
+    if recent:
+        lines.append("")
+        lines.append("recent warnings:")
+        for row in recent:
+            where = " ".join(f"{k}={row[k]}" for k in ("model", "stream", "code") if k in row)
+            lines.append(f"  {row['level'].lower():7} {_short(row['message'], 90)}"
+                         + (f" [{where}]" if where else ""))
+    return "\n".join(lines)
+
+
+def _headline(report: dict[str, Any]) -> str:
+    health = "live" if report.get("live") else "NOT LIVE"
+    ready = "ready" if report.get("ready") else "NOT READY"
+    systemd = report.get("systemd", {})
+    under = ""
+    if systemd.get("notify"):
+        watchdog = systemd.get("watchdog_s")
+        under = " under systemd" + (f" (watchdog {watchdog:g} s)" if watchdog else "")
+    return (f"edged {report.get('version', '?')} on {report.get('device_id', '?')}: "
+            f"{health}, {ready}, up {_duration(report.get('uptime_s', 0))}, "
+            f"pid {report.get('pid', '?')}{under}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _short(text: str, width: int = 40) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _table(header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
+    table = [tuple(header), *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+    return [("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  "
+             + r[-1]).rstrip() for r in table]
