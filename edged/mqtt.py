@@ -10,7 +10,6 @@ when there is no connection. paho's network thread reconnects with capped backof
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 import time
@@ -25,6 +24,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from edged.config import MqttConfig
 from edged.errors import ConfigError
+from edged.systemd import credential
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +58,8 @@ class _Message:
 
 
 def read_password(path: Path) -> str:
-    """The password in `path`; a relative path is looked up in systemd's
-    $CREDENTIALS_DIRECTORY (LoadCredential=), so the secret never sits in the config."""
-    if not path.is_absolute():
-        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
-        if credentials:
-            path = Path(credentials) / path
+    """The password in `path` (relative: a systemd credential, see systemd.credential)."""
+    path = credential(path)
     try:
         return path.read_text().rstrip("\r\n")
     except OSError as exc:

@@ -213,11 +213,13 @@ class TrustStore:
         from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
         from edged.errors import ConfigError
+        from edged.systemd import credential
 
         keys = {}
-        for path in paths:
+        for given in paths:
+            path = credential(Path(given))  # relative: LoadCredential=ota-<name>.pub
             try:
-                key = load_pem_public_key(Path(path).read_bytes())
+                key = load_pem_public_key(path.read_bytes())
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"ota.trusted_keys: cannot read {path}: {exc}") from None
             if not isinstance(key, Ed25519PublicKey):

@@ -167,6 +167,20 @@ def test_trust_store_when_loading_keys_reads_pem_and_refuses_others(
         TrustStore.load([tmp_path / "absent.pub"])
 
 
+def test_trust_store_when_a_key_is_a_systemd_credential_reads_it_from_there(
+        key: Ed25519PrivateKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    credentials = tmp_path / "credentials"  # what LoadCredential=ota-release.pub:... makes
+    credentials.mkdir()
+    (credentials / "ota-release.pub").write_bytes(key.public_key().public_bytes(
+        Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
+    store = TrustStore.load([Path("ota-release.pub")])  # relative in the config
+    assert list(store.keys) == [key_id_of(key.public_key())]
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    with pytest.raises(ConfigError, match="cannot read ota-release.pub"):
+        TrustStore.load([Path("ota-release.pub")])
+
+
 def test_cli_ota_keygen_and_sign_make_a_manifest_a_device_accepts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from edged.cli import main
