@@ -249,3 +249,25 @@ def test_run_when_systemd_passes_the_api_socket_serves_it_and_leaves_it(
         for run in runs:
             run.stop()
         listener.close()
+
+
+def test_cli_status_when_the_daemon_runs_prints_one_screen(
+        make_served: ServeFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edged.cli import main
+
+    video = write_color_video(tmp_path / "cam.avi", fps=20, frames_per_color=5)
+    served = make_served(cache="preload: [colors]", streams=(
+        f"[{{name: cam, source: 'file://{video}', model: colors, loop: true}}]"))
+    with served.client() as client:
+        wait_until("cam processed a frame",
+                   lambda: streams_of(client)["cam"]["processed"] > 0)
+    assert main(["status", "--socket", str(served.socket)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert lines[0].startswith("edged ") and ": live, ready, up " in lines[0]
+    assert any(line.startswith("colors:1") and "READY" in line for line in lines)
+    assert any(line.startswith("cam ") and "colors" in line for line in lines)
+    assert "mqtt: disabled" in text and "process: rss " in text
+    assert len(lines) < 40  # one screen
+    assert main(["status", "--socket", str(served.socket), "--json"]) == 0
+    assert '"live": true' in capsys.readouterr().out
