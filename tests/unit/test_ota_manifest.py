@@ -177,7 +177,7 @@ def test_trust_store_when_a_key_is_a_systemd_credential_reads_it_from_there(
     store = TrustStore.load([Path("ota-release.pub")])  # relative in the config
     assert list(store.keys) == [key_id_of(key.public_key())]
     monkeypatch.delenv("CREDENTIALS_DIRECTORY")
-    with pytest.raises(ConfigError, match="cannot read ota-release.pub"):
+    with pytest.raises(ConfigError, match=r"cannot read ota-release\.pub"):
         TrustStore.load([Path("ota-release.pub")])
 
 
