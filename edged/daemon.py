@@ -29,6 +29,7 @@ from edged.ota.install import Event, Updater
 from edged.ota.manifest import TrustStore
 from edged.ota.service import OtaService
 from edged.pipeline import StreamPipeline
+from edged.reload import plan as reload_plan
 from edged.reporting import Reporter
 from edged.repository import ModelRepository
 from edged.scheduler import BatcherStats, Scheduler
@@ -42,11 +43,6 @@ UNLOAD_TIMEOUT_S = 5.0
 SOURCE_STOP_S = 5.0
 MQTT_STOP_S = 3.0
 OTA_STOP_S = 10.0
-# Sections a reload cannot change in a running daemon: they take effect at the next start.
-RESTART_ONLY = ("device_id", "models_dir", "backends", "api", "mqtt")
-RESTART_ONLY_CACHE = ("dir", "budget_mb")
-RESTART_ONLY_OTA = ("keep_versions", "allow_unsigned", "max_artifact_mb", "ca_file",
-                    "chunk_timeout_s", "groups")
 
 
 class Daemon:
@@ -342,42 +338,35 @@ class Daemon:
 
     def _apply(self, new: DaemonConfig) -> None:
         """On a thread: make the running daemon match `new` where it can without a restart."""
-        old = self.config
-        keep: dict[str, Any] = {}
-        for section in RESTART_ONLY:
-            if getattr(new, section) != getattr(old, section):
-                logger.warning("reload: %s changed; it takes effect at the next restart",
-                               section)
-                keep[section] = getattr(old, section)
-        cache = _keep_fields(old.cache, new.cache, RESTART_ONLY_CACHE, "cache")
-        ota = _keep_fields(old.ota, new.ota, RESTART_ONLY_OTA, "ota")
-        if new.logging.target != old.logging.target:
-            logger.warning("reload: logging.target changed; it takes effect at the next restart")
-        logging.getLogger().setLevel(getattr(logging, new.logging.level.upper()))
-        self.cache.pinned = set(new.cache.pinned)
-        if ota.trusted_keys != old.ota.trusted_keys:
+        running = {p.cfg.name for p in self.pipelines}
+        steps = reload_plan(self.config, new, streams_running=running)
+        for what in steps.needs_restart:
+            logger.warning("reload: %s changed; it takes effect at the next restart", what)
+        config = steps.config
+        if steps.trusted_keys_changed:
             try:
-                self.updater.trust = TrustStore.load(ota.trusted_keys)
+                self.updater.trust = TrustStore.load(config.ota.trusted_keys)
             except EdgedError as exc:
                 logger.error("reload: the trusted keys are not changed: %s", exc,
                              extra={"code": exc.code})
-                ota = dataclasses.replace(ota, trusted_keys=old.ota.trusted_keys)
-        self.config = dataclasses.replace(new, cache=cache, ota=ota, **keep)
-        self.updater.cfg = self.config.ota
-        for name in [n for n in new.cache.preload if n not in old.cache.preload]:
+                config = dataclasses.replace(config, ota=dataclasses.replace(
+                    config.ota, trusted_keys=self.config.ota.trusted_keys))
+        logging.getLogger().setLevel(getattr(logging, config.logging.level.upper()))
+        self.cache.pinned = set(config.cache.pinned)
+        self.config = config
+        self.updater.cfg = config.ota
+        for name in steps.preload:
             try:
                 self.cache.load(name)
             except EdgedError as exc:
                 logger.error("reload: preload of %s failed: %s", name, exc,
                              extra={"model": name, "code": exc.code})
-        self._apply_streams(old.streams, new.streams)
+        self._restart_streams(steps.stop, steps.start)
 
-    def _apply_streams(self, old: list[StreamConfig], new: list[StreamConfig]) -> None:
-        """Stop streams that went or changed, start the new and changed ones; the rest are
-        not touched (their frames keep flowing)."""
-        wanted = {cfg.name: cfg for cfg in new}
-        running = {p.cfg.name: p for p in self.pipelines}
-        gone = [p for name, p in running.items() if wanted.get(name) != p.cfg]
+    def _restart_streams(self, stop: list[str], start: list[StreamConfig]) -> None:
+        """Stop the streams named, then start the ones given; the rest are not touched (their
+        frames keep flowing)."""
+        gone = [p for p in self.pipelines if p.cfg.name in stop]
         if gone:  # out of the list first: the stats and health tick stop looking at them
             self.pipelines[:] = [p for p in self.pipelines if p not in gone]
             for pipeline in gone:
@@ -386,10 +375,7 @@ class Daemon:
                 pipeline.stop(DRAIN_TIMEOUT_S)
                 logger.info("reload: stream %s stopped", pipeline.cfg.name,
                             extra={"stream": pipeline.cfg.name})
-        kept = {p.cfg.name for p in self.pipelines}
-        for cfg in new:
-            if cfg.name in kept:
-                continue
+        for cfg in start:
             started = self._start_stream(cfg)
             if started is not None:
                 self.pipelines[:] = [*self.pipelines, started]
@@ -471,13 +457,3 @@ class Daemon:
         return [ModelState(row.name, row.version, row.state == "READY", row.nbytes)
                 for row in self.cache.status()]
 
-
-def _keep_fields(old: Any, new: Any, fields: tuple[str, ...], section: str) -> Any:
-    """`new` with `fields` kept at their running values (changes need a restart)."""
-    kept = {}
-    for name in fields:
-        if getattr(new, name) != getattr(old, name):
-            logger.warning("reload: %s.%s changed; it takes effect at the next restart",
-                           section, name)
-            kept[name] = getattr(old, name)
-    return dataclasses.replace(new, **kept)
