@@ -371,6 +371,12 @@ class ModelCache:
             counters = self._counters[name] = ModelCounters(name)
         return counters
 
+    def loaded(self) -> list[str]:
+        """`name:version` of every loaded version, from memory only (no disk reads: the health
+        tick calls it on the event loop)."""
+        with self._lock:
+            return [f"{name}:{version}" for name, version in sorted(self._entries)]
+
     def ready(self, name: str, version: int | None = None) -> bool:
         try:
             key = (name, self.default_version(name) if version is None else version)

@@ -226,7 +226,7 @@ class Daemon:
             logger.info("edged %s running with %d model(s) in %s, %d stream(s)",
                         self.config.device_id, len(self.repository.names()),
                         self.config.models_dir, len(self.pipelines))
-            self.notifier.ready(await asyncio.to_thread(self.status_line))
+            self.notifier.ready(self.status_line())
             tasks = [asyncio.create_task(self._report_loop()),
                      asyncio.create_task(self._health_loop())]
             await self._stop.wait()
@@ -249,19 +249,19 @@ class Daemon:
             problems = self.health.check()
             if not problems:
                 self.notifier.watchdog()
-            line = await asyncio.to_thread(self.status_line, problems)
+            line = self.status_line(problems)
             if line != last_line:
                 self.notifier.status(line)
                 last_line = line
             await asyncio.sleep(interval)
 
     def status_line(self, problems: list[str] | None = None) -> str:
-        """One line for `systemctl status`: what is loaded, what streams, the broker."""
+        """One line for `systemctl status`: what is loaded, what streams, the broker. From
+        memory only: the health tick runs it on the loop, never waiting for a thread."""
         problems = self.health.problems if problems is None else problems
         if problems:
             return "STUCK: " + "; ".join(problems)
-        rows = self.cache.status()
-        ready = [f"{r.name}:{r.version}" for r in rows if r.state == "READY"]
+        ready = self.cache.loaded()
         up = sum(1 for p in self.pipelines if p.source.state.value == "streaming")
         parts = [f"{len(ready)} model(s) ready" + (f" ({', '.join(ready[:4])}"
                                                     f"{', ...' if len(ready) > 4 else ''})"
@@ -318,7 +318,7 @@ class Daemon:
         self.notifier.reloading()
         if self.reload_config is None:
             logger.warning("reload: this daemon was not started from a config file")
-            self.notifier.ready(await asyncio.to_thread(self.status_line))
+            self.notifier.ready(self.status_line())
             return False
         logger.info("reloading the config")
         try:
@@ -333,7 +333,7 @@ class Daemon:
             return False
         await asyncio.to_thread(self._apply, new)
         self.reloads["ok"] += 1
-        self.notifier.ready(await asyncio.to_thread(self.status_line))
+        self.notifier.ready(self.status_line())
         return True
 
     def _apply(self, new: DaemonConfig) -> None:
