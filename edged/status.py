@@ -17,7 +17,7 @@ def render(report: dict[str, Any]) -> str:
     lines += _table(["MODEL", "STATE", "BACKEND", "LOAD", "DETAIL"], [
         (f"{m['name']}:{m['version']}", m["state"],
          m.get("backend") or "-",
-         f"{m['load_seconds']:.2f}s" if m.get("load_seconds") is not None else "-",
+         _seconds(m.get("load_seconds")),
          ", ".join(m.get("providers") or []) or m.get("reason") or "")
         for m in report.get("models", [])])
     queues = report.get("queues", {})
@@ -77,6 +77,12 @@ def _headline(report: dict[str, Any]) -> str:
     return (f"edged {report.get('version', '?')} on {report.get('device_id', '?')}: "
             f"{health}, {ready}, up {_duration(report.get('uptime_s', 0))}, "
             f"pid {report.get('pid', '?')}{under}")
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
 
 
 def _duration(seconds: float) -> str:

@@ -147,7 +147,7 @@ def test_status_render_when_stuck_shows_health_first_and_every_part() -> None:
     assert lines[0] == ("edged 0.1.0 on edge-01: NOT LIVE, NOT READY, up 2h01m, pid 42 "
                         "under systemd (watchdog 30 s)")
     assert lines[1].startswith("  STUCK model m")
-    assert "m:2    READY        onnxruntime  0.25s  CPUExecutionProvider" in text
+    assert "m:2    READY        onnxruntime  250ms  CPUExecutionProvider" in text
     assert "n:1    UNAVAILABLE  -            -      bad file" in text
     assert "m      1        1         9" in text
     assert "cam     reconnecting  m      10  9     1        3       no frames for 10 s" in text
