@@ -38,6 +38,7 @@ bench: setup
 	$(BIN)/edged bench api
 	$(BIN)/edged bench streams
 	$(BIN)/edged bench ota
+	$(BIN)/edged bench quantize
 
 clean:
 	rm -rf $(VENV) var bench-results

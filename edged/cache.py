@@ -9,15 +9,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
-from edged.backends import BackendOptions, LoadSpec, Session, choose_backend
-from edged.config import OrtConfig
+from edged.backends import (
+    Backend,
+    BackendOptions,
+    FallBack,
+    LoadSpec,
+    Session,
+    ShapeRange,
+    choose_backend,
+    get_backend,
+)
+from edged.backends.profiles import opt_batch_size
+from edged.config import OrtConfig, TensorRTConfig
 from edged.errors import EdgedError, ModelLoadError, ModelNotFound
+from edged.precision import choose_precision
 from edged.repository import ModelRepository, ModelVersion
 
 logger = logging.getLogger(__name__)
@@ -37,6 +51,10 @@ class Entry:
     last_used: float
     refs: int = 0
     retiring: bool = False  # swapped out: unload once the last lease is returned
+    precision: str = "fp32"  # what was loaded: fp32 | fp16 | int8 (edged.precision)
+    # Served on a fallback until the chosen backend is ready (an engine building): completes
+    # when it is, and the cache then swaps this entry for one on that backend.
+    upgrade: Future[None] | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,7 @@ class ModelStatus:
     pinned: bool = False
     load_seconds: float | None = None
     reason: str | None = None
+    precision: str | None = None  # of the loaded session
 
 
 @dataclass
@@ -220,20 +239,67 @@ class ModelCache:
                 doomed = self._pick_evictions(keep=key) if self._bytes > self.budget_bytes else []
                 self._changed.notify_all()
         self._close(doomed)
+        if entry.upgrade is not None:  # outside the locks: a done future calls back at once
+            entry.upgrade.add_done_callback(partial(self._upgrade, key, entry))
         return entry
 
-    def _load_and_warm(self, key: Key) -> Entry:
+    def _upgrade(self, key: Key, waiting: Entry, ready: Future[None]) -> None:
+        """The backend `waiting` fell back from is ready (its engine is built): load and warm
+        the model there and put it in `waiting`'s place, as a swap does. Leases already taken
+        finish on the old session, which closes when the last is returned. A failed build or
+        load leaves `waiting` serving. Runs on the thread that completed `ready`."""
+        label = waiting.model.label
+        if ready.cancelled() or ready.exception() is not None:
+            logger.warning("%s stays on %s: %s", label, waiting.backend,
+                           "cancelled" if ready.cancelled() else ready.exception(),
+                           extra=_fields(waiting.model, "model_upgrade_failed"))
+            return
+        with self._lock:
+            load_lock = self._load_locks.setdefault(key, threading.Lock())
+        with load_lock:  # no load or unload of this version in between
+            with self._lock:
+                if self._entries.get(key) is not waiting or waiting.retiring:
+                    return  # unloaded, evicted or swapped out: a later load asks afresh
+            try:
+                entry = self._load_and_warm(key, upgrading=True)
+            except Exception as exc:  # anything from the backend: keep serving the fallback
+                logger.warning("%s stays on %s: %s", label, waiting.backend, exc,
+                               extra=_fields(waiting.model, "model_upgrade_failed"))
+                return
+            with self._lock:
+                doomed = [entry]
+                if self._entries.get(key) is waiting and not waiting.retiring:
+                    self._entries[key] = entry
+                    self._bytes += entry.nbytes - waiting.nbytes
+                    waiting.retiring = True  # _release closes it after the last lease
+                    doomed = [waiting] if waiting.refs == 0 else []
+                    counters = self._count(key[0])
+                    counters.loads += 1
+                    counters.load_seconds = {**counters.load_seconds,
+                                             key[1]: entry.load_seconds}
+                    if self._bytes > self.budget_bytes:
+                        doomed += self._pick_evictions(keep=key)
+                    self._changed.notify_all()
+        self._close(doomed)
+        if entry not in doomed:
+            logger.info("%s: requests now go to %s (was %s)", label, entry.backend,
+                        waiting.backend, extra=_fields(waiting.model, "model_upgraded"))
+
+    def _load_and_warm(self, key: Key, *, upgrading: bool = False) -> Entry:
         name, version = key
         model = self.repository.get(name, version)
         backend = choose_backend(model.config.backend if model.config.backend != "auto"
                                  else self.default_backend)
-        spec = LoadSpec(name, version, model.onnx_path, model.inputs, model.outputs,
-                        model.max_batch_size, _precision(model))
         options = _options_for(model, self.options)
         started = self._clock()
+        # model.onnx or its gated INT8 variant; `auto` may time the two once (remembered).
+        choice = choose_precision(model, backend, options)
+        spec = LoadSpec(name, version, choice.path, model.inputs, model.outputs,
+                        model.max_batch_size, choice.precision, **engine_hints(model))
         try:
-            session = backend.load(spec, options)
-        except EdgedError:
+            backend, spec, session, upgrade = self._open(model, backend, spec, options,
+                                                         upgrading=upgrading)
+        except (EdgedError, FallBack):
             raise
         except Exception as exc:  # a backend's own error types: report, never crash
             logger.exception("%s: %s failed to load it", model.label, backend.name,
@@ -251,12 +317,33 @@ class ModelCache:
         logger.info("%s ready on %s (%s) in %.2fs, %.1f MB", model.label, backend.name,
                     ", ".join(session.providers), seconds, session.nbytes / 1e6,
                     extra=_fields(model, "model_ready"))
-        return Entry(model, session, backend.name, session.nbytes, seconds, self._clock())
+        return Entry(model, session, backend.name, session.nbytes, seconds, self._clock(),
+                     precision=spec.precision, upgrade=upgrade)
+
+    def _open(self, model: ModelVersion, backend: Backend, spec: LoadSpec,
+              options: BackendOptions, *, upgrading: bool
+              ) -> tuple[Backend, LoadSpec, Session, Future[None] | None]:
+        """`backend.load`, or, when the backend falls back (its engine still building), the
+        fallback backend's load and the future that says when to try `backend` again."""
+        try:
+            return backend, spec, backend.load(spec, options), None
+        except FallBack as fallback:
+            if upgrading:
+                raise
+            logger.info("%s: served on %s for now: %s", model.label, fallback.fallback,
+                        fallback, extra=_fields(model, "model_fallback"))
+            backend = get_backend(fallback.fallback)
+            choice = choose_precision(model, backend, options)
+            spec = dataclasses.replace(spec, path=choice.path, precision=choice.precision)
+            return backend, spec, backend.load(spec, options), fallback.upgrade
 
     # -- eviction and unloading --------------------------------------------------------------
     def _drop(self, entry: Entry) -> None:
-        """Forget an entry (lock held); the caller closes its session outside the lock."""
-        if self._entries.pop((entry.model.name, entry.model.version), None) is entry:
+        """Forget an entry (lock held); the caller closes its session outside the lock. An
+        entry already replaced under its key (by `_upgrade`) leaves its successor in place."""
+        key = (entry.model.name, entry.model.version)
+        if self._entries.get(key) is entry:
+            del self._entries[key]
             self._bytes -= entry.nbytes
 
     def _pick_evictions(self, keep: Key | None = None) -> list[Entry]:
@@ -356,7 +443,8 @@ class ModelCache:
                 rows[key] = ModelStatus(*key, "UNAVAILABLE", reason=str(error))
             for key, e in self._entries.items():
                 rows[key] = ModelStatus(*key, "READY", e.backend, tuple(e.session.providers),
-                                        e.nbytes, e.refs, key[0] in self.pinned, e.load_seconds)
+                                        e.nbytes, e.refs, key[0] in self.pinned, e.load_seconds,
+                                        precision=e.precision)
         return [rows[k] for k in sorted(rows)]
 
     def counters(self) -> list[ModelCounters]:
@@ -391,12 +479,6 @@ def _fields(model: ModelVersion, code: str) -> dict[str, object]:
     return {"model": model.name, "version": model.version, "code": code}
 
 
-def _precision(model: ModelVersion) -> str:
-    # The measured auto choice (INT8 vs FP32) belongs to the GPU/quantization work; until a
-    # model asks for int8 or fp16 explicitly it runs at fp32.
-    return "fp32" if model.config.precision == "auto" else model.config.precision
-
-
 def _options_for(model: ModelVersion, base: BackendOptions) -> BackendOptions:
     o = model.config.onnxruntime
     changes = {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
@@ -405,10 +487,24 @@ def _options_for(model: ModelVersion, base: BackendOptions) -> BackendOptions:
     return dataclasses.replace(base, **changes)
 
 
-def backend_options(ort: OrtConfig, cache_dir: Path) -> BackendOptions:
-    """The daemon's ONNX Runtime settings as backend options."""
+def backend_options(ort: OrtConfig, cache_dir: Path, *, memory: str = "auto",
+                    tensorrt: TensorRTConfig | None = None) -> BackendOptions:
+    """The daemon's backend settings as backend options."""
+    trt = tensorrt or TensorRTConfig()
     return BackendOptions(tuple(ort.providers), ort.intra_op_threads, ort.inter_op_threads,
-                          ort.allow_spinning, ort.graph_optimization, cache_dir)
+                          ort.allow_spinning, ort.graph_optimization, cache_dir, memory=memory,
+                          workspace_mb=trt.workspace_mb, dla_core=trt.dla_core)
+
+
+def engine_hints(model: ModelVersion) -> dict[str, Any]:
+    """What the batcher will send the model, for backends that build ahead (TensorRT
+    profiles): the batch size to tune for, the instances, dynamic dims' ranges."""
+    batching = model.config.batching_params
+    preferred = batching.preferred_batch_sizes if batching else []
+    ranges = {name: ShapeRange(tuple(r.min), tuple(r.opt), tuple(r.max))
+              for name, r in model.config.tensorrt.shapes.items()}
+    return {"opt_batch_size": opt_batch_size(model.max_batch_size, preferred),
+            "instances": model.config.instances, "shape_ranges": ranges}
 
 
 def warmup_inputs(model: ModelVersion) -> dict[str, np.ndarray]:

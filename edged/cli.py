@@ -16,6 +16,7 @@ from edged.backends import TensorSpec
 from edged.config import DaemonConfig, load_config, with_overrides
 from edged.errors import ConfigError, EdgedError, InvalidInput
 from edged.model_config import PreprocessConfig
+from edged.quantization.command import add_arguments as add_quantize_arguments
 from edged.repository import ModelRepository
 
 if TYPE_CHECKING:
@@ -87,8 +88,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="only devices serving this version roll back (fleet-wide use)")
     _add_ota_target(roll, timeout=120.0)
 
+    quantize = sub.add_parser("quantize", help="make a model's INT8 variant and gate it on "
+                              "accuracy (exit 0 accepted, 1 refused, 2 usage, 3 failed)")
+    add_quantize_arguments(quantize)
+
     bench = sub.add_parser("bench", help="run a benchmark and print its table")
-    bench.add_argument("suite", choices=["core", "api", "streams", "ota"])
+    bench.add_argument("suite", choices=["core", "api", "streams", "ota", "quantize"])
     bench.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON folder")
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     return parser
@@ -286,6 +291,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(suite.main(out_dir=args.out, quick=args.quick))
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from edged.quantization.command import run
+
+    return run(args)
+
+
 def cmd_ota(args: argparse.Namespace) -> int:
     from edged.ota import tools
 
@@ -318,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands = {"run": cmd_run, "check-config": cmd_check_config, "infer": cmd_infer,
                 "models": cmd_models, "status": cmd_status, "bench": cmd_bench,
-                "ota": cmd_ota}
+                "ota": cmd_ota, "quantize": cmd_quantize}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

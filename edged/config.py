@@ -63,10 +63,23 @@ class OrtConfig:
 
 
 @dataclass(frozen=True)
+class TensorRTConfig:
+    workspace_mb: int = setting(1024, "builder workspace in MiB (also ORT's TensorRT EP)",
+                                check=at_least(16))
+    dla_core: int | None = setting(None, "Jetson: build engines for this DLA core (layers it "
+                                   "cannot run fall back to the GPU); null = the GPU",
+                                   check=between(0, 15))
+
+
+@dataclass(frozen=True)
 class BackendsConfig:
     default: Literal["auto", "tensorrt", "onnxruntime"] = setting(
         "auto", "backend for models whose model.yaml says auto")
     onnxruntime: OrtConfig = setting(factory=OrtConfig, help="ONNX Runtime options")
+    tensorrt: TensorRTConfig = setting(factory=TensorRTConfig, help="TensorRT engine options")
+    memory: Literal["auto", "mapped", "managed", "pinned", "host"] = setting(
+        "auto", "where batches are assembled: auto = mapped (zero-copy) on integrated GPUs, "
+        "pinned + async copies on discrete ones, host without CUDA; managed = unified memory")
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,9 @@ class Daemon:
         self.cache = ModelCache(
             self.repository,
             budget_bytes=config.cache.budget_mb * 1024 * 1024,
-            options=backend_options(config.backends.onnxruntime, config.cache.dir),
+            options=backend_options(config.backends.onnxruntime, config.cache.dir,
+                                    memory=config.backends.memory,
+                                    tensorrt=config.backends.tensorrt),
             pinned=config.cache.pinned,
             default_backend=config.backends.default,
         )

@@ -124,3 +124,11 @@ class ShuttingDown(EdgedError):
 class UpdateRejected(EdgedError):
     code = "update_rejected"
     http_status = 400
+
+
+class QuantizationFailed(EdgedError):
+    """ONNX Runtime could not quantize a model, or could not run the result (`edged quantize`);
+    a variant that runs but misses its accuracy gate is refused, not failed."""
+
+    code = "quantization_failed"
+    http_status = 500

@@ -78,6 +78,48 @@ class OrtOverrides:
     intra_op_threads: int | None = setting(None, "threads inside one operator", check=at_least(0))
     inter_op_threads: int | None = setting(None, "threads across operators", check=at_least(0))
     allow_spinning: bool | None = setting(None, "let idle ORT threads spin")
+    gpu_mem_limit_mb: int | None = setting(None, "CUDA EP: arena limit in MiB; null = none",
+                                           check=at_least(1))
+    cudnn_conv_algo_search: Literal["exhaustive", "heuristic", "default"] | None = setting(
+        None, "CUDA EP: how convolution algorithms are picked (ORT's default: exhaustive)")
+    workspace_mb: int | None = setting(None, "TensorRT EP (and the TensorRT backend): builder "
+                                       "workspace in MiB", check=at_least(16))
+
+
+def _check_range(shape_range: ShapeRangeConfig) -> str | None:
+    dims = (shape_range.min, shape_range.opt, shape_range.max)
+    if len({len(d) for d in dims}) != 1:
+        return "min, opt and max must have the same number of dims"
+    if any(d < 1 for d in shape_range.min) or not all(
+            lo <= mid <= hi for lo, mid, hi in zip(*dims, strict=True)):
+        return "needs 1 <= min <= opt <= max in every dim"
+    return None
+
+
+def _check_ranges(ranges: dict[str, ShapeRangeConfig]) -> str | None:
+    for name, shape_range in ranges.items():
+        message = _check_range(shape_range)
+        if message:
+            return f"{name}: {message}"
+    return None
+
+
+@dataclass(frozen=True)
+class ShapeRangeConfig:
+    """The dims (without the batch dim) one input with dynamic dims may take on TensorRT."""
+
+    min: list[int] = setting(help="smallest dims")
+    opt: list[int] = setting(help="dims the engine is tuned for")
+    max: list[int] = setting(help="largest dims")
+
+
+@dataclass(frozen=True)
+class TensorRTOverrides:
+    """Per-model TensorRT engine settings."""
+
+    shapes: dict[str, ShapeRangeConfig] = setting(
+        factory=dict, help="per input with dynamic non-batch dims: their min/opt/max; without "
+        "one such a model stays on ONNX Runtime", check=_check_ranges)
 
 
 def _check_size(size: list[int]) -> str | None:
@@ -134,6 +176,42 @@ class PostprocessConfig:
 
 
 @dataclass(frozen=True)
+class QuantizationConfig:
+    """`edged quantize`: how the INT8 (QDQ) variant is made, and the accuracy gate it must pass
+    against FP32 on held-out samples before it may be loaded. Top-1 agreement is checked for
+    classifiers, cosine similarity for other models, the error bounds for any model where set."""
+
+    min_top1_agreement: float = setting(0.98, "classifiers: share of held-out samples whose "
+                                        "INT8 top-1 class equals FP32's", check=between(0, 1))
+    max_accuracy_drop: float | None = setting(None, "labelled held-out samples: INT8 accuracy "
+                                              "may be this far below FP32's", check=between(0, 1))
+    min_cosine: float = setting(0.99, "other models: mean per-sample cosine similarity of the "
+                                "INT8 outputs to FP32's", check=between(-1, 1))
+    max_mean_abs_error: float | None = setting(None, "mean |INT8 - FP32| over the outputs",
+                                               check=at_least(0))
+    max_abs_error: float | None = setting(None, "largest |INT8 - FP32|", check=at_least(0))
+    max_relative_error: float | None = setting(None, "||INT8 - FP32|| / ||FP32|| (L2)",
+                                               check=at_least(0))
+    calibration_samples: int = setting(128, "most calibration samples used (`--samples`)",
+                                       check=at_least(1))
+    held_out_fraction: float = setting(0.25, "share of the samples kept back for the gate "
+                                       "when no held-out set is given", check=between(0.01, 0.9))
+    activation_type: Literal["uint8", "int8"] = setting("uint8", "activations (U8S8 is the "
+                                                        "faster kernel on x86 CPUs)")
+    weight_type: Literal["int8", "uint8"] = setting("int8", "weights")
+    per_channel: bool = setting(True, "one weight scale per output channel")
+    symmetric: bool = setting(False, "zero points of 0 (set with activation_type: int8): the only "
+                              "INT8 TensorRT runs; the asymmetric default suits CPUs")
+    calibration_method: Literal["minmax", "entropy", "percentile"] = setting(
+        "minmax", "how activation ranges are taken from the calibration samples")
+    opset: int = setting(17, "the graph is converted to at least this opset first (ONNX "
+                         "Runtime's pre-processing breaks older PP-OCR graphs)", check=at_least(13))
+    auto_min_speedup: float = setting(1.05, "precision auto on CPU picks INT8 only when its "
+                                      "measured p50 is this many times faster than FP32's",
+                                      check=at_least(1))
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """`models/<name>/model.yaml`; every key optional where the ONNX file can tell."""
 
@@ -144,13 +222,18 @@ class ModelConfig:
     batching: bool | BatchingConfig = setting(True, "dynamic batching; `off` disables it")
     instances: int = setting(1, "worker threads (execution instances)", check=between(1, 64))
     backend: Literal["auto", "tensorrt", "onnxruntime"] = setting("auto", "backend choice")
-    precision: Literal["auto", "fp32", "fp16", "int8"] = setting("auto", "numeric precision")
+    precision: Literal["auto", "fp32", "fp16", "int8"] = setting(
+        "auto", "auto: INT8 where a gated variant exists and is faster (TensorRT: always); "
+        "int8: the gated variant or no load")
     preprocess: PreprocessConfig | None = setting(None, "frame pre-processing (images, streams)")
     postprocess: PostprocessConfig | None = setting(None, "result post-processing (streams)")
     version_policy: VersionPolicy = setting(factory=lambda: VersionPolicy(latest=1),
                                             help="versions served")
     warmup: WarmupConfig = setting(factory=WarmupConfig, help="warm-up before ready")
     onnxruntime: OrtOverrides = setting(factory=OrtOverrides, help="ONNX Runtime overrides")
+    tensorrt: TensorRTOverrides = setting(factory=TensorRTOverrides, help="TensorRT settings")
+    quantization: QuantizationConfig = setting(factory=QuantizationConfig,
+                                               help="INT8 variant and its accuracy gate")
 
     @property
     def batching_params(self) -> BatchingConfig | None:

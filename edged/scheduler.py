@@ -34,7 +34,7 @@ from edged.errors import (
     ShuttingDown,
     Timeout,
 )
-from edged.memory import HostBufferPool
+from edged.memory import BufferPool, new_pool
 from edged.repository import ModelVersion
 
 logger = logging.getLogger(__name__)
@@ -197,14 +197,15 @@ class Batcher:
 
     # -- workers -----------------------------------------------------------------------------
     def _work_loop(self) -> None:
-        pool = HostBufferPool(self._policy.max_batch)
+        # CUDA memory where the machine has it (edged.memory): a GPU backend reads it in place.
+        pool = new_pool(self._policy.max_batch, self.cache.options.memory)
         while True:
             with self._lock:
                 while not ((self._queue and self._free > 0)
                            or (self._stopping and not self._queue)):
                     self._work.wait()
                 if not self._queue:
-                    return  # stopping, and nothing left to run
+                    break  # stopping, and nothing left to run
                 self._free -= 1
             deliveries: list[Delivery] = []
             try:
@@ -216,6 +217,7 @@ class Batcher:
             # The slot is free again before callers wake: one looping inline finds it.
             for deliver in deliveries:
                 deliver()
+        pool.close()
 
     def _release_slot(self) -> None:
         with self._lock:
@@ -226,7 +228,7 @@ class Batcher:
             elif self._queue:
                 self._work.notify()
 
-    def _run_next(self, pool: HostBufferPool) -> list[Delivery]:
+    def _run_next(self, pool: BufferPool) -> list[Delivery]:
         """Lease the model, cut the next batch and run it; return the deliveries."""
         try:
             lease = self.cache.acquire(self.name, self.version)
@@ -291,7 +293,7 @@ class Batcher:
             count, rows, _ = queue.prefix(policy.trim(rows))
         return queue.pop(count), expired
 
-    def _execute(self, batch: list[Request], session: Session, pool: HostBufferPool | None,
+    def _execute(self, batch: list[Request], session: Session, pool: BufferPool | None,
                  version: int) -> Delivery:
         """Run one batch; return the call that hands its results (or error) to the callers."""
         started = time.perf_counter_ns()

@@ -8,16 +8,27 @@ import logging
 import threading
 from collections.abc import Callable
 
-from edged.backends.base import Backend, BackendOptions, LoadSpec, Session, TensorSpec
+from edged.backends.base import (
+    Backend,
+    BackendOptions,
+    EngineBuilding,
+    FallBack,
+    LoadSpec,
+    Session,
+    ShapeRange,
+    TensorSpec,
+)
 from edged.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Backend", "BackendOptions", "LoadSpec", "Session", "TensorSpec", "choose_backend",
-           "get_backend", "register_backend", "registered"]
+__all__ = ["Backend", "BackendOptions", "EngineBuilding", "FallBack", "LoadSpec", "Session",
+           "ShapeRange", "TensorSpec", "choose_backend", "get_backend", "register_backend",
+           "registered"]
 
 # Best first: `auto` walks this order and takes the first backend usable here.
 _REGISTRY: dict[str, str | Callable[[], Backend]] = {
+    "tensorrt": "edged.backends.tensorrt:TensorRTBackend",
     "onnxruntime": "edged.backends.onnxruntime:OrtBackend",
 }
 AUTO_ORDER = ["tensorrt", "onnxruntime"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -21,6 +22,16 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class ShapeRange:
+    """The dims (without the batch dim) an input with dynamic dims may take: TensorRT builds
+    for min..max and tunes for opt."""
+
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class LoadSpec:
     """What a backend needs to load one version of one model."""
 
@@ -31,6 +42,10 @@ class LoadSpec:
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int  # 0 = no batch dim
     precision: str = "fp32"  # fp32 | fp16 | int8
+    # What the batcher will send, for engines built ahead of time (TensorRT profiles):
+    opt_batch_size: int = 0  # the batch size to tune for; 0 = max_batch_size
+    instances: int = 1  # execution contexts that may run at once
+    shape_ranges: Mapping[str, ShapeRange] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -47,6 +62,11 @@ class BackendOptions:
     allow_spinning: bool = False
     graph_optimization: str = "all"
     cache_dir: Path = field(default_factory=lambda: Path("/var/cache/edged"))
+    memory: str = "auto"  # auto | mapped | managed | pinned | host (edged.memory)
+    workspace_mb: int = 1024  # TensorRT builder workspace (the backend and ORT's TensorRT EP)
+    dla_core: int | None = None  # Jetson: build TensorRT engines for this DLA core
+    gpu_mem_limit_mb: int | None = None  # ORT CUDA EP arena limit; None = no limit
+    cudnn_conv_algo_search: str | None = None  # ORT CUDA EP: exhaustive | heuristic | default
 
 
 @runtime_checkable
@@ -72,3 +92,25 @@ class Backend(Protocol):
         ...
 
     def load(self, spec: LoadSpec, options: BackendOptions) -> Session: ...
+
+
+class FallBack(Exception):
+    """Raised by `Backend.load` when this backend cannot serve the model, but `fallback` can:
+    the cache loads it there instead. `upgrade`, when set, completes once a load on this
+    backend would succeed (an engine built in the background) or carries why it never will;
+    the cache then swaps the model onto this backend."""
+
+    def __init__(self, reason: str, *, fallback: str = "onnxruntime",
+                 upgrade: Future[None] | None = None) -> None:
+        super().__init__(reason)
+        self.fallback = fallback
+        self.upgrade = upgrade
+
+
+class EngineBuilding(FallBack):
+    """The engine for this model is being built in the background; `upgrade` completes when
+    it is ready (or failed)."""
+
+    def __init__(self, reason: str, upgrade: Future[None], *,
+                 fallback: str = "onnxruntime") -> None:
+        super().__init__(reason, fallback=fallback, upgrade=upgrade)

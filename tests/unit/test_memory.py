@@ -1,0 +1,166 @@
+"""Buffer pools: which memory each machine gets (and the quiet fall back to host memory), the
+take()/concatenate() contract over CUDA buffers, and what each kind does to reach the GPU, with
+a double of cuda-python's runtime."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import pytest
+from doubles import fake_cudart
+from doubles.fake_cudart import DISCRETE, JETSON, FakeCudart
+
+from edged import gpu, memory
+from edged.memory import DeviceBufferPool, HostBufferPool, locate, new_pool, resolve
+
+
+@pytest.fixture
+def discrete(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
+    return fake_cudart.install(monkeypatch, FakeCudart(DISCRETE))
+
+
+@pytest.fixture
+def jetson(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
+    return fake_cudart.install(monkeypatch, FakeCudart(JETSON))
+
+
+def test_resolve_when_driver_missing_falls_back_to_host_with_one_log_line(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    fake_cudart.install(monkeypatch, FakeCudart(driver=False))
+    with caplog.at_level(logging.INFO, logger="edged"):
+        pools = [new_pool(8, "auto") for _ in range(3)]
+    assert all(isinstance(p, HostBufferPool) for p in pools)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "cudaErrorInsufficientDriver" in lines[0], lines
+
+
+def test_resolve_when_cuda_python_missing_is_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_cudart.uninstall(monkeypatch)
+    assert resolve("auto") == "host"
+    assert "cuda-python is not installed" in (gpu.unavailable_reason() or "")
+
+
+def test_resolve_when_asked_for_cuda_memory_without_cuda_warns_and_uses_host(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    fake_cudart.install(monkeypatch, FakeCudart(props=None))  # a driver, but no device
+    with caplog.at_level(logging.WARNING, logger="edged.memory"):
+        assert resolve("mapped") == "host"
+    assert "memory: mapped asked for, but there is no CUDA here" in caplog.text
+
+
+def test_resolve_auto_picks_mapped_on_integrated_and_pinned_on_discrete(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_cudart.install(monkeypatch, FakeCudart(JETSON))
+    assert resolve("auto") == "mapped"
+    fake_cudart.install(monkeypatch, FakeCudart(DISCRETE))
+    assert resolve("auto") == "pinned"
+    assert resolve("host") == "host" and resolve("managed") == "managed"
+
+
+def test_resolve_when_device_cannot_map_or_manage_uses_pinned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_cudart.install(monkeypatch, FakeCudart(dataclasses.replace(
+        DISCRETE, canMapHostMemory=0, managedMemory=0)))
+    assert resolve("mapped") == "pinned"
+    assert resolve("managed") == "pinned"
+    with pytest.raises(ValueError, match="unknown memory strategy"):
+        resolve("unified")
+
+
+@pytest.mark.parametrize("kind", ["mapped", "managed", "pinned"])
+def test_device_pool_keeps_the_host_pool_contract(discrete: FakeCudart, kind: str) -> None:
+    host, pool = HostBufferPool(4), DeviceBufferPool(4, kind)
+    parts = [np.full((1, 3), i, np.float32) for i in range(3)] + [np.ones((2, 3), np.float32)]
+    expected = host.concatenate("x", parts)
+    batch = pool.concatenate("x", parts)
+    np.testing.assert_array_equal(batch, expected)
+    assert batch.flags.c_contiguous and batch.shape == (5, 3)
+    again = pool.take("x", 2, (3,), np.dtype(np.float32))
+    assert again.__array_interface__["data"][0] == batch.__array_interface__["data"][0]
+    pool.close()
+    host.close()
+
+
+def test_device_pool_when_tail_or_dtype_changes_frees_the_old_buffer(
+        discrete: FakeCudart) -> None:
+    pool = DeviceBufferPool(2, "mapped")
+    pool.take("x", 2, (3,), np.dtype(np.float32))
+    pool.take("x", 2, (4,), np.dtype(np.float32))
+    pool.take("x", 2, (4,), np.dtype(np.int64))
+    assert discrete.live("mapped") == 1
+    pool.close()
+    assert discrete.live() == 0
+
+
+def test_locate_finds_pool_views_and_not_plain_arrays(discrete: FakeCudart) -> None:
+    pool = DeviceBufferPool(4, "mapped")
+    batch = pool.take("x", 4, (2,), np.dtype(np.float32))
+    buffer, offset = locate(batch[2:]) or (None, None)
+    assert buffer is not None and buffer.kind == "mapped" and offset == 2 * 2 * 4
+    assert buffer.address() == buffer.host_ptr  # mapped: the GPU reads the host pages
+    assert locate(np.zeros((4, 2), np.float32)) is None
+    assert locate(batch[:, 0]) is None  # not contiguous: cannot be one device range
+    pool.close()
+    assert locate(batch) is None
+
+
+def test_pinned_buffer_copies_both_ways_on_the_given_stream(discrete: FakeCudart) -> None:
+    buffer = memory.allocate("pinned", 16)
+    assert discrete.live("device") == 0  # the device mirror waits for a GPU user
+    buffer.view((4,), np.dtype(np.float32))[:] = [1, 2, 3, 4]
+    buffer.to_device(stream=7, offset=4, nbytes=8)
+    (dst, src, count, kind, stream), = discrete.called("cudaMemcpyAsync")
+    assert (dst - buffer.address(), src - buffer.host_ptr, count, stream) == (4, 4, 8, 7)
+    assert kind == fake_cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+    buffer.view((4,), np.dtype(np.float32))[:] = 0
+    buffer.to_host(stream=7)
+    np.testing.assert_array_equal(buffer.view((4,), np.dtype(np.float32)), [0, 2, 3, 0])
+    buffer.free()
+    assert discrete.live() == 0
+
+
+def test_managed_buffer_attaches_to_the_stream_where_access_is_not_concurrent(
+        jetson: FakeCudart) -> None:
+    buffer = memory.allocate("managed", 64)
+    assert flags_of(jetson, "cudaMallocManaged") == 2  # cudaMemAttachHost first
+    buffer.to_device(stream=5)
+    buffer.to_device(stream=5)  # already attached there: no second call
+    buffer.to_device(stream=6)
+    assert [(s, flags) for s, _ptr, _len, flags in jetson.called("cudaStreamAttachMemAsync")] \
+        == [(5, 4), (6, 4)]  # cudaMemAttachSingle
+    assert not jetson.called("cudaMemPrefetchAsync")
+    buffer.free()
+
+
+def test_managed_buffer_prefetches_where_access_is_concurrent(discrete: FakeCudart) -> None:
+    buffer = memory.allocate("managed", 64)
+    buffer.to_device(stream=5, offset=16, nbytes=32)
+    (ptr, count, where, stream), = discrete.called("cudaMemPrefetchAsync")
+    assert (ptr - buffer.device_ptr, count, stream) == (16, 32, 5)
+    assert where == fake_cudart.cudaMemLocationType.cudaMemLocationTypeDevice
+    buffer.free()
+
+
+def test_allocate_when_cuda_refuses_raises_cuda_error_and_leaks_nothing(
+        discrete: FakeCudart) -> None:
+    discrete.fail.add("cudaHostGetDevicePointer")
+    with pytest.raises(gpu.CudaError, match="cudaHostGetDevicePointer"):
+        memory.allocate("mapped", 64)
+    assert discrete.live() == 0
+
+
+def flags_of(fake: FakeCudart, call: str) -> int:
+    (_size, flags), = fake.called(call)
+    return int(flags)
+
+
+def test_device_pool_when_cuda_refuses_memory_goes_on_in_host_memory(
+        discrete: FakeCudart, caplog: pytest.LogCaptureFixture) -> None:
+    pool = DeviceBufferPool(4, "pinned")
+    discrete.fail.add("cudaHostAlloc")
+    batch = pool.concatenate("x", [np.ones((2, 3), np.float32)])
+    np.testing.assert_array_equal(batch, np.ones((2, 3)))
+    assert locate(batch) is None and "batches use host memory" in caplog.text
+    pool.close()
