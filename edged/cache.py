@@ -12,11 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from types import TracebackType
-from typing import Any
-
-import numpy as np
 
 from edged.backends import (
     Backend,
@@ -24,13 +20,11 @@ from edged.backends import (
     FallBack,
     LoadSpec,
     Session,
-    ShapeRange,
     choose_backend,
     get_backend,
 )
-from edged.backends.profiles import opt_batch_size
-from edged.config import OrtConfig, TensorRTConfig
 from edged.errors import EdgedError, ModelLoadError, ModelNotFound
+from edged.loadspec import load_spec, options_for, warmup_inputs
 from edged.precision import choose_precision
 from edged.repository import ModelRepository, ModelVersion
 
@@ -290,12 +284,11 @@ class ModelCache:
         model = self.repository.get(name, version)
         backend = choose_backend(model.config.backend if model.config.backend != "auto"
                                  else self.default_backend)
-        options = _options_for(model, self.options)
+        options = options_for(model, self.options)
         started = self._clock()
         # model.onnx or its gated INT8 variant; `auto` may time the two once (remembered).
         choice = choose_precision(model, backend, options)
-        spec = LoadSpec(name, version, choice.path, model.inputs, model.outputs,
-                        model.max_batch_size, choice.precision, **engine_hints(model))
+        spec = load_spec(model, choice.path, choice.precision)
         try:
             backend, spec, session, upgrade = self._open(model, backend, spec, options,
                                                          upgrading=upgrading)
@@ -477,48 +470,3 @@ class ModelCache:
 def _fields(model: ModelVersion, code: str) -> dict[str, object]:
     """Journal fields of a log line about `model` (MODEL=, MODEL_VERSION=, CODE=)."""
     return {"model": model.name, "version": model.version, "code": code}
-
-
-def _options_for(model: ModelVersion, base: BackendOptions) -> BackendOptions:
-    o = model.config.onnxruntime
-    changes = {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
-    if "providers" in changes:
-        changes["providers"] = tuple(changes["providers"])
-    return dataclasses.replace(base, **changes)
-
-
-def backend_options(ort: OrtConfig, cache_dir: Path, *, memory: str = "auto",
-                    tensorrt: TensorRTConfig | None = None) -> BackendOptions:
-    """The daemon's backend settings as backend options."""
-    trt = tensorrt or TensorRTConfig()
-    return BackendOptions(tuple(ort.providers), ort.intra_op_threads, ort.inter_op_threads,
-                          ort.allow_spinning, ort.graph_optimization, cache_dir, memory=memory,
-                          workspace_mb=trt.workspace_mb, dla_core=trt.dla_core)
-
-
-def engine_hints(model: ModelVersion) -> dict[str, Any]:
-    """What the batcher will send the model, for backends that build ahead (TensorRT
-    profiles): the batch size to tune for, the instances, dynamic dims' ranges."""
-    batching = model.config.batching_params
-    preferred = batching.preferred_batch_sizes if batching else []
-    ranges = {name: ShapeRange(tuple(r.min), tuple(r.opt), tuple(r.max))
-              for name, r in model.config.tensorrt.shapes.items()}
-    return {"opt_batch_size": opt_batch_size(model.max_batch_size, preferred),
-            "instances": model.config.instances, "shape_ranges": ranges}
-
-
-def warmup_inputs(model: ModelVersion) -> dict[str, np.ndarray]:
-    """Zeros of the declared shapes: batch dim from warmup.batch_size, dynamic dims from
-    warmup.shapes or 32 (a size most vision graphs accept)."""
-    warm = model.config.warmup
-    batch = min(warm.batch_size, model.max_batch_size) if model.max_batch_size else None
-    inputs = {}
-    for spec in model.inputs:
-        dims = list(spec.shape[1:] if batch else spec.shape)
-        given = warm.shapes.get(spec.name)
-        if given is not None and len(given) == len(dims):
-            dims = list(given)
-        dims = [32 if d == -1 else d for d in dims]
-        shape = ([batch] if batch else []) + dims
-        inputs[spec.name] = np.zeros(shape, dtype=spec.dtype)
-    return inputs

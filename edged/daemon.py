@@ -19,10 +19,11 @@ from typing import Any
 from edged import __version__, host
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
-from edged.cache import ModelCache, backend_options
+from edged.cache import ModelCache
 from edged.config import DaemonConfig, StreamConfig
 from edged.errors import ConfigError, EdgedError
 from edged.health import Beating, HealthMonitor, RecentErrors
+from edged.loadspec import backend_options
 from edged.metrics import InferenceCounters, Metrics, ModelState
 from edged.mqtt import MqttLink
 from edged.ota.install import Event, Updater

@@ -100,10 +100,14 @@ class DeviceBuffer:
         """Mapped memory: the GPU wrote the host pages themselves."""
 
     def free(self) -> None:
+        """Give the memory back to CUDA (once; later calls do nothing)."""
         if not self.freed:
             self.freed = True
             _forget(self)
-            gpu.call(gpu.runtime().cudaFreeHost, self.host_ptr)
+            self._release(gpu.runtime())
+
+    def _release(self, cudart: Any) -> None:
+        gpu.call(cudart.cudaFreeHost, self.host_ptr)
 
 
 class ManagedBuffer(DeviceBuffer):
@@ -133,11 +137,8 @@ class ManagedBuffer(DeviceBuffer):
         else:
             self.attach(stream)
 
-    def free(self) -> None:
-        if not self.freed:
-            self.freed = True
-            _forget(self)
-            gpu.call(gpu.runtime().cudaFree, self.device_ptr)
+    def _release(self, cudart: Any) -> None:
+        gpu.call(cudart.cudaFree, self.device_ptr)
 
 
 class PinnedBuffer(DeviceBuffer):
@@ -166,14 +167,10 @@ class PinnedBuffer(DeviceBuffer):
         gpu.call(cudart.cudaMemcpyAsync, self.host_ptr + offset, self.address() + offset, count,
                  cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream)
 
-    def free(self) -> None:
-        if not self.freed:
-            self.freed = True
-            _forget(self)
-            cudart = gpu.runtime()
-            if self.device_ptr:
-                gpu.call(cudart.cudaFree, self.device_ptr)
-            gpu.call(cudart.cudaFreeHost, self.host_ptr)
+    def _release(self, cudart: Any) -> None:
+        if self.device_ptr:
+            gpu.call(cudart.cudaFree, self.device_ptr)
+        gpu.call(cudart.cudaFreeHost, self.host_ptr)
 
 
 def _prefetch(cudart: Any, ptr: int, nbytes: int, dev: gpu.Device, stream: int) -> None:

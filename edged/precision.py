@@ -28,6 +28,7 @@ import numpy as np
 
 from edged.backends.base import Backend, BackendOptions, LoadSpec, Session
 from edged.errors import InvalidModel, ModelLoadError
+from edged.loadspec import load_spec, warmup_inputs
 from edged.quantization.report import ACCEPTED_FILE, file_sha256, read_report, report_path
 from edged.repository import ModelVersion
 
@@ -110,7 +111,7 @@ def _auto(model: ModelVersion, backend: Backend, options: BackendOptions,
         return PrecisionChoice(path, "int8", f"auto on TensorRT: {why}")
     if path is None:
         return PrecisionChoice(model.onnx_path, "fp32", f"auto: {why}")
-    fp32_spec, int8_spec = (_spec(model, model.onnx_path, "fp32"), _spec(model, path, "int8"))
+    fp32_spec, int8_spec = load_spec(model, precision="fp32"), load_spec(model, path, "int8")
     memo = options.cache_dir / MEMO_DIR / f"{model.name}.{model.version}.json"
     key = memo_key(model, path, backend, options)
     timings = _remembered(memo, key)
@@ -135,16 +136,11 @@ def _auto(model: ModelVersion, backend: Backend, options: BackendOptions,
     return PrecisionChoice(model.onnx_path, "fp32", detail)
 
 
-def _spec(model: ModelVersion, path: Path, precision: str) -> LoadSpec:
-    return LoadSpec(model.name, model.version, path, model.inputs, model.outputs,
-                    model.max_batch_size, precision)
-
 
 # -- measuring --------------------------------------------------------------------------------
 def sample_inputs(model: ModelVersion, seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs of the warm-up shapes, floats drawn at random (all-zero inputs can take faster
     paths through some kernels than real data does)."""
-    from edged.cache import warmup_inputs  # here: the cache imports this module
 
     rng = np.random.default_rng(seed)
     return {name: rng.standard_normal(a.shape).astype(a.dtype)

@@ -38,9 +38,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import make_test_models  # noqa: E402
 
 from edged import gpu, memory  # noqa: E402
-from edged.backends import BackendOptions, EngineBuilding, FallBack, LoadSpec  # noqa: E402
+from edged.backends import BackendOptions, EngineBuilding, FallBack  # noqa: E402
 from edged.backends.onnxruntime import OrtSession  # noqa: E402
-from edged.cache import engine_hints, warmup_inputs  # noqa: E402
+from edged.loadspec import load_spec, warmup_inputs  # noqa: E402
 from edged.repository import ModelRepository, ModelVersion  # noqa: E402
 
 CUDA_EP = "CUDAExecutionProvider"
@@ -124,11 +124,6 @@ def close_enough(want: dict[str, np.ndarray], got: dict[str, np.ndarray],
         worst[name] = value
     what = "cosine" if "cosine" in tol else "max|d|"
     return ok, ", ".join(f"{n} {what} {v:.2e}" for n, v in worst.items()), worst
-
-
-def spec_for(model: ModelVersion, path: Path | None = None, precision: str = "fp32") -> LoadSpec:
-    return LoadSpec(model.name, model.version, path or model.onnx_path, model.inputs,
-                    model.outputs, model.max_batch_size, precision, **engine_hints(model))
 
 
 def sample(model: ModelVersion, rows: int | None, seed: int = 0) -> dict[str, np.ndarray]:
@@ -220,7 +215,7 @@ def section_ort_cuda(report: Report, models: list[ModelVersion], device: gpu.Dev
 
 
 def _ort_cuda(report: Report, model: ModelVersion, work: Path) -> None:
-    spec = spec_for(model)
+    spec = load_spec(model)
     cuda = OrtSession(spec, BackendOptions(providers=("cuda", "cpu"), cache_dir=work))
     cpu = OrtSession(spec, BackendOptions(providers=("cpu",), cache_dir=work))
     if cuda.providers[0] != CUDA_EP:
@@ -287,7 +282,7 @@ def section_tensorrt(report: Report, models: list[ModelVersion], device: gpu.Dev
 
 def _tensorrt(report: Report, backend: Any, model: ModelVersion, path: Path, precision: str,
               args: argparse.Namespace, sessions: dict[str, Any]) -> None:
-    spec = spec_for(model, path, precision)
+    spec = load_spec(model, path, precision)
     options = BackendOptions(providers=("cpu",), cache_dir=args.cache_dir)
     started = time.perf_counter()
     try:
@@ -324,7 +319,7 @@ def section_timing(report: Report, models: list[ModelVersion], trt: dict[str, An
         candidates: dict[str, Any] = {}
         if model.name in trt:
             candidates["TensorRT fp16"] = trt[model.name]
-        spec = spec_for(model)
+        spec = load_spec(model)
         if CUDA_EP in ort.get_available_providers() and gpu.device() is not None:
             cuda = OrtSession(spec, BackendOptions(providers=("cuda", "cpu"),
                                                    cache_dir=args.cache_dir))

@@ -17,8 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edged.backends.base import BackendOptions, LoadSpec
+from edged.backends.base import BackendOptions
 from edged.errors import EdgedError, QuantizationFailed, ToolError
+from edged.loadspec import load_spec
 from edged.onnx_signature import read_signature
 from edged.precision import time_sessions
 from edged.quantization.calibration import Sample
@@ -208,9 +209,7 @@ def _evaluate(model: ModelVersion, int8_file: Path, held_out: Sequence[Sample],
     sessions: list[Any] = []  # OrtSessions
     try:
         for path, precision in ((model.onnx_path, "fp32"), (int8_file, "int8")):
-            sessions.append(backend.load(LoadSpec(model.name, model.version, path, model.inputs,
-                                                  model.outputs, model.max_batch_size,
-                                                  precision), options))
+            sessions.append(backend.load(load_spec(model, path, precision), options))
         fp32_out: list[Outputs] = []
         int8_out: list[Outputs] = []
         for sample in held_out:

@@ -18,7 +18,7 @@ from doubles.fake_cudart import DISCRETE, JETSON, FakeCudart
 
 from edged.backends import BackendOptions, LoadSpec
 from edged.backends.onnxruntime import OrtSession, device_inputs, provider_chain
-from edged.cache import _options_for, engine_hints
+from edged.loadspec import engine_hints, options_for
 from edged.memory import DeviceBufferPool
 from edged.repository import ModelRepository
 
@@ -55,7 +55,7 @@ def test_cuda_ep_options_come_from_model_yaml_overrides(repo_dir: Path, tmp_path
     write_yaml(repo_dir, "tiny_cls", "max_batch_size: 16\nonnxruntime: {gpu_mem_limit_mb: 512, "
                "cudnn_conv_algo_search: heuristic, workspace_mb: 128}\n")
     model = ModelRepository(repo_dir).resolve("tiny_cls")
-    opts = _options_for(model, BackendOptions(cache_dir=tmp_path))
+    opts = options_for(model, BackendOptions(cache_dir=tmp_path))
     chain = dict(provider_chain(spec_of(ModelRepository(repo_dir), "tiny_cls"), opts,
                                 [TRT, CUDA, CPU]))
     assert chain[CUDA] == {"gpu_mem_limit": 512 << 20, "cudnn_conv_algo_search": "HEURISTIC"}

@@ -26,8 +26,8 @@ from edged.backends import engine_cache as ec
 from edged.backends.onnxruntime import OrtSession
 from edged.backends.tensorrt import TensorRTBackend, TrtSession
 from edged.backends.trt_build import BuildError
-from edged.cache import engine_hints
 from edged.errors import InvalidInput
+from edged.loadspec import engine_hints
 from edged.memory import DeviceBufferPool
 from edged.repository import ModelRepository
 

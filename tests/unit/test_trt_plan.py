@@ -24,7 +24,7 @@ from edged.backends.profiles import (
     ort_trt_profile_options,
 )
 from edged.backends.trt_build import inspect_qdq, plan_precision
-from edged.cache import engine_hints
+from edged.loadspec import engine_hints
 from edged.repository import ModelRepository
 
 F32 = np.dtype(np.float32)
