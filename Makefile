@@ -34,11 +34,7 @@ test: lint
 
 bench: setup
 	$(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/edged bench core
-	$(BIN)/edged bench api
-	$(BIN)/edged bench streams
-	$(BIN)/edged bench ota
-	$(BIN)/edged bench quantize
+	for suite in core api streams ota quantize; do $(BIN)/python -m tools.bench $$suite || exit 1; done
 
 clean:
 	rm -rf $(VENV) var bench-results

@@ -1,4 +1,4 @@
-"""The `edged` command line: run the daemon, check a config, call a running daemon, benchmark."""
+"""The `edged` command line: run the daemon, check a config, call a running daemon, push updates."""
 
 from __future__ import annotations
 
@@ -92,10 +92,6 @@ def _parser() -> argparse.ArgumentParser:
                               "accuracy (exit 0 accepted, 1 refused, 2 usage, 3 failed)")
     add_quantize_arguments(quantize)
 
-    bench = sub.add_parser("bench", help="run a benchmark and print its table")
-    bench.add_argument("suite", choices=["core", "api", "streams", "ota", "quantize"])
-    bench.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON folder")
-    bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     return parser
 
 
@@ -281,16 +277,6 @@ def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec) -
     return tensor
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    import importlib
-
-    from edged.systemd import setup_logging
-
-    setup_logging("warning", "stderr")
-    suite = importlib.import_module(f"edged.bench.{args.suite}")
-    return int(suite.main(out_dir=args.out, quick=args.quick))
-
-
 def cmd_quantize(args: argparse.Namespace) -> int:
     from edged.quantization.command import run
 
@@ -328,7 +314,7 @@ def cmd_ota(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands = {"run": cmd_run, "check-config": cmd_check_config, "infer": cmd_infer,
-                "models": cmd_models, "status": cmd_status, "bench": cmd_bench,
+                "models": cmd_models, "status": cmd_status,
                 "ota": cmd_ota, "quantize": cmd_quantize}
     try:
         return commands[args.command](args)

@@ -141,7 +141,7 @@ def core(repo: ModelRepository, tmp_path: Path) -> Iterator[tuple[ModelCache, Sc
 @pytest.fixture
 def ppocr_cls(tmp_path: Path) -> Path:
     """A repository holding the real PP-OCR cls model from the rapidocr-onnxruntime wheel."""
-    from edged.bench.assets import PPOCR_CLS, ppocr_model
+    from tools.bench.assets import PPOCR_CLS, ppocr_model
 
     root = tmp_path / "ppocr"
     (root / "cls" / "1").mkdir(parents=True)

@@ -353,7 +353,7 @@ def make_repository(root: Path, which: list[str], report: Report) -> list[ModelV
                 name, make_test_models.MODEL_YAML[name]) + QUANTIZE_YAML)
         names += TINY
     if "ppocr" in which:
-        from edged.bench.assets import PPOCR_CLS, PPOCR_DET, AssetMissing, ppocr_model
+        from tools.bench.assets import PPOCR_CLS, PPOCR_DET, AssetMissing, ppocr_model
 
         for name, file in (("ppocr_cls", PPOCR_CLS), ("ppocr_det", PPOCR_DET)):
             try:

@@ -3,9 +3,7 @@ the others served), and SIGTERM gives an ordered, bounded shutdown."""
 
 from __future__ import annotations
 
-import json
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -102,57 +100,3 @@ def test_daemon_when_config_invalid_exits_one_naming_the_line(
     config.write_text("device_id: x\nstreams:\n  - {name: a, source: 'rtmp://x', model: m}\n")
     assert main(["run", "--config", str(config)]) == 1
     assert "streams[0].source: unsupported scheme 'rtmp' (line 3)" in capsys.readouterr().err
-
-
-def test_bench_core_when_run_quick_prints_table_and_writes_json(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "core", "--quick", "--out", str(tmp_path)]) == 0
-    table = capsys.readouterr().out
-    assert "cls c=1 infer() p50" in table and "batching off" in table
-    results = json.loads((tmp_path / "core.json").read_text())
-    assert set(results["latency"]) == {"cls", "cls_1t", "tiny_cls"}
-    assert results["throughput"]["cls_delay"]["mean_batch"] > 1  # batches really formed
-
-
-def test_bench_api_when_run_quick_measures_every_path(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "api", "--quick", "--out", str(tmp_path)]) == 0
-    table = capsys.readouterr().out
-    assert "PP-OCR det 1x3x640x640" in table and "edged, Unix socket, binary" in table
-    results = json.loads((tmp_path / "api.json").read_text())
-    for model in ("tiny_cls", "det"):
-        row = results["latency"][model]
-        assert row["direct"]["p50_ms"] > 0 and row["socket"]["p50_ms"] > 0
-        assert row["shm"]["p50_ms"] > 0
-    assert results["rates"]["edged_socket_binary"]["c8"]["requests_per_s"] > 0
-
-
-def test_bench_streams_when_run_quick_measures_every_case_at_a_real_subscriber(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if shutil.which("mosquitto") is None:
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
-    assert main(["bench", "streams", "--quick", "--out", str(tmp_path)]) == 0
-    assert "achieved / model-bound" in capsys.readouterr().out
-    results = json.loads((tmp_path / "streams.json").read_text())
-    assert results["broker"] == "private mosquitto"
-    assert [(c["streams"], c["in_flight"]) for c in results["cases"]] == [(1, 2), (2, 2),
-                                                                          (4, 2), (4, 1)]
-    for case in results["cases"]:
-        assert case["achieved_fps"] > 0 and case["latency"]["p50_ms"] > 0
-        assert len(case["per_stream_fps"]) == case["streams"]  # every stream got results
-
-
-def test_bench_ota_when_run_quick_updates_under_load_without_a_failed_request(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if shutil.which("mosquitto") is None:
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
-    assert main(["bench", "ota", "--quick", "--out", str(tmp_path)]) == 0
-    assert "received->active" in capsys.readouterr().out
-    results = json.loads((tmp_path / "ota.json").read_text())
-    assert [c["model"] for c in results["cases"]] == ["cls", "det"]
-    for case in results["cases"]:
-        (update,) = case["rounds"]
-        assert all(update[p]["requests"] > 0 and update[p]["failed"] == 0
-                   for p in ("before", "after"))
-        assert update["during"]["failed"] == 0 and update["received_to_active_s"] > 0
-        assert set(update["answers_by_version"]) == {"1", "2"}  # both served, under load

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from conftest import options, write_yaml
 
-from edged.bench.textlines import PPOCR_CLS_PREPROCESS, write_set
 from edged.cache import ModelCache
 from edged.cli import main
 from edged.errors import ModelLoadError
 from edged.precision import int8_variant
 from edged.quantization.report import ACCEPTED_FILE, REFUSED_FILE, read_report
 from edged.repository import ModelRepository
+from tools.bench.textlines import PPOCR_CLS_PREPROCESS, write_set
 
 
 def test_quantize_when_ppocr_cls_calibrated_on_rendered_lines_reports_accuracy_and_gate(

@@ -29,7 +29,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -137,24 +136,18 @@ def mlserver_available() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    # The port is released before MLServer binds it; a race with another process is possible
-    # but shows up as a startup failure, not as a wrong result.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _write_settings(
     repository: Path, model_path: Path, model_name: str, intra_op_threads: int
 ) -> int:
-    http_port = _free_port()
+    from tools.bench.broker import free_port  # in the bench process, never in MLServer's
+
+    http_port = free_port()
     settings = {
         "host": "127.0.0.1",
         "http_port": http_port,
         # MLServer 1.7.1 always starts its gRPC server (there is no switch), so give it a free
         # port of its own; nothing connects to it.
-        "grpc_port": _free_port(),
+        "grpc_port": free_port(),
         # None disables the Prometheus endpoint, its separate server and the per-request
         # PrometheusMiddleware.
         "metrics_endpoint": None,

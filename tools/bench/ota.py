@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from edged.api.protocol import HEADER_LENGTH, encode_request
-from edged.bench.api import THREADS, edged_config, run_edged
-from edged.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report
-from edged.bench.broker import loopback_broker
-from edged.bench.core import CLS_YAML, DET_YAML, Latency
-from edged.bench.load import Sample, Target, http_request, one, sampled_loop
 from edged.ota.manifest import sign_document
 from edged.ota.push import serve
+from tools.bench.api import THREADS, edged_config, run_edged
+from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report
+from tools.bench.broker import loopback_broker
+from tools.bench.core import CLS_YAML, DET_YAML, Latency
+from tools.bench.load import Sample, Target, http_request, one, sampled_loop
 
 CONCURRENCY = 4
 # (model, file, model.yaml, request shape): a small and a larger model, as fleets have

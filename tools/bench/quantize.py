@@ -19,11 +19,11 @@ import cv2
 import numpy as np
 
 from edged.backends import BackendOptions
-from edged.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report
-from edged.bench.textlines import PPOCR_CLS_PREPROCESS, render_line, write_set
 from edged.quantization.command import gather
 from edged.quantization.quantize import quantize
 from edged.repository import ModelRepository
+from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report
+from tools.bench.textlines import PPOCR_CLS_PREPROCESS, render_line, write_set
 
 CLS_YAML = ("max_batch_size: 8\ninputs: [{name: x, shape: [3, 48, 192]}]\n"
             f"{PPOCR_CLS_PREPROCESS}\npostprocess: {{kind: classify}}\n")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -12,7 +11,6 @@ from typing import Any
 
 PPOCR_CLS = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
 PPOCR_DET = "ch_PP-OCRv4_det_infer.onnx"
-TOOLS_DIR = Path(__file__).resolve().parents[2] / "tools"
 
 
 class AssetMissing(RuntimeError):
@@ -32,14 +30,9 @@ def ppocr_model(filename: str) -> Path:
 
 
 def tiny_model_tools() -> ModuleType:
-    """The tiny-model generator from the source tree's tools/ folder."""
-    if str(TOOLS_DIR) not in sys.path:
-        sys.path.insert(0, str(TOOLS_DIR))
-    try:
-        import make_test_models
-    except ImportError as exc:
-        raise AssetMissing(f"tools/make_test_models.py not found next to edged ({exc}); "
-                           "run benchmarks from a source checkout") from exc
+    """The tiny-model generator beside the benchmarks (tools/make_test_models.py)."""
+    from tools import make_test_models
+
     return make_test_models
 
 

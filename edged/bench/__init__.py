@@ -1,1 +1,0 @@
-"""Benchmarks behind `edged bench`: each compares variants inside one run and writes JSON."""

@@ -1,0 +1,33 @@
+"""Run one benchmark from a source checkout and print its table:
+`python -m tools.bench {core,api,streams,ota,quantize} [--quick] [--out DIR]`.
+
+Benchmarks are the operator's and the developer's tool, not the device's: they need the
+tiny-model generator beside them in tools/ and the PP-OCR models of the rapidocr-onnxruntime
+wheel, so they live here rather than in the installed package."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+SUITES = ("core", "api", "streams", "ota", "quantize")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__)
+    parser.add_argument("suite", choices=SUITES)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON folder")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
+    args = parser.parse_args(argv)
+
+    from edged.systemd import setup_logging
+
+    setup_logging("warning", "stderr")
+    suite = importlib.import_module(f"tools.bench.{args.suite}")
+    return int(suite.main(out_dir=args.out, quick=args.quick))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
