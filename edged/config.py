@@ -12,6 +12,7 @@ from typing import Literal
 from edged.errors import ConfigError, ConfigIssue
 from edged.schema import Parsed, at_least, between, parse, parse_file, setting
 
+DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")  # what `edged run` reads without --config
 STREAM_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst", "mqtt")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from edged.client import EdgedClient
 from edged.config import DaemonConfig, parse_config
 from edged.daemon import Daemon
+from edged.ops.client import EdgedClient
 
 
 def free_port() -> int:

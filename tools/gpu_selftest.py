@@ -243,8 +243,8 @@ def int8_file(model: ModelVersion, make: bool, samples: int) -> tuple[Path | Non
     path, why = int8_status(model)
     if path is None and make:
         try:
-            from edged.quantization.calibration import Sample
-            from edged.quantization.quantize import quantize
+            from edged.ops.quantize.calibration import Sample
+            from edged.ops.quantize.quantize import quantize
         except ImportError as exc:
             return None, f"cannot quantize here ({exc})"
         draws = [Sample({k: v[0] if model.max_batch_size else v

@@ -1,2 +1,1 @@
-"""INT8 variants of a model: calibration samples, ONNX Runtime static quantization (QDQ) and the
-accuracy gate that decides whether the variant may be loaded (`edged quantize`)."""
+"""What the device reads of an INT8 variant: the gate's report (`edged quantize` makes both)."""

@@ -21,7 +21,7 @@ from served_daemon import Served, ServeFactory
 
 from edged.api.protocol import RequestedOutput, ShmRef
 from edged.cli import main
-from edged.client import SharedRegion
+from edged.ops.client import SharedRegion
 
 
 def cls_input(seed: int = 0, rows: int = 1) -> np.ndarray:

@@ -16,8 +16,8 @@ from conftest import GateBackend, write_yaml
 from served_daemon import Served, ServeFactory
 
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef
-from edged.client import ApiError, EdgedClient, SharedRegion
 from edged.errors import ConfigError
+from edged.ops.client import ApiError, EdgedClient, SharedRegion
 
 X = np.zeros((1, 3, 8, 8), np.float32)
 

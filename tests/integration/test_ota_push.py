@@ -15,7 +15,7 @@ from ota_helpers import X, expected, tiny_cls_bytes
 from served_daemon import ServeFactory
 
 from edged.cli import main
-from edged.ota.tools import keygen
+from edged.ops.keys import keygen
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from make_demo import write_color_video
 from notify_receiver import NotifyReceiver, has
 from served_daemon import ServeFactory
 
-from edged.client import EdgedClient
+from edged.ops.client import EdgedClient
 from edged.systemd import Notifier
 
 X = np.zeros((1, 3, 8, 8), np.float32)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from edged.health import HealthMonitor, RecentErrors
-from edged.status import render
+from edged.ops.status import render
 
 
 @dataclass

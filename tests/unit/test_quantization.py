@@ -13,10 +13,10 @@ import pytest
 
 from edged.errors import InvalidInput, InvalidModel
 from edged.model_config import PreprocessConfig, QuantizationConfig
+from edged.ops.quantize.calibration import Sample, load_samples, split, stream_samples, subset
+from edged.ops.quantize.command import gather, read_labels
+from edged.ops.quantize.gate import classify_output, compare, decide
 from edged.processing.pre import preprocess
-from edged.quantization.calibration import Sample, load_samples, split, stream_samples, subset
-from edged.quantization.command import gather, read_labels
-from edged.quantization.gate import classify_output, compare, decide
 from edged.quantization.report import Check, QuantReport, read_report, report_path, write_report
 from edged.repository import ModelRepository
 

@@ -28,7 +28,7 @@ import numpy as np
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_request
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import session_options
-from edged.client import EdgedClient, InferResponse, SharedRegion
+from edged.ops.client import EdgedClient, InferResponse, SharedRegion
 from tools.bench.assets import PPOCR_DET, ppocr_model, run_and_report, tiny_model_tools
 from tools.bench.broker import free_port, stop_process
 from tools.bench.core import Latency, interleaved

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from edged.api.protocol import HEADER_LENGTH, encode_request
+from edged.ops.push import serve
 from edged.ota.manifest import sign_document
-from edged.ota.push import serve
 from tools.bench.api import THREADS, edged_config, run_edged
 from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report
 from tools.bench.broker import loopback_broker

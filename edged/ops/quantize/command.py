@@ -14,8 +14,8 @@ import numpy as np
 
 from edged.backends.base import BackendOptions
 from edged.errors import ConfigError, EdgedError, InvalidInput, QuantizationFailed
-from edged.quantization.calibration import Sample, load_samples, split, stream_samples, subset
-from edged.quantization.quantize import quantize
+from edged.ops.quantize.calibration import Sample, load_samples, split, stream_samples, subset
+from edged.ops.quantize.quantize import quantize
 from edged.quantization.report import QuantReport, report_path
 from edged.repository import ModelRepository, ModelVersion
 

@@ -26,8 +26,8 @@ from typing import Any, TextIO
 
 from edged.config import split_host_port
 from edged.errors import ToolError
+from edged.ops.keys import load_private_key, read_manifest
 from edged.ota.manifest import FINAL, Rejected, parse_manifest, sign_document
-from edged.ota.tools import load_private_key, read_manifest
 
 CHUNK_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 15.0

@@ -21,9 +21,9 @@ from edged.backends.base import BackendOptions
 from edged.errors import EdgedError, QuantizationFailed, ToolError
 from edged.loadspec import load_spec
 from edged.onnx_signature import read_signature
+from edged.ops.quantize.calibration import Sample
+from edged.ops.quantize.gate import Outputs, classify_output, compare, decide
 from edged.precision import time_sessions
-from edged.quantization.calibration import Sample
-from edged.quantization.gate import Outputs, classify_output, compare, decide
 from edged.quantization.report import (
     ACCEPTED_FILE,
     REFUSED_FILE,

@@ -1,0 +1,232 @@
+"""The operator's commands of the `edged` CLI: call a running daemon (`infer`, `models`,
+`status`), sign and push model updates (`ota`), and make INT8 variants (`quantize`). They run on
+an operator's machine as well as on the device; the daemon never imports them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edged.api.protocol import TRITON_TO_NUMPY
+from edged.backends import TensorSpec
+from edged.config import DEFAULT_CONFIG_PATH, DaemonConfig, load_config
+from edged.errors import InvalidInput
+from edged.model_config import PreprocessConfig
+from edged.ops.quantize.command import add_arguments as add_quantize_arguments
+
+if TYPE_CHECKING:
+    from edged.ops.client import EdgedClient
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
+    """Add the operator's subcommands to the `edged` parser; returns their handlers by name."""
+    infer = sub.add_parser("infer", help="run one inference on a running daemon")
+    infer.add_argument("model")
+    infer.add_argument("--input", "-i", action="append", required=True, metavar="[NAME=]FILE",
+                       help=".npy array or image (jpg/png/...: preprocessed as the model "
+                            "says); NAME= for models with several inputs")
+    infer.add_argument("--version", type=int, help="model version (default: the active one)")
+    infer.add_argument("--json", action="store_true", help="print the response as JSON")
+    _add_target(infer)
+    models = sub.add_parser("models", help="list a running daemon's models")
+    _add_target(models)
+    status = sub.add_parser("status", help="a running daemon's health, models, streams, broker")
+    status.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_target(status)
+    ota = sub.add_parser("ota", help="OTA keys and manifests")
+    ota_sub = ota.add_subparsers(dest="ota_command", required=True)
+    keygen = ota_sub.add_parser("keygen", help="make an Ed25519 key pair (KEY and KEY.pub)")
+    keygen.add_argument("key", type=Path)
+    sign = ota_sub.add_parser("sign", help="sign a manifest (prints the signed JSON)")
+    sign.add_argument("manifest", type=Path)
+    sign.add_argument("--key", type=Path, required=True, help="Ed25519 private key (PEM)")
+    sign.add_argument("--artifact", type=Path, help="fill in artifact.size and sha256 from it")
+    sign.add_argument("--out", "-o", type=Path, help="write here instead of stdout")
+    push = ota_sub.add_parser("push", help="publish a manifest and follow the devices' status")
+    push.add_argument("manifest", type=Path)
+    push.add_argument("--key", type=Path, help="sign it (filling in the artifact) before sending")
+    push.add_argument("--artifact", type=Path, help="the artifact file (size, sha256, sending)")
+    push.add_argument("--serve", metavar="HOST:PORT",
+                      help="serve --artifact over HTTP from here while the devices fetch it")
+    push.add_argument("--url-host", help="the host name devices reach --serve by")
+    push.add_argument("--inline", action="store_true",
+                      help="send --artifact as MQTT chunks of 64 KiB (small models)")
+    push.add_argument("--retain", action="store_true",
+                      help="retain the manifest: devices offline now get it when they connect")
+    _add_ota_target(push, timeout=600.0)
+    roll = ota_sub.add_parser("rollback", help="ask devices to serve the previous version")
+    roll.add_argument("model")
+    roll.add_argument("--key", type=Path, help="sign the command (devices require it unless "
+                                               "ota.allow_unsigned)")
+    roll.add_argument("--from-version", type=int,
+                      help="only devices serving this version roll back (fleet-wide use)")
+    _add_ota_target(roll, timeout=120.0)
+    quantize = sub.add_parser("quantize", help="make a model's INT8 variant and gate it on "
+                              "accuracy (exit 0 accepted, 1 refused, 2 usage, 3 failed)")
+    add_quantize_arguments(quantize)
+    return {"infer": cmd_infer, "models": cmd_models, "status": cmd_status, "ota": cmd_ota,
+            "quantize": cmd_quantize}
+
+
+def _add_ota_target(parser: argparse.ArgumentParser, timeout: float) -> None:
+    parser.add_argument("--broker", default="127.0.0.1:1883", metavar="HOST:PORT")
+    parser.add_argument("--username")
+    parser.add_argument("--password-file", type=Path)
+    parser.add_argument("--ca-file", type=Path, help="connect with TLS, trusting this CA")
+    parser.add_argument("--device", action="append", default=[], metavar="PREFIX",
+                        help="a device's topic prefix, e.g. edged/edge-01 (repeatable)")
+    parser.add_argument("--fleet", metavar="PREFIX", help="the fleet prefix, e.g. edged/fleet")
+    parser.add_argument("--group", help="with --fleet: only this group")
+    parser.add_argument("--watch", action="append", default=[], metavar="PREFIX",
+                        help="device prefixes to follow (MQTT wildcards; default: the devices, "
+                             "or the fleet prefix's siblings)")
+    parser.add_argument("--expect", type=int, help="devices that must answer")
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds to follow")
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--socket", type=Path, help="daemon socket (default: from --config)")
+    parser.add_argument("--http", metavar="HOST:PORT", help="use the loopback TCP listener")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH,
+                        help="read api.socket from this file when --socket is not given")
+
+
+def _client(args: argparse.Namespace) -> EdgedClient:
+    from edged.ops.client import EdgedClient
+
+    if args.http:
+        return EdgedClient(http=args.http)
+    socket = args.socket
+    if socket is None:
+        socket = load_config(args.config).api.socket if args.config.exists() else \
+            DaemonConfig().api.socket
+    return EdgedClient(socket)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        rows = client.models()
+    table = [("MODEL", "VERSION", "STATE", "BACKEND", "PROVIDERS / REASON")]
+    for row in rows:
+        detail = ", ".join(row.get("providers", [])) or row.get("reason", "")
+        table.append((row["name"], row["version"], row["state"], row.get("backend", "-"),
+                      detail))
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4])
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One screen: health, models, queues, streams, broker, recent warnings. Exit 0 when the
+    daemon is live and ready, 1 otherwise."""
+    from edged.ops.status import render
+
+    with _client(args) as client:
+        report = client.status()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+    return 0 if report.get("live") and report.get("ready") else 1
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        inputs = read_inputs(client, args.model, args.version, args.input)
+        result = client.infer(args.model, inputs, version=args.version)
+    if args.json:
+        print(json.dumps({"model_name": result.model, "model_version": result.version,
+                          "outputs": {k: v.tolist() for k, v in result.outputs.items()}}))
+        return 0
+    print(f"{result.model}:{result.version}")
+    with np.printoptions(precision=5, suppress=True, threshold=64, edgeitems=4):
+        for name, array in result.outputs.items():
+            print(f"{name} {array.dtype} {list(array.shape)}\n{array}")
+    return 0
+
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
+
+
+def read_inputs(client: EdgedClient, model: str, version: int | None,
+                given: list[str]) -> dict[str, np.ndarray]:
+    """`--input` values as tensors: .npy as they are, images preprocessed as the model's
+    `preprocess` says (its defaults when it says nothing)."""
+    meta = client.model_config(model, version)
+    batched = meta["max_batch_size"] > 0
+    specs = {t["name"]: TensorSpec(t["name"], np.dtype(TRITON_TO_NUMPY[t["data_type"][5:]]),
+                                   tuple(([1] if batched else []) + t["dims"]))
+             for t in meta["input"]}
+    inputs = {}
+    for item in given:
+        name, sep, file = item.partition("=")
+        if not sep:
+            if len(specs) != 1:
+                raise InvalidInput(f"{model} has inputs {', '.join(specs)}: use NAME=FILE")
+            name, file = next(iter(specs)), item
+        if name not in specs:
+            raise InvalidInput(f"{model} has no input {name!r} (inputs: {', '.join(specs)})")
+        path = Path(file)
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            inputs[name] = _image_tensor(path, meta["edged"].get("preprocess"), specs[name])
+        else:
+            inputs[name] = np.load(path, allow_pickle=False)
+    return inputs
+
+
+def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec) -> np.ndarray:
+    try:
+        import cv2
+
+        from edged.processing.pre import preprocess
+    except ImportError as exc:
+        raise InvalidInput("reading images needs OpenCV: pip install 'edged[video]'") from exc
+    frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if frame is None:
+        raise InvalidInput(f"{path}: not an image OpenCV can read")
+    config = PreprocessConfig(**(pre or {}))  # type: ignore[arg-type]
+    tensor, _geometry = preprocess(frame, config, spec)
+    return tensor
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from edged.ops.quantize.command import run
+
+    return run(args)
+
+
+def cmd_ota(args: argparse.Namespace) -> int:
+    from edged.ops import keys
+
+    if args.ota_command == "keygen":
+        public, key_id = keys.keygen(args.key)
+        print(f"private key: {args.key} (keep it off the devices)\npublic key:  {public} "
+              f"(list it in ota.trusted_keys)\nkey_id:      {key_id}")
+        return 0
+    if args.ota_command in ("push", "rollback"):
+        from edged.ops import push
+
+        broker = push.Broker.parse(args.broker, username=args.username,
+                                   password_file=args.password_file, ca_file=args.ca_file)
+        target = push.Target.of(args.device, args.fleet, args.group, args.watch, args.expect)
+        if args.ota_command == "rollback":
+            return push.rollback(args.model, broker, target, args.key,
+                                 from_version=args.from_version, timeout_s=args.timeout)
+        return push.push(args.manifest, broker, target, key=args.key, artifact=args.artifact,
+                         serve_at=args.serve, url_host=args.url_host, inline=args.inline,
+                         retain=args.retain, timeout_s=args.timeout)
+    text = json.dumps(keys.sign(args.manifest, args.key, args.artifact), indent=2) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
