@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edged.errors import InvalidInput
-from edged.model_config import BatchingConfig
-from edged.repository import ModelVersion
+from edged.model.config import BatchingConfig
+from edged.model.repository import ModelVersion
 
 Outputs = dict[str, np.ndarray]
 ShapeKey = tuple[tuple[int, ...], ...] | None

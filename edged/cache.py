@@ -24,9 +24,9 @@ from edged.backends import (
     get_backend,
 )
 from edged.errors import EdgedError, ModelLoadError, ModelNotFound
-from edged.loadspec import load_spec, options_for, warmup_inputs
-from edged.precision import choose_precision
-from edged.repository import ModelRepository, ModelVersion
+from edged.model.loadspec import load_spec, options_for, warmup_inputs
+from edged.model.precision import choose_precision
+from edged.model.repository import ModelRepository, ModelVersion
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Entry:
     last_used: float
     refs: int = 0
     retiring: bool = False  # swapped out: unload once the last lease is returned
-    precision: str = "fp32"  # what was loaded: fp32 | fp16 | int8 (edged.precision)
+    precision: str = "fp32"  # what was loaded: fp32 | fp16 | int8 (edged.model.precision)
     # Served on a fallback until the chosen backend is ready (an engine building): completes
     # when it is, and the cache then swaps this entry for one on that backend.
     upgrade: Future[None] | None = None

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from edged.config import DEFAULT_CONFIG_PATH, DaemonConfig, load_config, with_overrides
 from edged.errors import ConfigError, EdgedError
+from edged.model.repository import ModelRepository
 from edged.ops.commands import Command, add_commands
-from edged.repository import ModelRepository
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:

@@ -23,8 +23,9 @@ from edged.cache import ModelCache
 from edged.config import DaemonConfig, StreamConfig
 from edged.errors import ConfigError, EdgedError
 from edged.health import Beating, HealthMonitor, RecentErrors
-from edged.loadspec import backend_options
 from edged.metrics import InferenceCounters, Metrics, ModelState
+from edged.model.loadspec import backend_options
+from edged.model.repository import ModelRepository
 from edged.mqtt import MqttLink
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import TrustStore
@@ -32,7 +33,6 @@ from edged.ota.service import OtaService
 from edged.pipeline import StreamPipeline
 from edged.reload import plan as reload_plan
 from edged.reporting import Reporter
-from edged.repository import ModelRepository
 from edged.scheduler import BatcherStats, Scheduler
 from edged.sources import Backoff, FrameQueue, open_source
 from edged.systemd import Notifier, activated_unix_socket, listen_fds

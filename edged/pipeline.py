@@ -24,10 +24,10 @@ import numpy as np
 
 from edged.config import StreamConfig
 from edged.errors import EdgedError
-from edged.model_config import PreprocessConfig
+from edged.model.config import PreprocessConfig
+from edged.model.repository import ModelVersion
 from edged.processing.post import Postprocessor
 from edged.processing.pre import Geometry, preprocess
-from edged.repository import ModelVersion
 from edged.scheduler import Outputs, Scheduler
 from edged.sources import Frame, Source, worth_logging
 

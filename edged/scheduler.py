@@ -35,7 +35,7 @@ from edged.errors import (
     Timeout,
 )
 from edged.memory import BufferPool, new_pool
-from edged.repository import ModelVersion
+from edged.model.repository import ModelVersion
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import pytest
 from edged.backends import BackendOptions, LoadSpec, register_backend
 from edged.backends.onnxruntime import OrtBackend, OrtSession
 from edged.cache import ModelCache
-from edged.repository import ModelRepository
+from edged.model.repository import ModelRepository
 from edged.scheduler import Scheduler
 
 ORT_TARGET = "edged.backends.onnxruntime:OrtBackend"
@@ -76,6 +76,9 @@ class GateBackend:
 
     def unavailable_reason(self) -> str | None:
         return None
+
+    def auto_precision(self, int8: Path | None, why: str) -> tuple[str, str] | None:
+        return self.real.auto_precision(int8, why)
 
     def load(self, spec: LoadSpec, opts: BackendOptions) -> GatedSession:
         with self.cond:

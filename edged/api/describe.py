@@ -7,9 +7,9 @@ import dataclasses
 from typing import Any
 
 from edged.api.protocol import triton_dtype
-from edged.backends import TensorSpec
 from edged.cache import ModelStatus
-from edged.repository import ModelVersion
+from edged.model.repository import ModelVersion
+from edged.model.tensor import TensorSpec
 
 PLATFORM = "onnxruntime_onnx"
 

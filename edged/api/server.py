@@ -33,7 +33,7 @@ from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
 from edged.errors import EdgedError, Forbidden, InvalidInput, ModelNotFound
 from edged.metrics import CONTENT_TYPE, Metrics
-from edged.repository import ModelVersion
+from edged.model.repository import ModelVersion
 from edged.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)

@@ -16,14 +16,13 @@ from edged.backends.base import (
     LoadSpec,
     Session,
     ShapeRange,
-    TensorSpec,
 )
 from edged.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Backend", "BackendOptions", "EngineBuilding", "FallBack", "LoadSpec", "Session",
-           "ShapeRange", "TensorSpec", "choose_backend", "get_backend", "register_backend",
+           "ShapeRange", "choose_backend", "get_backend", "register_backend",
            "registered"]
 
 # Best first: `auto` walks this order and takes the first backend usable here.

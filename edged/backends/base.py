@@ -10,15 +10,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]  # -1 for a dynamic dim; the batch dim included when batched
-
-    def describe(self) -> str:
-        return f"{self.name}: {self.dtype} {list(self.shape)}"
+from edged.model.tensor import TensorSpec
 
 
 @dataclass(frozen=True)
@@ -92,6 +84,13 @@ class Backend(Protocol):
         ...
 
     def load(self, spec: LoadSpec, options: BackendOptions) -> Session: ...
+
+    def auto_precision(self, int8: Path | None, why: str) -> tuple[str, str] | None:
+        """What `precision: auto` takes on this backend without timing anything, as (precision,
+        reason): `int8` means the accepted INT8 variant `int8`, any other precision model.onnx.
+        None: time FP32 against the INT8 variant on the real sessions and take the faster.
+        `why` says why `int8` is what it is (None: no accepted variant)."""
+        ...
 
 
 class FallBack(Exception):

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from edged import gpu, memory
-from edged.backends.base import BackendOptions, LoadSpec, TensorSpec
+from edged.backends.base import BackendOptions, LoadSpec
 from edged.backends.profiles import ProfileError, derive_profile, ort_trt_profile_options
 from edged.errors import ModelLoadError
+from edged.model.tensor import TensorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ class OrtBackend:
 
     def load(self, spec: LoadSpec, options: BackendOptions) -> OrtSession:
         return OrtSession(spec, options)
+
+    def auto_precision(self, int8: Path | None, why: str) -> tuple[str, str] | None:
+        # INT8 is slower than FP32 on CPUs without fast INT8 kernels: measure when there is one.
+        return None if int8 is not None else ("fp32", f"auto: {why}")
 
 
 def provider_chain(spec: LoadSpec, options: BackendOptions,

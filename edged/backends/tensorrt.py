@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -29,7 +30,6 @@ from edged.backends.base import (
     EngineBuilding,
     FallBack,
     LoadSpec,
-    TensorSpec,
 )
 from edged.backends.engine_cache import EngineFiles, EngineKey
 from edged.backends.profiles import ProfileError, derive_profile
@@ -42,6 +42,7 @@ from edged.backends.trt_build import (
     weakly_typed,
 )
 from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput
+from edged.model.tensor import TensorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,18 @@ class TensorRTBackend:
         except ImportError as exc:
             return f"the tensorrt module is not installed ({exc})"
         return gpu.unavailable_reason()
+
+    def auto_precision(self, int8: Path | None, why: str) -> tuple[str, str] | None:
+        """FP16 is TensorRT's usual floor; INT8 when the variant is TensorRT's kind (signed,
+        symmetric Q/DQ)."""
+        if int8 is None:
+            return "fp16", f"auto on TensorRT: {why}"
+        _qdq, refusal = inspect_qdq(int8)
+        if refusal is not None:
+            return "fp16", ("auto on TensorRT: the INT8 variant is not TensorRT's kind "
+                            f"({refusal}; quantize with quantization.symmetric and "
+                            "activation_type: int8)")
+        return "int8", f"auto on TensorRT: {why}"
 
     def load(self, spec: LoadSpec, options: BackendOptions) -> TrtSession:
         try:

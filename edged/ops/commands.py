@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edged.api.protocol import TRITON_TO_NUMPY
-from edged.backends import TensorSpec
 from edged.config import DEFAULT_CONFIG_PATH, DaemonConfig, load_config
 from edged.errors import InvalidInput
-from edged.model_config import PreprocessConfig
+from edged.model.config import PreprocessConfig
+from edged.model.tensor import TensorSpec
 from edged.ops.quantize.command import add_arguments as add_quantize_arguments
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from edged.model.repository import MODEL_FILE
 from edged.ota.manifest import Rejected
-from edged.repository import MODEL_FILE
 
 GOLDEN = "golden"  # bundle folder: inputs.npz, outputs.npz, tolerance.json
 

@@ -27,11 +27,11 @@ import numpy as np
 from edged.cache import ModelCache
 from edged.config import OtaConfig
 from edged.errors import EdgedError, InvalidModel, ModelNotFound
-from edged.onnx_signature import read_signature
+from edged.model.repository import MODEL_FILE, ModelRepository, ModelVersion
+from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
 from edged.ota.fetch import ChunkAssembler, Fetcher, sha256_of
 from edged.ota.manifest import Manifest, Rejected, Tensor, TrustStore
-from edged.repository import MODEL_FILE, ModelRepository, ModelVersion
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edged.errors import ModelNotFound, UpdateRejected
-from edged.repository import check_model_name
+from edged.model.repository import check_model_name
 
 MAX_MANIFEST_BYTES = 64 * 1024
 # The status states a device reports on <prefix>/ota/<model>/status; the final ones are

@@ -13,11 +13,11 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from edged.errors import ModelNotFound
+from edged.model.repository import check_model_name
 from edged.mqtt import MqttLink
 from edged.ota.fetch import ChunkAssembler
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import FINAL, Rejected, parse_manifest
-from edged.repository import check_model_name
 
 logger = logging.getLogger(__name__)
 

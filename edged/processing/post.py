@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from edged.errors import InvalidModel
-from edged.model_config import PostprocessConfig
+from edged.model.config import PostprocessConfig
 from edged.processing.pre import Geometry
 
 Results = dict[str, Any]

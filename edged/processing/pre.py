@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from edged.backends import TensorSpec
 from edged.errors import InvalidInput
-from edged.model_config import PreprocessConfig
+from edged.model.config import PreprocessConfig
+from edged.model.tensor import TensorSpec
 
 
 @dataclass(frozen=True)

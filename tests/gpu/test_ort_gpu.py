@@ -11,7 +11,7 @@ import pytest
 
 from edged.backends import BackendOptions, LoadSpec
 from edged.backends.onnxruntime import OrtSession
-from edged.repository import ModelRepository
+from edged.model.repository import ModelRepository
 
 
 @pytest.mark.gpu

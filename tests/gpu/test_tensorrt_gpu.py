@@ -14,8 +14,8 @@ from edged import gpu
 from edged.backends import BackendOptions, EngineBuilding, LoadSpec
 from edged.backends.onnxruntime import OrtSession
 from edged.backends.tensorrt import TensorRTBackend
-from edged.loadspec import engine_hints
-from edged.repository import ModelRepository
+from edged.model.loadspec import engine_hints
+from edged.model.repository import ModelRepository
 
 TOLERANCE = {"fp32": (1e-3, 1e-4), "fp16": (2e-2, 2e-3)}  # (rtol, atol)
 

@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mosquitto import Broker, Subscriber
 from ota_helpers import Pusher, X, expected, key, statuses, tiny_cls_bytes  # noqa: F401
 
+from edged.model.repository import ModelRepository
 from edged.ops.client import EdgedClient
 from edged.ota.install import CRASH_AT_ENV, PENDING
-from edged.repository import ModelRepository
 
 
 def start(config: Path, log: Path, crash_at: str | None = None) -> subprocess.Popen[bytes]:

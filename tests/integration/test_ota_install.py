@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edged.cache import ModelCache
 from edged.config import OtaConfig
+from edged.model.repository import ModelRepository
 from edged.ota.fetch import ChunkAssembler, Fetcher
 from edged.ota.install import PENDING, Event, Updater
 from edged.ota.manifest import (
@@ -32,7 +33,6 @@ from edged.ota.manifest import (
     parse_manifest,
     sign_document,
 )
-from edged.repository import ModelRepository
 
 X = np.random.default_rng(0).random((1, 3, 8, 8), dtype=np.float32)
 

@@ -16,9 +16,9 @@ from conftest import options, write_yaml
 from edged.cache import ModelCache
 from edged.cli import main
 from edged.errors import ModelLoadError
-from edged.precision import int8_variant
-from edged.quantization.report import ACCEPTED_FILE, REFUSED_FILE, read_report
-from edged.repository import ModelRepository
+from edged.model.int8_report import ACCEPTED_FILE, REFUSED_FILE, read_report
+from edged.model.precision import int8_variant
+from edged.model.repository import ModelRepository
 from tools.bench.textlines import PPOCR_CLS_PREPROCESS, write_set
 
 

@@ -14,7 +14,7 @@ from conftest import GateBackend, options, write_yaml
 
 from edged.cache import ModelCache
 from edged.errors import InvalidModel, ModelNotFound
-from edged.repository import ModelRepository
+from edged.model.repository import ModelRepository
 from edged.scheduler import Scheduler
 
 X = np.linspace(0, 1, 3 * 8 * 8, dtype=np.float32).reshape(1, 3, 8, 8)

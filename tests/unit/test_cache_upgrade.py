@@ -27,8 +27,9 @@ from edged.backends import (
     register_backend,
 )
 from edged.backends.onnxruntime import OrtBackend
+from edged.backends.tensorrt import TensorRTBackend
 from edged.cache import ModelCache
-from edged.repository import ModelRepository
+from edged.model.repository import ModelRepository
 from edged.scheduler import Scheduler
 
 X = np.linspace(0, 1, 3 * 8 * 8, dtype=np.float32).reshape(1, 3, 8, 8)
@@ -61,6 +62,9 @@ class Fallback:
     def unavailable_reason(self) -> str | None:
         return None
 
+    def auto_precision(self, int8: Path | None, why: str) -> tuple[str, str] | None:
+        return self.real.auto_precision(int8, why)
+
     def load(self, spec: LoadSpec, opts: BackendOptions) -> Recorded:
         self.sessions.append(Recorded(self.real.load(spec, opts), ["CPUExecutionProvider"]))
         return self.sessions[-1]
@@ -79,6 +83,9 @@ class Building:
 
     def unavailable_reason(self) -> str | None:
         return None
+
+    def auto_precision(self, int8: Path | None, why: str) -> tuple[str, str] | None:
+        return TensorRTBackend().auto_precision(int8, why)  # TensorRT's rule, no tensorrt
 
     def load(self, spec: LoadSpec, opts: BackendOptions) -> Recorded:
         if not self.ready.done():

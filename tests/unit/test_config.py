@@ -9,7 +9,7 @@ import pytest
 from edged.cli import main
 from edged.config import load_config, parse_config, with_overrides
 from edged.errors import ConfigError
-from edged.model_config import BatchingConfig, ModelConfig
+from edged.model.config import BatchingConfig, ModelConfig
 from edged.schema import parse
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,9 +18,9 @@ from doubles.fake_cudart import DISCRETE, JETSON, FakeCudart
 
 from edged.backends import BackendOptions, LoadSpec
 from edged.backends.onnxruntime import OrtSession, device_inputs, provider_chain
-from edged.loadspec import engine_hints, options_for
 from edged.memory import DeviceBufferPool
-from edged.repository import ModelRepository
+from edged.model.loadspec import engine_hints, options_for
+from edged.model.repository import ModelRepository
 
 TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
 X = np.linspace(0, 1, 2 * 3 * 8 * 8, dtype=np.float32).reshape(2, 3, 8, 8)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edged.errors import InvalidModel
-from edged.model_config import PostprocessConfig
+from edged.model.config import PostprocessConfig
 from edged.processing.post import Postprocessor, classify, detect, nms, raw
 from edged.processing.pre import Geometry
 

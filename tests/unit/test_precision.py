@@ -15,16 +15,10 @@ from conftest import options, write_yaml
 
 from edged.backends import LoadSpec
 from edged.backends.onnxruntime import OrtBackend
+from edged.backends.tensorrt import TensorRTBackend  # its rules need no tensorrt module
 from edged.cache import ModelCache
 from edged.errors import ModelLoadError
-from edged.precision import (
-    choose_precision,
-    int8_status,
-    int8_variant,
-    measure_sessions,
-    sample_inputs,
-)
-from edged.quantization.report import (
+from edged.model.int8_report import (
     ACCEPTED_FILE,
     REFUSED_FILE,
     Check,
@@ -32,7 +26,14 @@ from edged.quantization.report import (
     file_sha256,
     write_report,
 )
-from edged.repository import ModelRepository, ModelVersion
+from edged.model.precision import (
+    choose_precision,
+    int8_status,
+    int8_variant,
+    measure_sessions,
+    sample_inputs,
+)
+from edged.model.repository import ModelRepository, ModelVersion
 
 
 def make_variant(model: ModelVersion, *, accepted: bool = True,
@@ -62,10 +63,6 @@ class Timings:
     def __call__(self, fp32: LoadSpec, int8: LoadSpec) -> tuple[float, float]:
         self.calls.append((fp32.path, int8.path))
         return self.result
-
-
-class FakeTensorRT:
-    name = "tensorrt"
 
 
 @pytest.fixture
@@ -172,7 +169,7 @@ def test_choose_when_auto_on_tensorrt_takes_the_accepted_variant_unmeasured(
         model: ModelVersion, tmp_path: Path) -> None:
     variant = make_variant(model)
     timings = Timings(1, 2)
-    choice = choose_precision(model, FakeTensorRT(), options(tmp_path),  # type: ignore[arg-type]
+    choice = choose_precision(model, TensorRTBackend(), options(tmp_path),
                               measure=timings)
     assert (choice.path, choice.precision, timings.calls) == (variant, "int8", [])
 
@@ -191,14 +188,14 @@ def test_choose_when_auto_on_tensorrt_and_the_variant_is_asymmetric_builds_fp16(
          helper.make_tensor("z", TensorProto.UINT8, [], [128])])
     onnx.save(helper.make_model(graph), str(tmp_path / "qdq.onnx"))
     make_variant(model, source=tmp_path / "qdq.onnx")
-    choice = choose_precision(model, FakeTensorRT(), options(tmp_path))  # type: ignore[arg-type]
+    choice = choose_precision(model, TensorRTBackend(), options(tmp_path))
     assert (choice.path, choice.precision) == (model.onnx_path, "fp16")
     assert "not TensorRT's kind" in choice.reason and "uint8" in choice.reason
 
 
 def test_choose_when_auto_on_tensorrt_without_a_variant_builds_fp16(
         model: ModelVersion, tmp_path: Path) -> None:
-    choice = choose_precision(model, FakeTensorRT(), options(tmp_path))  # type: ignore[arg-type]
+    choice = choose_precision(model, TensorRTBackend(), options(tmp_path))
     assert (choice.path, choice.precision) == (model.onnx_path, "fp16")
 
 

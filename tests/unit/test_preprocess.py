@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edged.backends import TensorSpec
 from edged.errors import InvalidInput
-from edged.model_config import PreprocessConfig
+from edged.model.config import PreprocessConfig
+from edged.model.tensor import TensorSpec
 from edged.processing.pre import preprocess
 
 SPEC = TensorSpec("x", np.dtype(np.float32), (-1, 3, 4, 8))

@@ -10,7 +10,7 @@ import pytest
 from conftest import write_yaml
 
 from edged.errors import InvalidModel, ModelNotFound
-from edged.repository import ModelRepository
+from edged.model.repository import ModelRepository
 
 
 def test_repository_when_listing_skips_hidden_staging_and_bad_names(repo_dir: Path) -> None:

@@ -21,7 +21,7 @@ from edged.errors import (
     ShuttingDown,
     Timeout,
 )
-from edged.repository import ModelRepository
+from edged.model.repository import ModelRepository
 from edged.scheduler import Scheduler
 
 Core = tuple[ModelCache, Scheduler]

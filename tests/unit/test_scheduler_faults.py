@@ -17,7 +17,7 @@ from test_scheduler import cls_input, hold_worker
 
 from edged.cache import ModelCache
 from edged.errors import InvalidInput, ModelLoadError, ShuttingDown, Timeout
-from edged.repository import ModelRepository
+from edged.model.repository import ModelRepository
 from edged.scheduler import Scheduler
 
 Core = tuple[ModelCache, Scheduler]

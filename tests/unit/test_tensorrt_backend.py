@@ -27,9 +27,9 @@ from edged.backends.onnxruntime import OrtSession
 from edged.backends.tensorrt import TensorRTBackend, TrtSession
 from edged.backends.trt_build import BuildError
 from edged.errors import InvalidInput
-from edged.loadspec import engine_hints
 from edged.memory import DeviceBufferPool
-from edged.repository import ModelRepository
+from edged.model.loadspec import engine_hints
+from edged.model.repository import ModelRepository
 
 X = np.linspace(-1, 1, 5 * 3 * 8 * 8, dtype=np.float32).reshape(5, 3, 8, 8)
 

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edged.backends import LoadSpec, ShapeRange, TensorSpec
+from edged.backends import LoadSpec, ShapeRange
 from edged.backends import engine_cache as ec
 from edged.backends.engine_cache import EngineKey
 from edged.backends.profiles import (
@@ -24,8 +24,9 @@ from edged.backends.profiles import (
     ort_trt_profile_options,
 )
 from edged.backends.trt_build import inspect_qdq, plan_precision
-from edged.loadspec import engine_hints
-from edged.repository import ModelRepository
+from edged.model.loadspec import engine_hints
+from edged.model.repository import ModelRepository
+from edged.model.tensor import TensorSpec
 
 F32 = np.dtype(np.float32)
 

@@ -27,7 +27,7 @@ import numpy as np
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import OrtSession
 from edged.cache import ModelCache
-from edged.repository import ModelRepository
+from edged.model.repository import ModelRepository
 from edged.scheduler import Scheduler
 from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report, tiny_model_tools
 

@@ -19,9 +19,9 @@ import cv2
 import numpy as np
 
 from edged.backends import BackendOptions
+from edged.model.repository import ModelRepository
 from edged.ops.quantize.command import gather
 from edged.ops.quantize.quantize import quantize
-from edged.repository import ModelRepository
 from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report
 from tools.bench.textlines import PPOCR_CLS_PREPROCESS, render_line, write_set
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from edged.backends import TensorSpec
-from edged.model_config import PreprocessConfig
+from edged.model.config import PreprocessConfig
+from edged.model.tensor import TensorSpec
 from edged.processing.pre import preprocess
 from tools.bench.api import THREADS, direct_session, edged_config, run_edged
 from tools.bench.assets import PPOCR_DET, ppocr_model, run_and_report

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edged.backends import TensorSpec
 from edged.errors import InvalidInput
-from edged.model_config import PreprocessConfig
-from edged.repository import ModelVersion
+from edged.model.config import PreprocessConfig
+from edged.model.repository import ModelVersion
+from edged.model.tensor import TensorSpec
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ import numpy as np
 
 from edged.backends.base import BackendOptions
 from edged.errors import ConfigError, EdgedError, InvalidInput, QuantizationFailed
+from edged.model.int8_report import QuantReport, report_path
+from edged.model.repository import ModelRepository, ModelVersion
 from edged.ops.quantize.calibration import Sample, load_samples, split, stream_samples, subset
 from edged.ops.quantize.quantize import quantize
-from edged.quantization.report import QuantReport, report_path
-from edged.repository import ModelRepository, ModelVersion
 
 EXIT_ACCEPTED, EXIT_REFUSED, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 

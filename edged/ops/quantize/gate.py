@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edged.model_config import QuantizationConfig
-from edged.quantization.report import Check
-from edged.repository import ModelVersion
+from edged.model.config import QuantizationConfig
+from edged.model.int8_report import Check
+from edged.model.repository import ModelVersion
 
 Outputs = dict[str, np.ndarray]  # one sample's outputs, batch dim removed
 

@@ -19,19 +19,19 @@ from typing import Any
 
 from edged.backends.base import BackendOptions
 from edged.errors import EdgedError, QuantizationFailed, ToolError
-from edged.loadspec import load_spec
-from edged.onnx_signature import read_signature
-from edged.ops.quantize.calibration import Sample
-from edged.ops.quantize.gate import Outputs, classify_output, compare, decide
-from edged.precision import time_sessions
-from edged.quantization.report import (
+from edged.model.int8_report import (
     ACCEPTED_FILE,
     REFUSED_FILE,
     QuantReport,
     file_sha256,
     write_report,
 )
-from edged.repository import ModelVersion
+from edged.model.loadspec import load_spec
+from edged.model.precision import time_sessions
+from edged.model.repository import ModelVersion
+from edged.model.signature import read_signature
+from edged.ops.quantize.calibration import Sample
+from edged.ops.quantize.gate import Outputs, classify_output, compare, decide
 
 logger = logging.getLogger(__name__)
 

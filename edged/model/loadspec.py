@@ -13,7 +13,7 @@ import numpy as np
 from edged.backends import BackendOptions, LoadSpec, ShapeRange
 from edged.backends.profiles import opt_batch_size
 from edged.config import OrtConfig, TensorRTConfig
-from edged.repository import ModelVersion
+from edged.model.repository import ModelVersion
 
 
 def options_for(model: ModelVersion, base: BackendOptions) -> BackendOptions:

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.backends.base import TensorSpec
 from edged.errors import ConfigError, InvalidModel, ModelNotFound
-from edged.model_config import ModelConfig
-from edged.onnx_signature import Signature, read_signature, reconcile
+from edged.model.config import ModelConfig
+from edged.model.signature import Signature, read_signature, reconcile
+from edged.model.tensor import TensorSpec
 from edged.schema import parse, parse_file
 
 logger = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edged.backends.base import TensorSpec
 from edged.errors import ConfigIssue, InvalidModel
-from edged.model_config import DTYPES, ModelConfig, TensorConfig
+from edged.model.config import DTYPES, ModelConfig, TensorConfig
+from edged.model.tensor import TensorSpec
 from edged.schema import Parsed
 
 # Triton's auto-complete uses 4; edge batches of camera frames are often a little larger.

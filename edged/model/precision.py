@@ -1,8 +1,9 @@
 """Which file a model version loads, and at which precision.
 
 `model.yaml` `precision`: `fp32`/`fp16` load model.onnx; `int8` loads the INT8 variant that
-`edged quantize` made and its gate accepted, or refuses to load; `auto` takes an accepted INT8
-variant on TensorRT, and elsewhere (ONNX Runtime) times FP32 against INT8 once on the real
+`edged quantize` made and its gate accepted, or refuses to load; `auto` takes what the backend
+rules (`Backend.auto_precision`: TensorRT takes an accepted INT8 variant of its kind, else FP16)
+or, where it rules nothing (ONNX Runtime), times FP32 against INT8 once on the real
 sessions and remembers the answer in the cache directory (INT8 is slower than FP32 on CPUs
 without fast INT8 kernels), keyed by both files' sha256, the runtime, the CPU and the session
 options, so later loads do not measure again.
@@ -28,9 +29,9 @@ import numpy as np
 
 from edged.backends.base import Backend, BackendOptions, LoadSpec, Session
 from edged.errors import InvalidModel, ModelLoadError
-from edged.loadspec import load_spec, warmup_inputs
-from edged.quantization.report import ACCEPTED_FILE, file_sha256, read_report, report_path
-from edged.repository import ModelVersion
+from edged.model.int8_report import ACCEPTED_FILE, file_sha256, read_report, report_path
+from edged.model.loadspec import load_spec, warmup_inputs
+from edged.model.repository import ModelVersion
 
 logger = logging.getLogger(__name__)
 
@@ -98,18 +99,12 @@ def choose_precision(model: ModelVersion, backend: Backend, options: BackendOpti
 def _auto(model: ModelVersion, backend: Backend, options: BackendOptions,
           measure: Measure | None) -> PrecisionChoice:
     path, why = int8_status(model)
-    if backend.name == "tensorrt":  # FP16 is TensorRT's usual floor; INT8 when it can run it
-        if path is None:
-            return PrecisionChoice(model.onnx_path, "fp16", f"auto on TensorRT: {why}")
-        from edged.backends.trt_build import inspect_qdq
-
-        _qdq, refusal = inspect_qdq(path)
-        if refusal is not None:
-            return PrecisionChoice(model.onnx_path, "fp16", "auto on TensorRT: the INT8 "
-                                   f"variant is not TensorRT's kind ({refusal}; quantize with "
-                                   "quantization.symmetric and activation_type: int8)")
-        return PrecisionChoice(path, "int8", f"auto on TensorRT: {why}")
-    if path is None:
+    ruled = backend.auto_precision(path, why)
+    if ruled is not None:
+        precision, reason = ruled
+        return PrecisionChoice(path if precision == "int8" and path else model.onnx_path,
+                               precision, reason)
+    if path is None:  # a backend that times only when there is something to time
         return PrecisionChoice(model.onnx_path, "fp32", f"auto: {why}")
     fp32_spec, int8_spec = load_spec(model, precision="fp32"), load_spec(model, path, "int8")
     memo = options.cache_dir / MEMO_DIR / f"{model.name}.{model.version}.json"
