@@ -10,15 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edged.backends.profiles import InputProfile
+from edged.fsutil import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +97,8 @@ def write_engine(files: EngineFiles, key: EngineKey, plan: bytes, *, label: str,
                "engine_sha256": hashlib.sha256(plan).hexdigest(),
                "build_seconds": round(build_seconds, 3), "note": note,
                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    _write_atomically(files.engine, plan)
-    _write_atomically(files.sidecar, (json.dumps(sidecar, indent=2) + "\n").encode())
+    write_atomically(files.engine, plan)
+    write_atomically(files.sidecar, (json.dumps(sidecar, indent=2) + "\n").encode())
     for other in files.engine.parent.iterdir():  # older keys of this version: never loaded again
         if other.stem != key.digest and other.suffix in (".engine", ".json"):
             other.unlink(missing_ok=True)
@@ -120,32 +119,3 @@ def _reject(files: EngineFiles, why: str) -> bytes | None:
     return None
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-# -- model digests ----------------------------------------------------------------------------
-_digests: dict[Path, tuple[tuple[int, int], str]] = {}
-_digests_lock = threading.Lock()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, remembered while its size and mtime stay the same."""
-    info = path.stat()
-    stamp = (info.st_size, info.st_mtime_ns)
-    with _digests_lock:
-        known = _digests.get(path)
-    if known is not None and known[0] == stamp:
-        return known[1]
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    with _digests_lock:
-        _digests[path] = (stamp, digest.hexdigest())
-    return digest.hexdigest()

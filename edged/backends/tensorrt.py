@@ -42,6 +42,7 @@ from edged.backends.trt_build import (
     weakly_typed,
 )
 from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput
+from edged.fsutil import file_sha256
 from edged.model.tensor import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class TensorRTBackend:
     def plan(self, trt: Any, spec: LoadSpec, options: BackendOptions,
              device: gpu.Device) -> tuple[BuildPlan, EngineKey]:
         """What would be built for `spec` here, and the engine cache key naming it."""
-        sha = engine_cache.file_sha256(spec.path)
+        sha = file_sha256(spec.path)
         has_qdq, refused = _qdq(spec, sha)
         if refused is not None:
             raise FallBack(f"{spec.label}: TensorRT runs symmetric INT8 Q/DQ only (int8, zero "

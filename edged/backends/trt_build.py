@@ -5,7 +5,6 @@ execution context, the workspace limit, the timing cache, and progress in the lo
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import numpy as np
 
 from edged.backends.base import BackendOptions, LoadSpec
 from edged.backends.profiles import InputProfile
+from edged.fsutil import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -208,9 +208,7 @@ def _save_timing_cache(cache: Any, path: Path) -> None:
     try:
         data = bytes(memoryview(cache.serialize()))
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomically(path, data)
     except OSError as exc:  # builds still work, only slower next time
         logger.warning("cannot save the timing cache %s: %s", path, exc)
 

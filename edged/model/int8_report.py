@@ -8,15 +8,13 @@ file and the FP32 file it was made from, so a report never vouches for other byt
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edged.errors import InvalidModel
+from edged.fsutil import write_atomically
 
 REPORT_FILE = "model.int8.report.json"
 ACCEPTED_FILE = "model.int8.onnx"  # = repository.INT8_FILE
@@ -64,9 +62,7 @@ def write_report(version_dir: Path, report: QuantReport) -> Path:
     """Write the report atomically (a reader sees the old one or the new one)."""
     path = report_path(version_dir)
     doc = {"decision": report.decision, **dataclasses.asdict(report)}
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(doc, indent=2) + "\n")
     return path
 
 
@@ -86,24 +82,3 @@ def read_report(version_dir: Path) -> QuantReport | None:
     except (TypeError, KeyError, AttributeError) as exc:
         raise InvalidModel(f"{path}: not a quantization report: {exc}") from exc
 
-
-_digests: dict[tuple[str, int, int, int, int], str] = {}
-_digests_lock = threading.Lock()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, remembered while its size and mtime stay the same (models are
-    hashed at every load that considers an INT8 variant)."""
-    st = path.stat()
-    stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    with _digests_lock:
-        known = _digests.get(stamp)
-    if known is not None:
-        return known
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    with _digests_lock:
-        _digests[stamp] = digest.hexdigest()
-    return _digests[stamp]

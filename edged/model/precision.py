@@ -29,7 +29,8 @@ import numpy as np
 
 from edged.backends.base import Backend, BackendOptions, LoadSpec, Session
 from edged.errors import InvalidModel, ModelLoadError
-from edged.model.int8_report import ACCEPTED_FILE, file_sha256, read_report, report_path
+from edged.fsutil import file_sha256, write_atomically
+from edged.model.int8_report import ACCEPTED_FILE, read_report, report_path
 from edged.model.loadspec import load_spec, warmup_inputs
 from edged.model.repository import ModelVersion
 
@@ -244,8 +245,6 @@ def _remember(memo: Path, key: dict[str, Any], timings: tuple[float, float]) -> 
            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.tmp")
-        tmp.write_text(json.dumps(doc, indent=2) + "\n")
-        os.replace(tmp, memo)
+        write_atomically(memo, json.dumps(doc, indent=2) + "\n")
     except OSError as exc:  # a read-only cache: measure again next time, load anyway
         logger.warning("%s: cannot remember the precision choice: %s", memo, exc)

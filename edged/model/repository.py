@@ -7,7 +7,6 @@ others still load.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edged.errors import ConfigError, InvalidModel, ModelNotFound
+from edged.fsutil import copy_synced, file_sha256, fsync_dir, write_atomically
 from edged.model.config import ModelConfig
 from edged.model.signature import Signature, read_signature, reconcile
 from edged.model.tensor import TensorSpec
@@ -70,11 +70,7 @@ class ModelVersion:
         return f"{self.name}:{self.version}"
 
     def sha256(self) -> str:
-        digest = hashlib.sha256()
-        with self.onnx_path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        return file_sha256(self.onnx_path)
 
 
 class ModelRepository:
@@ -201,7 +197,10 @@ class ModelRepository:
             for filename, content in files.items():
                 if "/" in filename or filename.startswith(".") or filename == ACTIVE_FILE:
                     raise InvalidModel(f"refusing file name {filename!r} in an install")
-                _write_synced(stage / filename, content)
+                if isinstance(content, Path):
+                    copy_synced(content, stage / filename)
+                else:
+                    write_atomically(stage / filename, content)
         except BaseException:  # remove the half-written stage, then re-raise whatever it was
             shutil.rmtree(stage, ignore_errors=True)
             raise
@@ -224,12 +223,12 @@ class ModelRepository:
                 if path.is_file():
                     with path.open("rb+") as f:
                         os.fsync(f.fileno())
-            _fsync_dir(stage)
+            fsync_dir(stage)
             read_signature(stage / MODEL_FILE)  # a corrupt file never reaches the repository
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(stage, target)
             installed = True
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         finally:
             if not installed:  # whatever stopped it, the half-written stage goes
                 shutil.rmtree(stage, ignore_errors=True)
@@ -245,9 +244,7 @@ class ModelRepository:
         """Point new requests at `version`, atomically (tmp file, fsync, rename)."""
         if version not in self.versions_on_disk(name):
             raise ModelNotFound(f"model {name!r} has no version {version} on disk")
-        _write_synced(self.root / name / f".{ACTIVE_FILE}.tmp", f"{version}\n".encode())
-        os.replace(self.root / name / f".{ACTIVE_FILE}.tmp", self.root / name / ACTIVE_FILE)
-        _fsync_dir(self.root / name)
+        write_atomically(self.root / name / ACTIVE_FILE, f"{version}\n")
 
     def remove_version(self, name: str, version: int) -> None:
         """Delete a version: renamed out of sight first, so readers never see half of it."""
@@ -286,22 +283,3 @@ def _stamp(path: Path) -> tuple[int, int] | None:
         return None
     return (st.st_mtime_ns, st.st_size)
 
-
-def _write_synced(path: Path, content: bytes | Path) -> None:
-    if isinstance(content, Path):
-        shutil.copyfile(content, path)
-        with path.open("rb+") as f:
-            os.fsync(f.fileno())
-        return
-    with path.open("wb") as f:
-        f.write(content)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,10 +1,9 @@
 """Getting an artifact's bytes into the staging area: http(s) with HTTP Range resume and
 retries, file://, or indexed chunks over MQTT. The size is enforced while reading; the sha256
-is checked afterwards (`sha256_of`), over the whole file, resumed parts included."""
+is checked afterwards (`fsutil.file_sha256`), over the whole file, resumed parts included."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import ssl
@@ -24,13 +23,6 @@ logger = logging.getLogger(__name__)
 BLOCK = 256 * 1024
 Progress = Callable[[int, int], None]  # (bytes so far, total)
 
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class Fetcher:

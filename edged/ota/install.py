@@ -27,10 +27,11 @@ import numpy as np
 from edged.cache import ModelCache
 from edged.config import OtaConfig
 from edged.errors import EdgedError, InvalidModel, ModelNotFound
+from edged.fsutil import file_sha256, write_atomically
 from edged.model.repository import MODEL_FILE, ModelRepository, ModelVersion
 from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
-from edged.ota.fetch import ChunkAssembler, Fetcher, sha256_of
+from edged.ota.fetch import ChunkAssembler, Fetcher
 from edged.ota.manifest import Manifest, Rejected, Tensor, TrustStore
 
 logger = logging.getLogger(__name__)
@@ -184,8 +185,8 @@ class Updater:
             if current is not None and self.repository.active_version(name) is None:
                 self.repository.set_active(name, current)  # pinned: the new one is not yet
             (self.repository.root / name).mkdir(parents=True, exist_ok=True)
-            _write_journal(self.repository.root / name / PENDING,
-                           f"{version} {manifest.artifact.sha256}")
+            write_atomically(self.repository.root / name / PENDING,
+                             f"{version} {manifest.artifact.sha256}\n")
             if version in self._on_disk(name):  # an earlier, failed or rolled-back attempt
                 self.cache.unload(name, version, timeout_s=self.drain_timeout_s)
                 self.repository.remove_version(name, version)
@@ -296,7 +297,7 @@ class Updater:
         if size != manifest.artifact.size:
             raise Rejected("size_mismatch", f"the artifact is {size} bytes; the manifest says "
                                             f"{manifest.artifact.size}")
-        digest = sha256_of(path)
+        digest = file_sha256(path)
         if digest != manifest.artifact.sha256:
             raise Rejected("sha256_mismatch", f"the artifact's sha256 is {digest[:16]}..., the "
                                               f"manifest says {manifest.artifact.sha256[:16]}...")
@@ -382,7 +383,7 @@ class Updater:
     def _count_crash(self, name: str, sha256: str) -> int:
         counts = self._crashes(name)
         counts[sha256] = counts.get(sha256, 0) + 1
-        _write_journal(self.repository.root / name / CRASHES, json.dumps(counts))
+        write_atomically(self.repository.root / name / CRASHES, json.dumps(counts) + "\n")
         return counts[sha256]
 
     def _prune(self, name: str, keep: set[int | None]) -> None:
@@ -446,12 +447,3 @@ def _describe(sig: tuple[tuple[Tensor, ...], ...]) -> str:
     inputs, outputs = (", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in side)
                        for side in sig)
     return f"({inputs}) -> ({outputs})"
-
-
-def _write_journal(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(f"{text}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

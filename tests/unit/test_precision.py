@@ -18,12 +18,12 @@ from edged.backends.onnxruntime import OrtBackend
 from edged.backends.tensorrt import TensorRTBackend  # its rules need no tensorrt module
 from edged.cache import ModelCache
 from edged.errors import ModelLoadError
+from edged.fsutil import file_sha256
 from edged.model.int8_report import (
     ACCEPTED_FILE,
     REFUSED_FILE,
     Check,
     QuantReport,
-    file_sha256,
     write_report,
 )
 from edged.model.precision import (

@@ -22,7 +22,6 @@ from doubles.fake_tensorrt import Knobs
 
 from edged import backends
 from edged.backends import BackendOptions, EngineBuilding, FallBack, LoadSpec, choose_backend
-from edged.backends import engine_cache as ec
 from edged.backends.onnxruntime import OrtSession
 from edged.backends.tensorrt import TensorRTBackend, TrtSession
 from edged.backends.trt_build import BuildError
@@ -301,14 +300,6 @@ def test_session_when_shape_outside_profile_raises_invalid_input(
     with pytest.raises(InvalidInput, match="outside the engine's profile"):
         session.infer({"x": np.zeros((17, 3, 8, 8), np.float32)})
     session.close()
-
-
-def test_file_sha256_is_remembered_until_the_file_changes(tmp_path: Path) -> None:
-    path = tmp_path / "f"
-    path.write_bytes(b"a")
-    first = ec.file_sha256(path)
-    path.write_bytes(b"bb")
-    assert ec.file_sha256(path) != first == hashlib.sha256(b"a").hexdigest()
 
 
 def test_session_with_managed_memory_on_jetson_attaches_its_buffers_to_its_stream(

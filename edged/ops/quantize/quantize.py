@@ -19,11 +19,11 @@ from typing import Any
 
 from edged.backends.base import BackendOptions
 from edged.errors import EdgedError, QuantizationFailed, ToolError
+from edged.fsutil import file_sha256
 from edged.model.int8_report import (
     ACCEPTED_FILE,
     REFUSED_FILE,
     QuantReport,
-    file_sha256,
     write_report,
 )
 from edged.model.loadspec import load_spec
