@@ -38,7 +38,7 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Policy:
+class BatchPolicy:
     """A model version's batching parameters, as the batcher applies them."""
 
     max_batch: int  # 0 = no batch dim: one request per execution
@@ -51,7 +51,7 @@ class Policy:
     default_timeout_s: float | None
 
     @classmethod
-    def of(cls, model: ModelVersion) -> Policy:
+    def of(cls, model: ModelVersion) -> BatchPolicy:
         params = model.config.batching_params
         # `batching: off` turns off batching, not the queue bound, priorities and timeouts.
         bounds = params or BatchingConfig()

@@ -75,11 +75,6 @@ class ModelLoadError(EdgedError):
     http_status = 500
 
 
-class ModelNotReady(EdgedError):
-    code = "model_not_ready"
-    http_status = 503
-
-
 class BackendUnavailable(EdgedError):
     """The chosen backend cannot run on this machine (module or device missing)."""
 

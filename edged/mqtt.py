@@ -23,8 +23,8 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from edged.config import MqttConfig
+from edged.credentials import credential
 from edged.errors import ConfigError
-from edged.systemd import credential
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from functools import partial
 import numpy as np
 
 from edged.backends import Session
-from edged.batching import Outputs, Pending, Policy, Request, RequestQueue, split, validate
+from edged.batching import BatchPolicy, Outputs, Pending, Request, RequestQueue, split, validate
 from edged.cache import ModelCache
 from edged.errors import (
     EdgedError,
@@ -81,7 +81,7 @@ class Batcher:
         self._drained = threading.Condition(self._lock)  # progress while stopping
         self._model = cache.describe(name, version)
         self._stats: dict[int, BatcherStats] = {}  # by model version
-        self._policy = Policy.of(self._model)
+        self._policy = BatchPolicy.of(self._model)
         self._queue = RequestQueue(self._policy.levels)
         self._next_deadline: float | None = None
         self._stopping = False
@@ -263,7 +263,7 @@ class Batcher:
             return True
 
         with self._lock:
-            self._model, self._policy = model, Policy.of(model)
+            self._model, self._policy = model, BatchPolicy.of(model)
             refused = self._queue.relevel(self._policy.levels, still_valid)
         error = InvalidInput(f"{self.label}: the request does not fit version {model.version}")
         return [partial(self._fail, refused, error)] if refused else []

@@ -128,18 +128,6 @@ def _systemd_python_notify() -> Callable[[str], bool] | None:
     return notify
 
 
-# -- credentials -----------------------------------------------------------------------------
-def credential(path: Path) -> Path:
-    """Where a secret named in the config lives: a relative path is looked up in systemd's
-    $CREDENTIALS_DIRECTORY (LoadCredential=), so secrets never sit in the config or in a
-    directory the service can read when it is not running; an absolute path is used as is."""
-    if not path.is_absolute():
-        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
-        if credentials:
-            return Path(credentials) / path
-    return path
-
-
 # -- socket activation -----------------------------------------------------------------------
 def listen_fds(environ: dict[str, str] | None = None, *,
                unset: bool = True) -> dict[str, list[socket.socket]]:

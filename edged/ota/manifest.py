@@ -212,8 +212,8 @@ class TrustStore:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
         from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
+        from edged.credentials import credential
         from edged.errors import ConfigError
-        from edged.systemd import credential
 
         keys = {}
         for given in paths:

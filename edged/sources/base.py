@@ -21,7 +21,7 @@ from edged.errors import EdgedError
 
 logger = logging.getLogger(__name__)
 
-Policy = Literal["drop_oldest", "drop_newest", "block"]
+Backpressure = Literal["drop_oldest", "drop_newest", "block"]
 
 
 def worth_logging(count: int) -> bool:
@@ -102,7 +102,7 @@ class FrameQueue:
     queue drops its oldest frame (live view), refuses the new one (keep order), or makes the
     capture thread wait (files, where every frame matters)."""
 
-    def __init__(self, capacity: int, policy: Policy) -> None:
+    def __init__(self, capacity: int, policy: Backpressure) -> None:
         self.capacity = capacity
         self.policy = policy
         self._frames: deque[Frame] = deque()
