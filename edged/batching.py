@@ -4,6 +4,7 @@ guards a `RequestQueue` with its own lock and completes futures outside it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -212,3 +213,51 @@ def split(batch: list[Request], outputs: Outputs, version: int | None = None) ->
         end = offset + request.rows
         request.future.set_result({k: v[offset:end] for k, v in outputs.items()})
         offset = end
+
+
+@dataclass
+class BatcherStats:
+    """Counters with Triton's meanings (request vs inference vs execution counts)."""
+
+    success: int = 0
+    failure: int = 0
+    rejected: int = 0  # QueueFull at submit
+    timeouts: int = 0  # expired while queued
+    inference_count: int = 0  # rows run
+    exec_count: int = 0  # batches run
+    queue_ns: int = 0
+    compute_ns: int = 0
+    request_ns: int = 0  # per request: its queue wait + its batch's compute
+    last_exec: float = 0.0  # clock time the last batch finished (the health tick reads it)
+
+    def __add__(self, other: BatcherStats) -> BatcherStats:
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
+                  for f in dataclasses.fields(self)}
+        summed["last_exec"] = max(self.last_exec, other.last_exec)
+        return BatcherStats(**summed)
+
+
+@dataclass(frozen=True)
+class InferenceCounters:
+    """One model version's counters as `/metrics` and the stats message read them (Triton's
+    meanings: a request may hold several rows, a batch execution runs several requests)."""
+
+    model: str
+    version: int
+    success: int
+    failure: int  # timeouts included
+    inference_count: int
+    exec_count: int
+    request_ns: int
+    queue_ns: int
+    compute_ns: int
+    pending: int  # requests queued now
+    rejected: int = 0  # refused at submit: the queue was full (not in `failure`)
+    timeouts: int = 0  # expired while queued, never run (also in `failure`)
+
+    @classmethod
+    def of(cls, model: str, version: int, stats: BatcherStats, pending: int
+           ) -> InferenceCounters:
+        return cls(model, version, stats.success, stats.failure, stats.inference_count,
+                   stats.exec_count, stats.request_ns, stats.queue_ns, stats.compute_ns,
+                   pending, stats.rejected, stats.timeouts)

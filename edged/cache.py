@@ -27,6 +27,7 @@ from edged.errors import EdgedError, ModelLoadError, ModelNotFound
 from edged.model.loadspec import load_spec, options_for, warmup_inputs
 from edged.model.precision import choose_precision
 from edged.model.repository import ModelRepository, ModelVersion
+from edged.states import ModelState
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class Entry:
 class ModelStatus:
     name: str
     version: int
-    state: str  # READY | LOADING | UNAVAILABLE
+    state: ModelState
     backend: str | None = None
     providers: tuple[str, ...] = ()
     nbytes: int = 0
@@ -423,20 +424,21 @@ class ModelCache:
             try:
                 versions = self.repository.served_versions(name)
             except EdgedError as exc:
-                rows[(name, 0)] = ModelStatus(name, 0, "UNAVAILABLE", reason=str(exc))
+                rows[(name, 0)] = ModelStatus(name, 0, ModelState.UNAVAILABLE, reason=str(exc))
                 continue
             for version in versions:
-                rows[(name, version)] = ModelStatus(name, version, "UNAVAILABLE",
+                rows[(name, version)] = ModelStatus(name, version, ModelState.UNAVAILABLE,
                                                     pinned=name in self.pinned,
                                                     reason="unloaded; loads on first request")
         with self._lock:
             for key in self._loading:
-                rows[key] = ModelStatus(*key, "LOADING", pinned=key[0] in self.pinned)
+                rows[key] = ModelStatus(*key, ModelState.LOADING, pinned=key[0] in self.pinned)
             for key, (_when, error) in self._failed.items():
-                rows[key] = ModelStatus(*key, "UNAVAILABLE", reason=str(error))
+                rows[key] = ModelStatus(*key, ModelState.UNAVAILABLE, reason=str(error))
             for key, e in self._entries.items():
-                rows[key] = ModelStatus(*key, "READY", e.backend, tuple(e.session.providers),
-                                        e.nbytes, e.refs, key[0] in self.pinned, e.load_seconds,
+                rows[key] = ModelStatus(*key, ModelState.READY, e.backend,
+                                        tuple(e.session.providers), e.nbytes, e.refs,
+                                        key[0] in self.pinned, e.load_seconds,
                                         precision=e.precision)
         return [rows[k] for k in sorted(rows)]
 

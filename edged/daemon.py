@@ -23,7 +23,7 @@ from edged.cache import ModelCache
 from edged.config import DaemonConfig, StreamConfig
 from edged.errors import ConfigError, EdgedError
 from edged.health import Beating, HealthMonitor, RecentErrors
-from edged.metrics import InferenceCounters, Metrics, ModelState
+from edged.metrics import Metrics
 from edged.model.loadspec import backend_options
 from edged.model.repository import ModelRepository
 from edged.mqtt import MqttLink
@@ -33,8 +33,9 @@ from edged.ota.service import OtaService
 from edged.pipeline import StreamPipeline
 from edged.reload import plan as reload_plan
 from edged.reporting import Reporter
-from edged.scheduler import BatcherStats, Scheduler
+from edged.scheduler import Scheduler
 from edged.sources import Backoff, FrameQueue, open_source
+from edged.states import SourceState
 from edged.systemd import Notifier, activated_unix_socket, listen_fds
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Daemon:
         self.scheduler = Scheduler(self.cache)
         self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs)
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
-            self.inference_counters, self.model_states, loads=self.cache.counters,
+            self.scheduler.counters, self.cache.status, loads=self.cache.counters,
             streams=lambda: {p.cfg.name: p.snapshot() for p in list(self.pipelines)},
             link=lambda: self.mqtt.stats() if self.mqtt is not None else None)
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
@@ -89,7 +90,8 @@ class Daemon:
                     if self.mqtt is not None else None)
         self.pipelines: list[StreamPipeline] = []
         self.reporter = Reporter(self.pipelines, self.mqtt.stats if self.mqtt else None,
-                                 self.cache.status, model_counters=self.cache.counters)
+                                 self.cache.status, model_counters=self.cache.counters,
+                                 inference=self.scheduler.counters)
         self._ready = False
         self._stopping = False
         # For threads that wait on the daemon (tests, tools).
@@ -265,7 +267,7 @@ class Daemon:
         if problems:
             return "STUCK: " + "; ".join(problems)
         ready = self.cache.loaded()
-        up = sum(1 for p in self.pipelines if p.source.state.value == "streaming")
+        up = sum(1 for p in self.pipelines if p.source.state is SourceState.STREAMING)
         parts = [f"{len(ready)} model(s) ready" + (f" ({', '.join(ready[:4])}"
                                                     f"{', ...' if len(ready) > 4 else ''})"
                                                     if ready else ""),
@@ -438,25 +440,3 @@ class Daemon:
             if not pipeline.stop(DRAIN_TIMEOUT_S):
                 logger.warning("stream %s: frames still in the model after %.0f s",
                                pipeline.cfg.name, DRAIN_TIMEOUT_S)
-
-    # -- metrics snapshots -------------------------------------------------------------------
-    def inference_counters(self) -> list[InferenceCounters]:
-        """Per model version; batchers of one model (by name, by explicit version) summed."""
-        stats: dict[tuple[str, int], BatcherStats] = {}
-        pending: dict[tuple[str, int], int] = {}
-        for batcher in self.scheduler.batchers():
-            for version, s in batcher.stats_by_version().items():
-                key = (batcher.name, version)
-                stats[key] = stats.get(key, BatcherStats()) + s
-            key = (batcher.name, batcher.serving_version)
-            stats.setdefault(key, BatcherStats())
-            pending[key] = pending.get(key, 0) + batcher.depth
-        return [InferenceCounters(name, version, s.success, s.failure, s.inference_count,
-                                  s.exec_count, s.request_ns, s.queue_ns, s.compute_ns,
-                                  pending.get((name, version), 0))
-                for (name, version), s in sorted(stats.items())]
-
-    def model_states(self) -> list[ModelState]:
-        return [ModelState(row.name, row.version, row.state == "READY", row.nbytes)
-                for row in self.cache.status()]
-

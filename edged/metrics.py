@@ -8,7 +8,6 @@ as the sample `edged_inference_count_total`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
@@ -16,42 +15,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from edged import host
+from edged.states import ModelState, SourceState
 
 if TYPE_CHECKING:
-    from edged.cache import ModelCounters
+    from edged.batching import InferenceCounters
+    from edged.cache import ModelCounters, ModelStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-@dataclass(frozen=True)
-class InferenceCounters:
-    """One model version's counters (Triton's meanings: a request may hold several rows, a
-    batch execution runs several requests)."""
-
-    model: str
-    version: int
-    success: int
-    failure: int
-    inference_count: int
-    exec_count: int
-    request_ns: int
-    queue_ns: int
-    compute_ns: int
-    pending: int  # requests queued now
-
-
-@dataclass(frozen=True)
-class ModelState:
-    model: str
-    version: int
-    ready: bool
-    nbytes: int
 
 
 # (family, help, attribute, scale): durations are cumulative microseconds, as in Triton.
 _COUNTERS = (
     ("edged_inference_request_success", "requests that succeeded", "success", 1),
     ("edged_inference_request_failure", "requests that failed (any reason)", "failure", 1),
+    ("edged_inference_request_rejected", "requests refused because the model's queue was "
+     "full (not in failure)", "rejected", 1),
+    ("edged_inference_request_timeout", "requests that expired in the queue and never ran "
+     "(also in failure)", "timeouts", 1),
     ("edged_inference_count", "inferences run (rows: a batch of 8 counts 8)",
      "inference_count", 1),
     ("edged_inference_exec_count", "batch executions", "exec_count", 1),
@@ -66,7 +46,7 @@ _COUNTERS = (
 
 class InferenceCollector(Collector):
     def __init__(self, counters: Callable[[], Iterable[InferenceCounters]],
-                 models: Callable[[], Iterable[ModelState]]) -> None:
+                 models: Callable[[], Iterable[ModelStatus]]) -> None:
         self._counters = counters
         self._models = models
 
@@ -87,9 +67,10 @@ class InferenceCollector(Collector):
                                   labels=labels)
         size = GaugeMetricFamily("edged_model_memory_bytes", "memory the cache charges it",
                                  labels=labels)
-        for state in self._models():
-            ready.add_metric([state.model, str(state.version)], 1.0 if state.ready else 0.0)
-            size.add_metric([state.model, str(state.version)], state.nbytes)
+        for model in self._models():
+            ready.add_metric([model.name, str(model.version)],
+                             1.0 if model.state is ModelState.READY else 0.0)
+            size.add_metric([model.name, str(model.version)], model.nbytes)
         yield ready
         yield size
 
@@ -150,7 +131,7 @@ class StreamCollector(Collector):
                                   "frames waiting between capture and the model",
                                   labels=["stream"])
         for name, row in rows:
-            up.add_metric([name], 1.0 if row["state"] == "streaming" else 0.0)
+            up.add_metric([name], 1.0 if row["state"] == SourceState.STREAMING else 0.0)
             depth.add_metric([name], row["queue_depth"])
         yield from (up, depth)
 
@@ -209,13 +190,14 @@ class Metrics:
     GPUs; model loads, streams and the MQTT link when their snapshots are given."""
 
     def __init__(self, counters: Callable[[], Iterable[InferenceCounters]],
-                 models: Callable[[], Iterable[ModelState]], *,
+                 models: Callable[[], Iterable[ModelStatus]], *,
                  loads: Callable[[], Iterable[ModelCounters]] | None = None,
                  streams: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
                  link: Callable[[], Mapping[str, Any] | None] | None = None,
                  gpus: Callable[[], Iterable[host.GpuStats]] = host.gpus) -> None:
-        """`loads`: ModelCache.counters; `streams`: stream name -> StreamPipeline.snapshot();
-        `link`: MqttLink.stats, or None while MQTT is off; `gpus`: host.gpus (NVML)."""
+        """`counters`: Scheduler.counters; `models`: ModelCache.status; `loads`:
+        ModelCache.counters; `streams`: stream name -> StreamPipeline.snapshot(); `link`:
+        MqttLink.stats, or None while MQTT is off; `gpus`: host.gpus (NVML)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(InferenceCollector(counters, models))
         if loads is not None:

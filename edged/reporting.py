@@ -1,8 +1,8 @@
 """What the daemon tells the fleet besides results: the periodic `stats` message (per stream
 fps in/processed/dropped, latency percentiles, queue depth, reconnects; per model its state,
-last load time, loads and evictions; the MQTT link's own counters; the process's memory and
-uptime; GPUs when NVML sees any) and each model's retained `models/<m>/state`, republished
-when it changes."""
+last load time, loads and evictions; requests by outcome, refused and timed out included; the
+MQTT link's own counters; the process's memory and uptime; GPUs when NVML sees any) and each
+model's retained `models/<m>/state`, republished when it changes."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from edged import host
+from edged.batching import InferenceCounters
 from edged.cache import ModelCounters, ModelStatus
 from edged.pipeline import StreamPipeline
+from edged.states import ModelState
 
 RATES = {"fps_in": "frames_in", "fps_processed": "processed", "fps_dropped": "dropped"}
 
@@ -25,12 +27,14 @@ class Reporter:
                  model_status: Callable[[], list[ModelStatus]],
                  clock: Callable[[], float] = time.monotonic, *,
                  model_counters: Callable[[], list[ModelCounters]] | None = None,
+                 inference: Callable[[], list[InferenceCounters]] | None = None,
                  rss: Callable[[], int | None] = host.rss_bytes,
                  gpus: Callable[[], list[host.GpuStats]] = host.gpus) -> None:
         self.pipelines = pipelines
         self.link_stats = link_stats
         self.model_status = model_status
         self.model_counters = model_counters
+        self.inference = inference
         self.rss = rss
         self.gpus = gpus
         self.clock = clock
@@ -63,6 +67,8 @@ class Reporter:
         gpus = self.gpus()
         if gpus:
             message["gpus"] = [dataclasses.asdict(gpu) for gpu in gpus]
+        if self.inference is not None:
+            message["inference"] = _requests(self.inference())
         if self.link_stats is not None:
             message["mqtt"] = self.link_stats()
         return message
@@ -93,12 +99,23 @@ class Reporter:
         return changed
 
 
+def _requests(rows: Iterable[InferenceCounters]) -> dict[str, dict[str, dict[str, int]]]:
+    """Requests by outcome since start, per model and version: what a fleet dashboard alarms
+    on (full queues and timeouts drop stream frames without any other sign)."""
+    by_model: dict[str, dict[str, dict[str, int]]] = {}
+    for row in rows:
+        by_model.setdefault(row.model, {})[str(row.version)] = {
+            "success": row.success, "failure": row.failure, "rejected": row.rejected,
+            "timeouts": row.timeouts, "pending": row.pending}
+    return by_model
+
+
 def _latest(rows: Iterable[ModelStatus]) -> dict[str, ModelStatus]:
     """One row per model: the ready version if any, else the newest."""
     latest: dict[str, ModelStatus] = {}
     for row in rows:
         held = latest.get(row.name)
-        if held is None or (row.state == "READY", row.version) >= (held.state == "READY",
-                                                                    held.version):
+        if held is None or (row.state is ModelState.READY, row.version) >= (
+                held.state is ModelState.READY, held.version):
             latest[row.name] = row
     return latest

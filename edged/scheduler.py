@@ -17,13 +17,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 
 from edged.backends import Session
-from edged.batching import BatchPolicy, Outputs, Pending, Request, RequestQueue, split, validate
+from edged.batching import (
+    BatcherStats,
+    BatchPolicy,
+    InferenceCounters,
+    Outputs,
+    Pending,
+    Request,
+    RequestQueue,
+    split,
+    validate,
+)
 from edged.cache import ModelCache
 from edged.errors import (
     EdgedError,
@@ -41,28 +50,6 @@ logger = logging.getLogger(__name__)
 
 Delivery = Callable[[], None]  # completes futures; always called without the lock
 MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and clock safety)
-
-
-@dataclass
-class BatcherStats:
-    """Counters with Triton's meanings (request vs inference vs execution counts)."""
-
-    success: int = 0
-    failure: int = 0
-    rejected: int = 0  # QueueFull at submit
-    timeouts: int = 0  # expired while queued
-    inference_count: int = 0  # rows run
-    exec_count: int = 0  # batches run
-    queue_ns: int = 0
-    compute_ns: int = 0
-    request_ns: int = 0  # per request: its queue wait + its batch's compute
-    last_exec: float = 0.0  # clock time the last batch finished (the health tick reads it)
-
-    def __add__(self, other: BatcherStats) -> BatcherStats:
-        summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
-                  for f in dataclasses.fields(self)}
-        summed["last_exec"] = max(self.last_exec, other.last_exec)
-        return BatcherStats(**summed)
 
 
 class Batcher:
@@ -445,6 +432,21 @@ class Scheduler:
     def batchers(self) -> list[Batcher]:
         with self._lock:
             return list(self._batchers.values())
+
+    def counters(self) -> list[InferenceCounters]:
+        """Per model version, with what is queued now; the batchers of one model (by name, by
+        explicit version) summed, as Triton counts them."""
+        stats: dict[tuple[str, int], BatcherStats] = {}
+        pending: dict[tuple[str, int], int] = {}
+        for batcher in self.batchers():
+            for version, s in batcher.stats_by_version().items():
+                key = (batcher.name, version)
+                stats[key] = stats.get(key, BatcherStats()) + s
+            key = (batcher.name, batcher.serving_version)
+            stats.setdefault(key, BatcherStats())
+            pending[key] = pending.get(key, 0) + batcher.depth
+        return [InferenceCounters.of(name, version, s, pending.get((name, version), 0))
+                for (name, version), s in sorted(stats.items())]
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop accepting everywhere at once; drain until the timeout; fail what is left."""

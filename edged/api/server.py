@@ -35,6 +35,7 @@ from edged.errors import EdgedError, Forbidden, InvalidInput, ModelNotFound
 from edged.metrics import CONTENT_TYPE, Metrics
 from edged.model.repository import ModelVersion
 from edged.scheduler import Scheduler
+from edged.states import ModelState
 
 logger = logging.getLogger(__name__)
 
@@ -305,7 +306,7 @@ class ApiServer:
             raise InvalidInput("ready must be true or false")
         rows = await asyncio.to_thread(self.cache.status)
         return web.json_response([describe.index_entry(r) for r in rows
-                                  if not ready_only or r.state == "READY"])
+                                  if not ready_only or r.state is ModelState.READY])
 
     async def load(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
@@ -324,7 +325,7 @@ class ApiServer:
             if name not in self.cache.repository.names():
                 raise ModelNotFound(f"no model named {name!r}")
             for row in self.cache.status():
-                if row.name == name and row.state == "READY":
+                if row.name == name and row.state is ModelState.READY:
                     self.cache.unload(name, row.version)
 
         await asyncio.to_thread(unload_all)

@@ -28,6 +28,7 @@ from edged.config import split_host_port
 from edged.errors import ToolError
 from edged.ops.keys import load_private_key, read_manifest
 from edged.ota.manifest import FINAL, Rejected, parse_manifest, sign_document
+from edged.states import OtaState
 
 CHUNK_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 15.0
@@ -77,7 +78,7 @@ class Outcome:
 
     def code(self, expect: int | None) -> int:
         finals = [e for e in self.states.values() if e["state"] in FINAL]
-        if any(e["state"] != "active" and not e.get("ok") for e in finals):
+        if any(e["state"] != OtaState.ACTIVE and not e.get("ok") for e in finals):
             return 1
         if not finals or (expect is not None and len(finals) < expect):
             return 2
@@ -282,13 +283,14 @@ def follow_status(session: Session, target: Target, model: str, version: int | N
             state = str(event["state"])
         except (ValueError, KeyError, TypeError):
             continue
-        if version is not None and state != "rolled_back" and event.get("version") != version:
+        if version is not None and state != OtaState.ROLLED_BACK and \
+                event.get("version") != version:
             continue
         previous = outcome.states.get(device, {})
-        if previous.get("state") == "failed" and state == "rolled_back":
+        if previous.get("state") == OtaState.FAILED and state == OtaState.ROLLED_BACK:
             event["ok"] = False  # the rollback that followed a failure: still a failure
             event["reason"] = previous.get("reason")
-        elif state == "rolled_back" and version is None:
+        elif state == OtaState.ROLLED_BACK and version is None:
             event["ok"] = True  # what `edged ota rollback` asked for
         outcome.states[device] = event
         last_news = time.monotonic()
@@ -299,7 +301,7 @@ def follow_status(session: Session, target: Target, model: str, version: int | N
 
 def _line(device: str, model: str, event: dict[str, Any]) -> str:
     text = f"{device}  {model}:{event.get('version')}  {event['state']}"
-    if event.get("progress") is not None and event["state"] == "downloading":
+    if event.get("progress") is not None and event["state"] == OtaState.DOWNLOADING:
         text += f" {event['progress']:.0f}%"
     if event.get("reason"):
         text += f" [{event['reason']}]"

@@ -33,6 +33,7 @@ from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
 from edged.ota.fetch import ChunkAssembler, Fetcher
 from edged.ota.manifest import Manifest, Rejected, Tensor, TrustStore
+from edged.states import OtaState
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ CRASH_AT_ENV = "EDGED_TEST_OTA_CRASH_AT"
 class Event:
     model: str
     version: int
-    state: str
+    state: OtaState
     detail: str = ""
     progress: float | None = None  # 0..100 while downloading
     reason: str | None = None  # a Rejected reason code, when failed
@@ -122,14 +123,14 @@ class Updater:
         try:
             stage = self._stage(manifest, chunks)
         except Rejected as exc:
-            self._emit(manifest, "failed", str(exc), reason=exc.reason)
+            self._emit(manifest, OtaState.FAILED, str(exc), reason=exc.reason)
             raise
         self._install(manifest, stage)
 
     def _stage(self, manifest: Manifest, chunks: ChunkAssembler | None) -> Path:
         """Everything before the repository changes: verified files in a staging folder."""
         name, version = manifest.model, manifest.version
-        self._emit(manifest, "received")
+        self._emit(manifest, OtaState.RECEIVED)
         self.trust.verify(manifest, allow_unsigned=self.cfg.allow_unsigned)
         current = self._current(name)
         if current == version:
@@ -145,12 +146,12 @@ class Updater:
         try:
             artifact = stage / "artifact"
             self._crash_point("downloading")
-            meter = _Meter(lambda p: self._emit(manifest, "downloading", progress=p))
+            meter = _Meter(lambda p: self._emit(manifest, OtaState.DOWNLOADING, progress=p))
             if chunks is not None:
                 chunks.wait(artifact, meter, self.stop)
             else:
                 self.fetcher.fetch(manifest.artifact, artifact, meter)
-            self._emit(manifest, "verifying")
+            self._emit(manifest, OtaState.VERIFYING)
             self._crash_point("verifying")
             self._verify_artifact(manifest, artifact)
             files = stage / "version"
@@ -179,7 +180,7 @@ class Updater:
     def _install(self, manifest: Manifest, files: Path) -> None:
         name, version = manifest.model, manifest.version
         current = self._current(name)
-        self._emit(manifest, "installing")
+        self._emit(manifest, OtaState.INSTALLING)
         self._crash_point("installing")
         try:
             if current is not None and self.repository.active_version(name) is None:
@@ -196,7 +197,7 @@ class Updater:
             self._undo(manifest, current, f"install failed: {exc}", "install_failed")
         shutil.rmtree(files.parent, ignore_errors=True)
         try:
-            self._emit(manifest, "warming")
+            self._emit(manifest, OtaState.WARMING)
             self._crash_point("warming")
             self.cache.load(name, version)
             self._golden_check(name, version)
@@ -209,13 +210,13 @@ class Updater:
             self._undo(manifest, current, f"{type(exc).__name__}: {exc}", "warmup_failed")
         (self.repository.root / name / PENDING).unlink(missing_ok=True)
         self._prune(name, keep={version, current})
-        self._emit(manifest, "active", f"serving version {version}"
+        self._emit(manifest, OtaState.ACTIVE, f"serving version {version}"
                    + (f" (was {current})" if current is not None else ""))
 
     def _undo(self, manifest: Manifest, previous: int | None, detail: str, reason: str) -> None:
         """Back to `previous` after a failure past the point where files changed."""
         name, version = manifest.model, manifest.version
-        self._emit(manifest, "failed", detail, reason=reason)
+        self._emit(manifest, OtaState.FAILED, detail, reason=reason)
         try:
             if previous is not None and self.cache.default_version(name) != previous:
                 self.cache.swap(name, previous, drain_timeout_s=self.drain_timeout_s)
@@ -229,7 +230,7 @@ class Updater:
             logger.exception("OTA: rolling %s back to %s failed", name, previous)
         back = f"version {previous} serves again" if previous is not None else \
             "the model was new; nothing serves it"
-        self._emit(manifest, "rolled_back", f"{back} ({detail})", reason=reason,
+        self._emit(manifest, OtaState.ROLLED_BACK, f"{back} ({detail})", reason=reason,
                    version=previous if previous is not None else version)
         raise Rejected(reason, detail)
 
@@ -261,7 +262,8 @@ class Updater:
         finally:
             with self._lock:
                 self._busy.pop(name, None)
-        self.report(Event(name, target, "rolled_back", f"manual rollback from version {current}"))
+        self.report(Event(name, target, OtaState.ROLLED_BACK,
+                          f"manual rollback from version {current}"))
         return target
 
     # -- start-up ----------------------------------------------------------------------------
@@ -283,8 +285,8 @@ class Updater:
                 done.append(f"{name}: removed version {pending}, whose install was interrupted"
                             + (f" ({crashes} times: not tried again)"
                                if crashes >= MAX_CRASHES else ""))
-                self.report(Event(name, pending, "rolled_back", "the install was interrupted "
-                                  "by a restart; the previous version serves",
+                self.report(Event(name, pending, OtaState.ROLLED_BACK, "the install was "
+                                  "interrupted by a restart; the previous version serves",
                                   reason="interrupted"))
             journal.unlink(missing_ok=True)
         for line in done:
@@ -396,7 +398,7 @@ class Updater:
                 logger.info("OTA: removed %s:%d (ota.keep_versions %d)", name, version,
                             self.cfg.keep_versions)
 
-    def _emit(self, manifest: Manifest, state: str, detail: str = "", *,
+    def _emit(self, manifest: Manifest, state: OtaState, detail: str = "", *,
               progress: float | None = None, reason: str | None = None,
               version: int | None = None) -> None:
         self.report(Event(manifest.model, manifest.version if version is None else version,

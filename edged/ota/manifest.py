@@ -20,13 +20,12 @@ from typing import Any, Literal
 
 from edged.errors import ModelNotFound, UpdateRejected
 from edged.model.repository import check_model_name
+from edged.states import OtaState
 
 MAX_MANIFEST_BYTES = 64 * 1024
-# The status states a device reports on <prefix>/ota/<model>/status; the final ones are
-# retained, and they end what `edged ota push` follows.
-STATES = ("received", "downloading", "verifying", "installing", "warming", "active", "failed",
-          "rolled_back")
-FINAL = frozenset({"active", "failed", "rolled_back"})
+
+
+FINAL = frozenset({OtaState.ACTIVE, OtaState.FAILED, OtaState.ROLLED_BACK})
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 _DTYPES = {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",

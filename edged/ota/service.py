@@ -18,6 +18,7 @@ from edged.mqtt import MqttLink
 from edged.ota.fetch import ChunkAssembler
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import FINAL, Rejected, parse_manifest
+from edged.states import OtaState
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class OtaService:
         payload = json.dumps(event.to_dict(), separators=(",", ":")).encode()
         retain = event.state in FINAL and not event.transient
         self.link.publish("ota", f"ota/{event.model}/status", payload, retain=retain)
-        log = logger.warning if event.state in ("failed", "rolled_back") else logger.info
+        log = logger.warning if event.state in (OtaState.FAILED, OtaState.ROLLED_BACK) \
+            else logger.info
         log("OTA %s:%d %s %s", event.model, event.version, event.state, event.detail,
             extra={"model": event.model, "version": event.version, "code": f"ota_{event.state}"})
 
@@ -76,11 +78,11 @@ class OtaService:
                                                f"on the topic of {model!r}")
             if not self.updater.claim(manifest):
                 if self.updater.serving(model) == manifest.version:  # say so: a pusher waits
-                    self.report(Event(model, manifest.version, "active",
+                    self.report(Event(model, manifest.version, OtaState.ACTIVE,
                                       f"already serving version {manifest.version}"))
                 return
         except Rejected as exc:
-            self.report(Event(model, _version_in(payload), "failed", str(exc),
+            self.report(Event(model, _version_in(payload), OtaState.FAILED, str(exc),
                               reason=exc.reason, transient=exc.reason == "busy"))
             return
         assembler = None
@@ -96,7 +98,7 @@ class OtaService:
                 pass  # reported by the updater
             except Exception as exc:  # a bug must not kill the worker; say what happened
                 logger.exception("OTA: update of %s:%d failed", model, manifest.version)
-                self.report(Event(model, manifest.version, "failed", repr(exc),
+                self.report(Event(model, manifest.version, OtaState.FAILED, repr(exc),
                                   reason="internal"))
             finally:
                 self.updater.release(manifest)
@@ -130,7 +132,7 @@ class OtaService:
             # or signature: reported, never raised into paho's thread
             reason = exc.reason if isinstance(exc, Rejected) else "bad_command"
             logger.warning("OTA: ignoring command on %s: %s", topic, exc)
-            self.report(Event(model if _is_name(model) else "?", 0, "failed", str(exc),
+            self.report(Event(model if _is_name(model) else "?", 0, OtaState.FAILED, str(exc),
                               reason=reason, transient=True))
             return
 
@@ -139,10 +141,10 @@ class OtaService:
                 self.updater.rollback(model, command.get("from_version"))
             except Rejected as exc:
                 if exc.reason == "not_active":  # not on that version: nothing to do is fine
-                    self.report(Event(model, self.updater.serving(model) or 0, "active",
+                    self.report(Event(model, self.updater.serving(model) or 0, OtaState.ACTIVE,
                                       str(exc), transient=True))
                     return
-                self.report(Event(model, 0, "failed", str(exc), reason=exc.reason,
+                self.report(Event(model, 0, OtaState.FAILED, str(exc), reason=exc.reason,
                                   transient=True))
 
         self._submit(run)

@@ -11,15 +11,24 @@ from edged.sources.base import (
     FrameQueue,
     Source,
     SourceError,
+    SourceState,
     SourceUnavailable,
-    State,
     worth_logging,
 )
 
 CAMERA_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst")
 
-__all__ = ["Backoff", "Frame", "FrameQueue", "Source", "SourceError", "SourceUnavailable",
-           "State", "open_source", "worth_logging"]
+__all__ = [
+    "Backoff",
+    "Frame",
+    "FrameQueue",
+    "Source",
+    "SourceError",
+    "SourceState",
+    "SourceUnavailable",
+    "open_source",
+    "worth_logging",
+]
 
 
 def open_source(name: str, uri: str, queue: FrameQueue, common: Mapping[str, Any],

@@ -12,12 +12,12 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Literal
 
 import numpy as np
 
 from edged.errors import EdgedError
+from edged.states import SourceState
 
 logger = logging.getLogger(__name__)
 
@@ -43,18 +43,12 @@ class SourceUnavailable(SourceError):
     code = "source_unavailable"
 
 
-class State(Enum):
-    CONNECTING = "connecting"
-    STREAMING = "streaming"
-    RECONNECTING = "reconnecting"
-    STOPPED = "stopped"
-
-
-ALLOWED: dict[State, frozenset[State]] = {
-    State.CONNECTING: frozenset({State.STREAMING, State.RECONNECTING, State.STOPPED}),
-    State.STREAMING: frozenset({State.RECONNECTING, State.STOPPED}),
-    State.RECONNECTING: frozenset({State.CONNECTING, State.STOPPED}),
-    State.STOPPED: frozenset(),
+ALLOWED: dict[SourceState, frozenset[SourceState]] = {
+    SourceState.CONNECTING: frozenset({SourceState.STREAMING, SourceState.RECONNECTING,
+                                       SourceState.STOPPED}),
+    SourceState.STREAMING: frozenset({SourceState.RECONNECTING, SourceState.STOPPED}),
+    SourceState.RECONNECTING: frozenset({SourceState.CONNECTING, SourceState.STOPPED}),
+    SourceState.STOPPED: frozenset(),
 }
 
 
@@ -93,8 +87,8 @@ class SourceStats:
     reconnects: int = 0
     errors: int = 0
     last_error: str | None = None
-    state: State = State.CONNECTING
-    transitions: list[tuple[float, State]] = field(default_factory=list)
+    state: SourceState = SourceState.CONNECTING
+    transitions: list[tuple[float, SourceState]] = field(default_factory=list)
 
 
 class FrameQueue:
@@ -188,28 +182,28 @@ class Source(ABC):
 
     # -- the state machine -------------------------------------------------------------------
     @property
-    def state(self) -> State:
+    def state(self) -> SourceState:
         with self._lock:
             return self.stats.state
 
-    def _enter(self, state: State, reason: str = "") -> None:
+    def _enter(self, state: SourceState, reason: str = "") -> None:
         with self._lock:
             current = self.stats.state
             if state == current:
                 return
             if state not in ALLOWED[current]:
-                raise RuntimeError(f"{self.name}: {current.value} → {state.value} is not allowed")
+                raise RuntimeError(f"{self.name}: {current} → {state} is not allowed")
             self.stats.state = state
             self.stats.transitions.append((self.clock(), state))
             del self.stats.transitions[:-32]
-            if state == State.RECONNECTING:
+            if state == SourceState.RECONNECTING:
                 self.stats.reconnects += 1
             self.state_changed.notify_all()
-        log = logger.warning if state == State.RECONNECTING else logger.info
-        log("stream %s: %s%s", self.name, state.value, f" ({reason})" if reason else "",
-            extra={"stream": self.name, "code": f"stream_{state.value}"})
+        log = logger.warning if state == SourceState.RECONNECTING else logger.info
+        log("stream %s: %s%s", self.name, state, f" ({reason})" if reason else "",
+            extra={"stream": self.name, "code": f"stream_{state}"})
 
-    def wait_state(self, state: State, timeout_s: float) -> bool:
+    def wait_state(self, state: SourceState, timeout_s: float) -> bool:
         with self._lock:
             return self.state_changed.wait_for(lambda: self.stats.state == state, timeout_s)
 
@@ -237,9 +231,9 @@ class Source(ABC):
                 logger.info("stream %s: next attempt in %.1f s", self.name, delay)
                 if self._stop.wait(delay):
                     break
-                self._enter(State.CONNECTING)
+                self._enter(SourceState.CONNECTING)
         finally:
-            self._enter(State.STOPPED)
+            self._enter(SourceState.STOPPED)
 
     def _session(self) -> None:
         """One connection: open, stream until it fails or goes quiet, close."""
@@ -252,12 +246,12 @@ class Source(ABC):
             return
         except SourceError as exc:
             self._error(str(exc))
-            self._enter(State.RECONNECTING, str(exc))
+            self._enter(SourceState.RECONNECTING, str(exc))
             return
         except Exception as exc:  # the device library failing in some new way: retry later
             logger.exception("stream %s: opening failed", self.name, extra={"stream": self.name})
             self._error(f"opening failed: {exc}")
-            self._enter(State.RECONNECTING, f"opening failed: {exc}")
+            self._enter(SourceState.RECONNECTING, f"opening failed: {exc}")
             return
         finally:
             self._in_call_since = None
@@ -275,7 +269,7 @@ class Source(ABC):
                 logger.exception("stream %s: close failed", self.name,
                                  extra={"stream": self.name})
         if not self._stop.is_set():
-            self._enter(State.RECONNECTING, reason)
+            self._enter(SourceState.RECONNECTING, reason)
 
     def _stream(self) -> str:
         last_frame = self.clock()
@@ -290,8 +284,8 @@ class Source(ABC):
                 if self._ended():
                     return "the stream ended"
                 continue
-            if self.state != State.STREAMING:
-                self._enter(State.STREAMING)
+            if self.state != SourceState.STREAMING:
+                self._enter(SourceState.STREAMING)
                 self.backoff.reset()
             last_frame = now
             self._offer(data, now)
@@ -336,7 +330,7 @@ class Source(ABC):
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             s = self.stats
-            return {"state": s.state.value, "frames_in": s.frames_in, "dropped": s.dropped,
+            return {"state": s.state, "frames_in": s.frames_in, "dropped": s.dropped,
                     "skipped": s.skipped, "rejected": s.rejected, "reconnects": s.reconnects,
                     "errors": s.errors, "last_error": s.last_error,
                     "queue_depth": len(self.queue)}

@@ -23,7 +23,7 @@ from mosquitto import Broker, Subscriber, free_port
 from prometheus_client.parser import text_string_to_metric_families
 from served_daemon import ServeFactory
 
-from edged.sources import State
+from edged.sources import SourceState
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "schemas" /
                      "stream-result.schema.json").read_text())
@@ -176,15 +176,15 @@ def test_stream_when_the_camera_goes_away_reports_it_and_resumes_within_the_back
                                  "model: colors, watchdog_s: 2, backoff_initial_s: 0.2, "
                                  "backoff_max_s: 1.0}]")
     pipeline = served.daemon.pipelines[0]
-    assert pipeline.source.wait_state(State.STREAMING, 15)
+    assert pipeline.source.wait_state(SourceState.STREAMING, 15)
     camera.stop()
-    assert pipeline.source.wait_state(State.RECONNECTING, 15)
+    assert pipeline.source.wait_state(SourceState.RECONNECTING, 15)
     gone = pipeline.snapshot()
     assert gone["reconnects"] >= 1 and gone["state"] in ("reconnecting", "connecting")
     processed = gone["processed"]
     camera.start()
     returned = time.monotonic()
-    assert pipeline.source.wait_state(State.STREAMING, 15)
+    assert pipeline.source.wait_state(SourceState.STREAMING, 15)
     # Back within one capped backoff (1 s) plus one open attempt (watchdog 2 s) and slack.
     assert time.monotonic() - returned < 1.0 + 2.0 + 5.0
     deadline = time.monotonic() + 10
@@ -204,7 +204,7 @@ def test_sensor_stream_when_payloads_are_malformed_rejects_counts_and_goes_on(
                     "backpressure: block}]")
         assert served.daemon.mqtt is not None and served.daemon.mqtt.wait_connected(10)
         pipeline = served.daemon.pipelines[0]
-        assert pipeline.source.wait_state(State.CONNECTING, 5)
+        assert pipeline.source.wait_state(SourceState.CONNECTING, 5)
         bad = [b"not json", b"{\"a\": 1}", b"[1, 2]", b"[1, 2, \"x\", 4]", b"[1, 2, NaN, 4]",
                b"[[1, 2, 3, 4]]", b"\xff\xfe"]
         deadline = time.monotonic() + 15

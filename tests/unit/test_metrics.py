@@ -8,9 +8,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from edged.cache import ModelCounters
+from edged.batching import InferenceCounters
+from edged.cache import ModelCounters, ModelStatus
 from edged.host import GpuStats
-from edged.metrics import InferenceCounters, Metrics, ModelState
+from edged.metrics import Metrics
+from edged.states import ModelState
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -33,8 +35,8 @@ def inference() -> list[InferenceCounters]:
     return [InferenceCounters("det", 2, 5, 1, 12, 3, 9_000_000, 1_000_000, 7_000_000, 0)]
 
 
-def models() -> list[ModelState]:
-    return [ModelState("det", 2, True, 4096)]
+def models() -> list[ModelStatus]:
+    return [ModelStatus("det", 2, ModelState.READY, nbytes=4096)]
 
 
 def stream(state: str, **counts: int) -> dict[str, Any]:
@@ -100,3 +102,10 @@ def test_metrics_when_mqtt_is_off_and_no_gpu_leaves_their_families_out() -> None
     found = samples(Metrics(inference, models, link=lambda: None, gpus=list,
                             streams=lambda: {}))
     assert not {n for n in names(found) if n.startswith(("edged_mqtt_", "edged_gpu_"))}
+
+
+def test_metrics_when_requests_were_refused_or_timed_out_exports_both_counts() -> None:
+    rows = [InferenceCounters("det", 2, 5, 1, 12, 3, 0, 0, 0, 0, rejected=4, timeouts=1)]
+    found = samples(Metrics(lambda: rows, models, gpus=list))
+    assert value(found, "edged_inference_request_rejected_total", model="det", version="2") == 4
+    assert value(found, "edged_inference_request_timeout_total", model="det", version="2") == 1

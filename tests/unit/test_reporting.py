@@ -7,9 +7,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from edged.batching import InferenceCounters
 from edged.cache import ModelCounters, ModelStatus
 from edged.host import GpuStats
 from edged.reporting import Reporter
+from edged.states import ModelState
 
 
 class FakePipeline:
@@ -22,10 +24,12 @@ class FakePipeline:
 
 
 def status() -> list[ModelStatus]:
-    return [ModelStatus("det", 1, "UNAVAILABLE", reason="unloaded; loads on first request"),
-            ModelStatus("det", 2, "READY", "onnxruntime", ("CPUExecutionProvider",), 4096,
-                        load_seconds=1.23456),
-            ModelStatus("cls", 1, "UNAVAILABLE", reason="unloaded; loads on first request")]
+    return [ModelStatus("det", 1, ModelState.UNAVAILABLE,
+                        reason="unloaded; loads on first request"),
+            ModelStatus("det", 2, ModelState.READY, "onnxruntime", ("CPUExecutionProvider",),
+                        4096, load_seconds=1.23456),
+            ModelStatus("cls", 1, ModelState.UNAVAILABLE,
+                        reason="unloaded; loads on first request")]
 
 
 def counters() -> list[ModelCounters]:
@@ -70,3 +74,13 @@ def test_stats_when_a_stream_is_replaced_under_its_name_starts_its_rates_afresh(
     pipelines[0].counts.update(frames_in=160, processed=150, dropped=3)
     row = reporter.stats()["streams"]["cam"]
     assert (row["fps_in"], row["fps_processed"], row["fps_dropped"]) == (30.0, 30.0, 3.0)
+
+
+def test_stats_when_requests_were_refused_or_timed_out_reports_them_per_model_version() -> None:
+    rows = [InferenceCounters("det", 2, 40, 3, 40, 12, 0, 0, 0, pending=5, rejected=7,
+                              timeouts=3)]
+    reporter = Reporter([], None, status, model_counters=counters, inference=lambda: rows,
+                        rss=lambda: None, gpus=list)
+    assert reporter.stats()["inference"] == {
+        "det": {"2": {"success": 40, "failure": 3, "rejected": 7, "timeouts": 3,
+                      "pending": 5}}}

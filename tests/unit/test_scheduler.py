@@ -197,6 +197,8 @@ def test_batcher_when_queue_full_rejects_with_queue_full(core: Core, gate: GateB
         f.result(10)
     assert scheduler.batchers()[0].stats.rejected == 1
     scheduler.submit("tiny_cls", {"x": cls_input(3.0)}).result(10)  # room again
+    (row,) = scheduler.counters()  # what /metrics and the stats message read
+    assert (row.model, row.rejected, row.timeouts) == ("tiny_cls", 1, 0)
 
 
 def test_batcher_when_request_times_out_in_queue_it_is_never_executed(
@@ -213,6 +215,8 @@ def test_batcher_when_request_times_out_in_queue_it_is_never_executed(
     assert 7.0 not in [v for m in markers(gate) for v in m]
     stats = scheduler.batchers()[0].stats
     assert (stats.timeouts, stats.success) == (1, 2)
+    (row,) = scheduler.counters()
+    assert (row.timeouts, row.failure, row.rejected) == (1, 1, 0)
 
 
 def test_batcher_when_model_sets_default_timeout_applies_it(core: Core, gate: GateBackend,

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from edged.sources import Backoff, Frame, FrameQueue, SourceError, State
+from edged.sources import Backoff, Frame, FrameQueue, SourceError, SourceState
 from edged.sources.camera import CameraSource, csi_pipeline, gst_pipeline, has_gstreamer
 from edged.sources.sensor import SensorSource
 
@@ -55,9 +55,9 @@ def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
 
 def test_source_when_a_transition_is_not_allowed_refuses_it() -> None:
     source = CameraSource("s", "file:///nonexistent.avi", FrameQueue(1, "drop_oldest"))
-    source._enter(State.STOPPED)
+    source._enter(SourceState.STOPPED)
     with pytest.raises(RuntimeError, match="not allowed"):
-        source._enter(State.STREAMING)
+        source._enter(SourceState.STREAMING)
 
 
 def test_gstreamer_pipelines_are_built_for_argus_and_end_in_a_dropping_appsink() -> None:
@@ -77,7 +77,7 @@ def test_camera_when_opencv_has_no_gstreamer_stops_with_the_fix_named(uri: str) 
     source = CameraSource("cam", uri, FrameQueue(1, "drop_oldest"),
                           backoff=Backoff(0.01, 0.01))
     source.start()
-    assert source.wait_state(State.STOPPED, 5)
+    assert source.wait_state(SourceState.STOPPED, 5)
     assert "JetPack's OpenCV" in (source.stats.last_error or "")
     assert source.stats.reconnects == 0  # retrying cannot help
 
@@ -87,11 +87,11 @@ def test_camera_when_the_file_is_missing_retries_with_backoff() -> None:
                           backoff=Backoff(0.01, 0.02))
     source.start()
     try:
-        assert source.wait_state(State.RECONNECTING, 5)
+        assert source.wait_state(SourceState.RECONNECTING, 5)
         assert "not a readable file" in (source.stats.last_error or "")
     finally:
         assert source.stop(5)
-    assert source.state == State.STOPPED
+    assert source.state == SourceState.STOPPED
 
 
 def sensor(payload: str = "json", shape: tuple[int, ...] = (2, 3)) -> SensorSource:
