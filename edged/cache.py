@@ -1,5 +1,6 @@
-"""The warm model cache: loads and warms model versions on a backend, hands out refcounted leases,
-evicts idle unpinned models over a byte budget (LRU), and swaps versions without a gap."""
+"""The warm model cache: keeps loaded model versions (its `ModelLoader` loads and warms them),
+hands out refcounted leases, evicts idle unpinned models over a byte budget (LRU), swaps
+versions without a gap, and moves a model onto its chosen backend once that is ready."""
 
 from __future__ import annotations
 
@@ -8,24 +9,16 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
 
-from edged.backends import (
-    Backend,
-    BackendOptions,
-    FallBack,
-    LoadSpec,
-    Session,
-    choose_backend,
-    get_backend,
-)
-from edged.errors import EdgedError, ModelLoadError, ModelNotFound
-from edged.model.loadspec import load_spec, options_for, warmup_inputs
-from edged.model.precision import choose_precision
+from edged.backends import BackendOptions, Session
+from edged.errors import EdgedError, ModelLoadError, ModelNotFound, Timeout
+from edged.loader import Loaded, ModelLoader, journal_fields
 from edged.model.repository import ModelRepository, ModelVersion
 from edged.states import ModelState
 
@@ -34,6 +27,9 @@ logger = logging.getLogger(__name__)
 Key = tuple[str, int]
 # After a failed load, requests get the same error for this long instead of reloading each time.
 FAILED_LOAD_RETRY_S = 5.0
+# A caller waits this long for another caller's load of the same version (engines build in the
+# background, so a load is an ONNX Runtime session, its precision choice and a warm-up).
+LOAD_WAIT_S = 300.0
 
 
 @dataclass
@@ -106,13 +102,17 @@ class Lease:
 class ModelCache:
     def __init__(self, repository: ModelRepository, *, budget_bytes: int,
                  options: BackendOptions | None = None, pinned: Iterable[str] = (),
-                 default_backend: str = "auto",
+                 default_backend: str = "auto", loader: ModelLoader | None = None,
+                 load_wait_s: float = LOAD_WAIT_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """`loader` loads and warms versions (default: one on `options` and
+        `default_backend`); `load_wait_s` bounds a wait for another caller's load."""
         self.repository = repository
         self.budget_bytes = budget_bytes
-        self.options = options or BackendOptions()
         self.pinned = set(pinned)
-        self.default_backend = default_backend
+        self.loader = loader or ModelLoader(repository, options or BackendOptions(),
+                                            default_backend=default_backend, clock=clock)
+        self.load_wait_s = load_wait_s
         self._clock = clock
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a lease returned or a load ended
@@ -125,6 +125,11 @@ class ModelCache:
         self._bytes = 0  # sum of nbytes over _entries, kept as they come and go
         self._counters: dict[str, ModelCounters] = {}  # name -> counts, under _lock
         self.evictions = 0
+
+    @property
+    def options(self) -> BackendOptions:
+        """The options models load with (the scheduler's pools follow its memory kind)."""
+        return self.loader.options
 
     # -- leases ------------------------------------------------------------------------------
     def default_version(self, name: str) -> int:
@@ -185,58 +190,60 @@ class ModelCache:
         return entry
 
     def _load(self, key: Key, *, lease: bool) -> Entry:
-        with self._lock:
-            load_lock = self._load_locks.setdefault(key, threading.Lock())
-        with load_lock:  # one load per model version; a second caller waits and shares it
-            with self._lock:
-                entry = self._entries.get(key)
-                if entry is not None:
-                    entry.refs += lease
-                    entry.last_used = self._clock()
-                    return entry
-                failed = self._failed.get(key)
-                if failed and self._clock() - failed[0] < FAILED_LOAD_RETRY_S:
-                    # A fresh copy: re-raising one object would grow its traceback (and keep
-                    # every failed caller's frames alive) with each raise.
-                    raise copy.copy(failed[1])
-                self._loading.add(key)
-            try:
-                default = self.default_version(key[0])
-                entry = self._load_and_warm(key)
-            except Exception as exc:
-                error = exc if isinstance(exc, EdgedError) else ModelLoadError(
-                    f"{key[0]}:{key[1]}: loading failed: {exc}")
-                if error is not exc:
-                    logger.exception("%s:%d: loading failed", *key,
-                                     extra={"model": key[0], "version": key[1]})
-                with self._lock:
-                    self._failed[key] = (self._clock(), copy.copy(error))
-                    self._count(key[0]).failed_loads += 1
-                if error is exc:
-                    raise
-                raise error from exc
-            finally:
-                with self._lock:
-                    self._loading.discard(key)
-            with self._lock:
-                entry.refs = int(lease)
-                entry.retiring = key in self._retired  # a version swapped out meanwhile
-                self._entries[key] = entry
-                self._bytes += entry.nbytes
-                self._failed.pop(key, None)
-                counters = self._count(key[0])
-                counters.loads += 1
-                counters.load_seconds = {**counters.load_seconds, key[1]: entry.load_seconds}
-                # Routing sticks to what was loaded: a version dropped on disk must not take
-                # requests before it is warmed and swapped in.
-                self._active.setdefault(key[0], default)
-                # Never the model just loaded: its caller wants it (and may hold no lease).
-                doomed = self._pick_evictions(keep=key) if self._bytes > self.budget_bytes else []
-                self._changed.notify_all()
+        with self._held(self._load_lock(key), f"{key[0]}:{key[1]} is still loading"):
+            entry, doomed = self._load_locked(key, lease=lease)
         self._close(doomed)
         if entry.upgrade is not None:  # outside the locks: a done future calls back at once
             entry.upgrade.add_done_callback(partial(self._upgrade, key, entry))
         return entry
+
+    def _load_locked(self, key: Key, *, lease: bool) -> tuple[Entry, list[Entry]]:
+        """One load per model version (its load lock held): a second caller shares it. Returns
+        the entry and what its arrival evicted, for the caller to close outside the locks."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.refs += lease
+                entry.last_used = self._clock()
+                return entry, []
+            failed = self._failed.get(key)
+            if failed and self._clock() - failed[0] < FAILED_LOAD_RETRY_S:
+                # A fresh copy: re-raising one object would grow its traceback (and keep
+                # every failed caller's frames alive) with each raise.
+                raise copy.copy(failed[1])
+            self._loading.add(key)
+        try:
+            default = self.default_version(key[0])
+            entry = self._entry(self.loader.load(*key))
+        except Exception as exc:
+            error = exc if isinstance(exc, EdgedError) else ModelLoadError(
+                f"{key[0]}:{key[1]}: loading failed: {exc}")
+            if error is not exc:
+                logger.exception("%s:%d: loading failed", *key,
+                                 extra={"model": key[0], "version": key[1]})
+            with self._lock:
+                self._failed[key] = (self._clock(), copy.copy(error))
+                self._count(key[0]).failed_loads += 1
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            with self._lock:
+                self._loading.discard(key)
+        with self._lock:
+            entry.refs = int(lease)
+            entry.retiring = key in self._retired  # a version swapped out meanwhile
+            self._entries[key] = entry
+            self._bytes += entry.nbytes
+            self._failed.pop(key, None)
+            self._count_load(entry)
+            # Routing sticks to what was loaded: a version dropped on disk must not take
+            # requests before it is warmed and swapped in.
+            self._active.setdefault(key[0], default)
+            # Never the model just loaded: its caller wants it (and may hold no lease).
+            doomed = self._pick_evictions(keep=key) if self._bytes > self.budget_bytes else []
+            self._changed.notify_all()
+        return entry, doomed
 
     def _upgrade(self, key: Key, waiting: Entry, ready: Future[None]) -> None:
         """The backend `waiting` fell back from is ready (its engine is built): load and warm
@@ -247,89 +254,65 @@ class ModelCache:
         if ready.cancelled() or ready.exception() is not None:
             logger.warning("%s stays on %s: %s", label, waiting.backend,
                            "cancelled" if ready.cancelled() else ready.exception(),
-                           extra=_fields(waiting.model, "model_upgrade_failed"))
+                           extra=journal_fields(waiting.model, "model_upgrade_failed"))
             return
-        with self._lock:
-            load_lock = self._load_locks.setdefault(key, threading.Lock())
-        with load_lock:  # no load or unload of this version in between
-            with self._lock:
-                if self._entries.get(key) is not waiting or waiting.retiring:
-                    return  # unloaded, evicted or swapped out: a later load asks afresh
-            try:
-                entry = self._load_and_warm(key, upgrading=True)
-            except Exception as exc:  # anything from the backend: keep serving the fallback
-                logger.warning("%s stays on %s: %s", label, waiting.backend, exc,
-                               extra=_fields(waiting.model, "model_upgrade_failed"))
-                return
-            with self._lock:
-                doomed = [entry]
-                if self._entries.get(key) is waiting and not waiting.retiring:
-                    self._entries[key] = entry
-                    self._bytes += entry.nbytes - waiting.nbytes
-                    waiting.retiring = True  # _release closes it after the last lease
-                    doomed = [waiting] if waiting.refs == 0 else []
-                    counters = self._count(key[0])
-                    counters.loads += 1
-                    counters.load_seconds = {**counters.load_seconds,
-                                             key[1]: entry.load_seconds}
-                    if self._bytes > self.budget_bytes:
-                        doomed += self._pick_evictions(keep=key)
-                    self._changed.notify_all()
+        try:
+            with self._held(self._load_lock(key), f"{label} is busy loading or unloading"):
+                upgraded, doomed = self._upgrade_locked(key, waiting)
+        except Exception as exc:  # anything from the backend, or a timeout: keep the fallback
+            logger.warning("%s stays on %s: %s", label, waiting.backend, exc,
+                           extra=journal_fields(waiting.model, "model_upgrade_failed"))
+            return
         self._close(doomed)
-        if entry not in doomed:
-            logger.info("%s: requests now go to %s (was %s)", label, entry.backend,
-                        waiting.backend, extra=_fields(waiting.model, "model_upgraded"))
+        if upgraded is not None:
+            logger.info("%s: requests now go to %s (was %s)", label, upgraded.backend,
+                        waiting.backend, extra=journal_fields(waiting.model, "model_upgraded"))
 
-    def _load_and_warm(self, key: Key, *, upgrading: bool = False) -> Entry:
-        name, version = key
-        model = self.repository.get(name, version)
-        backend = choose_backend(model.config.backend if model.config.backend != "auto"
-                                 else self.default_backend)
-        options = options_for(model, self.options)
-        started = self._clock()
-        # model.onnx or its gated INT8 variant; `auto` may time the two once (remembered).
-        choice = choose_precision(model, backend, options)
-        spec = load_spec(model, choice.path, choice.precision)
-        try:
-            backend, spec, session, upgrade = self._open(model, backend, spec, options,
-                                                         upgrading=upgrading)
-        except (EdgedError, FallBack):
-            raise
-        except Exception as exc:  # a backend's own error types: report, never crash
-            logger.exception("%s: %s failed to load it", model.label, backend.name,
-                             extra=_fields(model, "model_load_failed"))
-            raise ModelLoadError(f"{model.label}: {backend.name} failed to load: {exc}") from exc
-        try:
-            if model.config.warmup.enabled:
-                session.infer(warmup_inputs(model))
-        except Exception as exc:
-            session.close()
-            logger.exception("%s: warm-up inference failed", model.label,
-                             extra=_fields(model, "model_load_failed"))
-            raise ModelLoadError(f"{model.label}: warm-up inference failed: {exc}") from exc
-        seconds = self._clock() - started
-        logger.info("%s ready on %s (%s) in %.2fs, %.1f MB", model.label, backend.name,
-                    ", ".join(session.providers), seconds, session.nbytes / 1e6,
-                    extra=_fields(model, "model_ready"))
-        return Entry(model, session, backend.name, session.nbytes, seconds, self._clock(),
-                     precision=spec.precision, upgrade=upgrade)
+    def _upgrade_locked(self, key: Key, waiting: Entry) -> tuple[Entry | None, list[Entry]]:
+        """Load the upgrade and swap it in (the version's load lock held). Returns the entry
+        now serving (None: nothing changed) and the entries to close: `waiting` once idle,
+        evictions, or the upgrade itself when `waiting` went meanwhile."""
+        with self._lock:
+            if self._entries.get(key) is not waiting or waiting.retiring:
+                return None, []  # unloaded, evicted or swapped out: a later load asks afresh
+        entry = self._entry(self.loader.load(*key, upgrading=True))
+        with self._lock:
+            if self._entries.get(key) is not waiting or waiting.retiring:
+                return None, [entry]
+            self._entries[key] = entry
+            self._bytes += entry.nbytes - waiting.nbytes
+            waiting.retiring = True  # _release closes it after the last lease
+            doomed = [waiting] if waiting.refs == 0 else []
+            self._count_load(entry)
+            if self._bytes > self.budget_bytes:
+                doomed += self._pick_evictions(keep=key)
+            self._changed.notify_all()
+        return entry, doomed
 
-    def _open(self, model: ModelVersion, backend: Backend, spec: LoadSpec,
-              options: BackendOptions, *, upgrading: bool
-              ) -> tuple[Backend, LoadSpec, Session, Future[None] | None]:
-        """`backend.load`, or, when the backend falls back (its engine still building), the
-        fallback backend's load and the future that says when to try `backend` again."""
+    def _entry(self, loaded: Loaded) -> Entry:
+        return Entry(loaded.model, loaded.session, loaded.backend, loaded.session.nbytes,
+                     loaded.seconds, self._clock(), precision=loaded.precision,
+                     upgrade=loaded.upgrade)
+
+    def _load_lock(self, key: Key) -> threading.Lock:
+        with self._lock:
+            return self._load_locks.setdefault(key, threading.Lock())
+
+    @contextmanager
+    def _held(self, lock: threading.Lock, busy: str) -> Iterator[None]:
+        """Hold `lock`, waiting at most `load_wait_s` for it (Timeout naming `busy`)."""
+        if not lock.acquire(timeout=self.load_wait_s):
+            raise Timeout(f"{busy} after {self.load_wait_s:g} s")
         try:
-            return backend, spec, backend.load(spec, options), None
-        except FallBack as fallback:
-            if upgrading:
-                raise
-            logger.info("%s: served on %s for now: %s", model.label, fallback.fallback,
-                        fallback, extra=_fields(model, "model_fallback"))
-            backend = get_backend(fallback.fallback)
-            choice = choose_precision(model, backend, options)
-            spec = dataclasses.replace(spec, path=choice.path, precision=choice.precision)
-            return backend, spec, backend.load(spec, options), fallback.upgrade
+            yield
+        finally:
+            lock.release()
+
+    def _count_load(self, entry: Entry) -> None:
+        """A load that succeeded, and how long it took (lock held)."""
+        counters = self._count(entry.model.name)
+        counters.loads += 1
+        counters.load_seconds = {**counters.load_seconds, entry.model.version: entry.load_seconds}
 
     # -- eviction and unloading --------------------------------------------------------------
     def _drop(self, entry: Entry) -> None:
@@ -355,7 +338,7 @@ class ModelCache:
             self._count(entry.model.name).evictions += 1
             logger.info("evicting %s (idle, %.1f MB) to stay within the %.1f MB budget",
                         entry.model.label, entry.nbytes / 1e6, self.budget_bytes / 1e6,
-                        extra=_fields(entry.model, "model_evicted"))
+                        extra=journal_fields(entry.model, "model_evicted"))
         if self._bytes > self.budget_bytes:
             logger.warning("model cache over budget (%.1f MB > %.1f MB): the rest is pinned or "
                            "in use", self._bytes / 1e6, self.budget_bytes / 1e6)
@@ -467,8 +450,3 @@ class ModelCache:
             return False
         with self._lock:
             return key in self._entries
-
-
-def _fields(model: ModelVersion, code: str) -> dict[str, object]:
-    """Journal fields of a log line about `model` (MODEL=, MODEL_VERSION=, CODE=)."""
-    return {"model": model.name, "version": model.version, "code": code}

@@ -13,7 +13,7 @@ import pytest
 from conftest import GateBackend, options, write_yaml
 
 from edged.cache import ModelCache
-from edged.errors import InvalidModel, ModelNotFound
+from edged.errors import InvalidModel, ModelNotFound, Timeout
 from edged.model.repository import ModelRepository
 from edged.scheduler import Scheduler
 
@@ -225,3 +225,19 @@ def test_cache_swap_when_eight_clients_call_no_request_fails_and_each_switches_o
     assert sum("new" in t for t in seen) == 8
     assert sum("old" in t for t in seen) >= 1  # the swap really happened under load
     assert [(s.version, s.state) for s in cache.status() if s.state == "READY"] == [(2, "READY")]
+
+
+def test_cache_when_another_load_of_the_version_outlasts_the_wait_raises_timeout(
+        repo: ModelRepository, tmp_path: Path, gate: GateBackend) -> None:
+    cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path), load_wait_s=0.2)
+    gate.gate.clear()  # the first load stops in its warm-up inference
+    first = threading.Thread(target=cache.load, args=("tiny_cls",))
+    first.start()
+    gate.wait_calls(1)
+    with pytest.raises(Timeout, match="tiny_cls:1 is still loading after 0.2 s"):
+        cache.acquire("tiny_cls")
+    gate.gate.set()
+    first.join(10)
+    with cache.acquire("tiny_cls") as lease:  # the first load landed; nothing was lost
+        assert lease.model.version == 1
+    assert gate.loads == ["tiny_cls:1"]
