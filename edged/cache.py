@@ -443,6 +443,15 @@ class ModelCache:
         with self._lock:
             return [f"{name}:{version}" for name, version in sorted(self._entries)]
 
+    def serving_on(self, name: str, version: int) -> str:
+        """`backend:provider` of a loaded version, from memory ("unknown" when not loaded):
+        results name what really ran them."""
+        with self._lock:
+            entry = self._entries.get((name, version))
+        if entry is None or not entry.session.providers:
+            return "unknown"
+        return f"{entry.backend}:{entry.session.providers[0]}"
+
     def ready(self, name: str, version: int | None = None) -> bool:
         try:
             key = (name, self.default_version(name) if version is None else version)

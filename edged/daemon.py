@@ -20,9 +20,9 @@ from edged import __version__, host
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.cache import ModelCache
-from edged.config import DaemonConfig, StreamConfig
+from edged.config import DaemonConfig
 from edged.errors import ConfigError, EdgedError
-from edged.health import Beating, HealthMonitor, RecentErrors
+from edged.health import HealthMonitor, RecentErrors
 from edged.metrics import Metrics
 from edged.model.loadspec import backend_options
 from edged.model.repository import ModelRepository
@@ -34,15 +34,13 @@ from edged.pipeline import StreamPipeline
 from edged.reload import plan as reload_plan
 from edged.reporting import Reporter
 from edged.scheduler import Scheduler
-from edged.sources import Backoff, FrameQueue, open_source
-from edged.states import SourceState
+from edged.streams import StreamSet
 from edged.systemd import Notifier, activated_unix_socket, listen_fds
 
 logger = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 5.0
-SOURCE_STOP_S = 5.0
 MQTT_STOP_S = 3.0
 OTA_STOP_S = 10.0
 
@@ -68,28 +66,32 @@ class Daemon:
         )
         self.scheduler = Scheduler(self.cache)
         self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs)
+        self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
+                              client_id=f"edged-{config.device_id}")
+                     if config.mqtt.enabled else None)
+        self.streams = StreamSet(
+            self.scheduler, self._publish_result,
+            subscribe=self.mqtt.subscribe if self.mqtt else None,
+            unsubscribe=self.mqtt.unsubscribe if self.mqtt else None,
+            backend_of=self.cache.serving_on)
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
             self.scheduler.counters, self.cache.status, loads=self.cache.counters,
-            streams=lambda: {p.cfg.name: p.snapshot() for p in list(self.pipelines)},
-            link=lambda: self.mqtt.stats() if self.mqtt is not None else None)
+            streams=self.streams.snapshots,
+            link=self.mqtt.stats if self.mqtt is not None else None)
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
-                                    batchers=self.scheduler.batchers, beats=self._beats,
+                                    batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)
         self.recent = RecentErrors()
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.is_live, status=self.status_report)
-        self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
-                              client_id=f"edged-{config.device_id}")
-                     if config.mqtt.enabled else None)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
                                groups=config.ota.groups,
                                chunk_timeout_s=config.ota.chunk_timeout_s)
                     if self.mqtt is not None else None)
-        self.pipelines: list[StreamPipeline] = []
-        self.reporter = Reporter(self.pipelines, self.mqtt.stats if self.mqtt else None,
+        self.reporter = Reporter(self.streams.pipelines, self.mqtt.stats if self.mqtt else None,
                                  self.cache.status, model_counters=self.cache.counters,
                                  inference=self.scheduler.counters)
         self._ready = False
@@ -129,39 +131,9 @@ class Daemon:
                         f" on {', '.join(row.providers)}" if row.providers else
                         f" ({row.reason})" if row.reason else "")
 
-    def start_streams(self) -> None:
-        """One pipeline per configured stream. A stream whose model or source is unusable is
-        logged and left out; the others run."""
-        started = [p for p in map(self._start_stream, self.config.streams) if p is not None]
-        self.pipelines[:] = [*self.pipelines, *started]
-
-    def _start_stream(self, cfg: StreamConfig) -> StreamPipeline | None:
-        try:
-            model = self.scheduler.model(cfg.model)
-            spec = model.inputs[0]
-            batched = model.max_batch_size > 0
-            source = open_source(
-                cfg.name, cfg.source, FrameQueue(cfg.queue, cfg.backpressure),
-                common={"fps": cfg.fps, "watchdog_s": cfg.watchdog_s,
-                        "backoff": Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)},
-                camera={"loop": cfg.loop,
-                        "size": tuple(cfg.size) if cfg.size else None},
-                sensor={"subscribe": self.mqtt.subscribe if self.mqtt else None,
-                        "unsubscribe": self.mqtt.unsubscribe if self.mqtt else None,
-                        "shape": spec.shape[1:] if batched else spec.shape,
-                        "dtype": spec.dtype, "payload": cfg.payload})
-        except EdgedError as exc:
-            logger.error("stream %s is not started: %s", cfg.name, exc,
-                         extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
-            return None
-        pipeline = StreamPipeline(cfg, source, self.scheduler, self._publish_result,
-                                  backend_of=self._backend_of)
-        pipeline.start()
-        return pipeline
-
-    def _beats(self) -> list[Beating]:
-        """The threads the health tick watches: each stream's loop and capture thread."""
-        return [part for p in list(self.pipelines) for part in (p, p.source)]
+    @property
+    def pipelines(self) -> tuple[StreamPipeline, ...]:
+        return self.streams.pipelines()
 
     def _publish_result(self, stream: str, payload: bytes) -> None:
         if self.mqtt is not None:
@@ -173,12 +145,6 @@ class Daemon:
         else:
             logger.info("OTA %s:%d %s %s", event.model, event.version, event.state,
                         event.detail)
-
-    def _backend_of(self, name: str, version: int) -> str:
-        for row in self.cache.status():
-            if (row.name, row.version) == (name, version) and row.providers:
-                return f"{row.backend}:{row.providers[0]}"
-        return "unknown"
 
     async def _report_loop(self) -> None:
         """Retained model states when they change, and the periodic stats message."""
@@ -223,7 +189,7 @@ class Daemon:
             self.notifier.status("starting: loading and warming "
                                  f"{len(self.config.cache.preload)} preloaded model(s)")
             await asyncio.to_thread(self.warm_up)
-            await asyncio.to_thread(self.start_streams)
+            await asyncio.to_thread(self.streams.start, self.config.streams)
             if self.ota is not None:
                 self.ota.start()
             self._ready = True
@@ -267,11 +233,11 @@ class Daemon:
         if problems:
             return "STUCK: " + "; ".join(problems)
         ready = self.cache.loaded()
-        up = sum(1 for p in self.pipelines if p.source.state is SourceState.STREAMING)
+        up, streams = self.streams.up()
         parts = [f"{len(ready)} model(s) ready" + (f" ({', '.join(ready[:4])}"
                                                     f"{', ...' if len(ready) > 4 else ''})"
                                                     if ready else ""),
-                 f"streams {up}/{len(self.pipelines)} up"]
+                 f"streams {up}/{streams} up"]
         if self.mqtt is not None:
             parts.append("broker " + ("connected" if self.mqtt.connected else "unreachable"))
         return ", ".join(parts)
@@ -279,11 +245,6 @@ class Daemon:
     def status_report(self) -> dict[str, Any]:
         """What `edged status` shows (GET /v2/edged/status); called on a thread."""
         live, problems = self.is_live()
-        queues = {}
-        for batcher in self.scheduler.batchers():
-            pending, batches = batcher.progress()
-            queues[batcher.label] = {"queued": batcher.depth, "pending": pending,
-                                     "batches": batches}
         return {
             "device_id": self.config.device_id, "version": __version__, "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 1),
@@ -291,10 +252,8 @@ class Daemon:
             "systemd": {"notify": self.notifier.enabled, "watchdog_s": self.notifier.watchdog_s},
             "reloads": dict(self.reloads),
             "models": [dataclasses.asdict(row) for row in self.cache.status()],
-            "queues": queues,
-            "streams": {p.cfg.name: {"source": p.cfg.source, "model": p.cfg.model,
-                                     "running_s": round(p.running_s(), 1), **p.snapshot()}
-                        for p in list(self.pipelines)},
+            "queues": self.scheduler.queues(),
+            "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
             "process": {"rss_bytes": host.rss_bytes()},
             "gpus": [dataclasses.asdict(gpu) for gpu in host.gpus()],
@@ -343,7 +302,7 @@ class Daemon:
 
     def _apply(self, new: DaemonConfig) -> None:
         """On a thread: make the running daemon match `new` where it can without a restart."""
-        running = {p.cfg.name for p in self.pipelines}
+        running = {p.cfg.name for p in self.streams.pipelines()}
         steps = reload_plan(self.config, new, streams_running=running)
         for what in steps.needs_restart:
             logger.warning("reload: %s changed; it takes effect at the next restart", what)
@@ -366,26 +325,7 @@ class Daemon:
             except EdgedError as exc:
                 logger.error("reload: preload of %s failed: %s", name, exc,
                              extra={"model": name, "code": exc.code})
-        self._restart_streams(steps.stop, steps.start)
-
-    def _restart_streams(self, stop: list[str], start: list[StreamConfig]) -> None:
-        """Stop the streams named, then start the ones given; the rest are not touched (their
-        frames keep flowing)."""
-        gone = [p for p in self.pipelines if p.cfg.name in stop]
-        if gone:  # out of the list first: the stats and health tick stop looking at them
-            self.pipelines[:] = [p for p in self.pipelines if p not in gone]
-            for pipeline in gone:
-                pipeline.stop_source(SOURCE_STOP_S)
-            for pipeline in gone:
-                pipeline.stop(DRAIN_TIMEOUT_S)
-                logger.info("reload: stream %s stopped", pipeline.cfg.name,
-                            extra={"stream": pipeline.cfg.name})
-        for cfg in start:
-            started = self._start_stream(cfg)
-            if started is not None:
-                self.pipelines[:] = [*self.pipelines, started]
-                logger.info("reload: stream %s started (%s → %s)", cfg.name, cfg.source,
-                            cfg.model, extra={"stream": cfg.name})
+        self.streams.restart(steps.stop, steps.start)
 
     def request_stop(self) -> None:
         """Ask the daemon to stop (from any thread; calling it again changes nothing)."""
@@ -418,7 +358,7 @@ class Daemon:
             await self.api.stop_accepting()
             if self.ota is not None:  # a download stops; an install in progress finishes
                 await asyncio.to_thread(self.ota.stop, OTA_STOP_S)
-            await asyncio.to_thread(self._stop_pipelines)
+            await asyncio.to_thread(self.streams.stop)
             await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)
             await self.api.stop()
         finally:
@@ -430,13 +370,3 @@ class Daemon:
             logger.info("stopped")
             self.notifier.close()
             self.stopped_event.set()
-
-    def _stop_pipelines(self) -> None:
-        for pipeline in self.pipelines:
-            if not pipeline.stop_source(SOURCE_STOP_S):
-                logger.warning("stream %s: capture did not stop in %.0f s", pipeline.cfg.name,
-                               SOURCE_STOP_S)
-        for pipeline in self.pipelines:
-            if not pipeline.stop(DRAIN_TIMEOUT_S):
-                logger.warning("stream %s: frames still in the model after %.0f s",
-                               pipeline.cfg.name, DRAIN_TIMEOUT_S)

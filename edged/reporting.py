@@ -22,7 +22,7 @@ RATES = {"fps_in": "frames_in", "fps_processed": "processed", "fps_dropped": "dr
 
 
 class Reporter:
-    def __init__(self, pipelines: Sequence[StreamPipeline],
+    def __init__(self, pipelines: Callable[[], Sequence[StreamPipeline]],
                  link_stats: Callable[[], dict[str, Any]] | None,
                  model_status: Callable[[], list[ModelStatus]],
                  clock: Callable[[], float] = time.monotonic, *,
@@ -49,7 +49,7 @@ class Reporter:
         span = max(now - self._last_at, 1e-6)
         streams: dict[str, Any] = {}
         last: dict[str, tuple[StreamPipeline, dict[str, Any]]] = {}
-        for pipeline in list(self.pipelines):
+        for pipeline in self.pipelines():
             row = pipeline.snapshot()
             held, before = self._last.get(pipeline.cfg.name, (pipeline, {}))
             if held is not pipeline:  # a new pipeline under the old name (a reload)

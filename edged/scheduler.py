@@ -433,6 +433,15 @@ class Scheduler:
         with self._lock:
             return list(self._batchers.values())
 
+    def queues(self) -> dict[str, dict[str, int]]:
+        """Per batcher: requests queued, queued or running, and batches run (the status report)."""
+        queues = {}
+        for batcher in self.batchers():
+            pending, batches = batcher.progress()
+            queues[batcher.label] = {"queued": batcher.depth, "pending": pending,
+                                     "batches": batches}
+        return queues
+
     def counters(self) -> list[InferenceCounters]:
         """Per model version, with what is queued now; the batchers of one model (by name, by
         explicit version) summed, as Triton counts them."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from edged.config import StreamConfig
 from edged.sources.base import (
     Backoff,
     Frame,
@@ -16,12 +20,16 @@ from edged.sources.base import (
     worth_logging,
 )
 
+if TYPE_CHECKING:
+    from edged.sources.sensor import Subscribe
+
 CAMERA_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst")
 
 __all__ = [
     "Backoff",
     "Frame",
     "FrameQueue",
+    "SensorLink",
     "Source",
     "SourceError",
     "SourceState",
@@ -31,17 +39,34 @@ __all__ = [
 ]
 
 
-def open_source(name: str, uri: str, queue: FrameQueue, common: Mapping[str, Any],
-                camera: Mapping[str, Any], sensor: Mapping[str, Any]) -> Source:
-    """The source for `uri`'s scheme, not yet started. `common` goes to every source,
-    `camera`/`sensor` only to their kind."""
-    scheme = uri.partition("://")[0]
+@dataclass(frozen=True)
+class SensorLink:
+    """What a sensor stream needs besides its config: the MQTT link's (un)subscribe (None while
+    MQTT is off) and the shape and dtype of one sample of the model's input."""
+
+    subscribe: Subscribe | None
+    unsubscribe: Callable[[str], None] | None
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def open_source(cfg: StreamConfig, sensor: SensorLink) -> Source:
+    """The source for the stream's URI scheme, with its own bounded frame queue; not yet
+    started. Raises SourceUnavailable for a scheme no source reads."""
+    queue = FrameQueue(cfg.queue, cfg.backpressure)
+    backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)
+    scheme = cfg.source.partition("://")[0]
     if scheme in CAMERA_SCHEMES:
         from edged.sources.camera import CameraSource
 
-        return CameraSource(name, uri, queue, **common, **camera)
+        return CameraSource(cfg.name, cfg.source, queue, fps=cfg.fps, watchdog_s=cfg.watchdog_s,
+                            backoff=backoff, loop=cfg.loop,
+                            size=(cfg.size[0], cfg.size[1]) if cfg.size else None)
     if scheme == "mqtt":
         from edged.sources.sensor import SensorSource
 
-        return SensorSource(name, uri, queue, **common, **sensor)
-    raise SourceUnavailable(f"{uri}: unsupported scheme {scheme!r}")
+        return SensorSource(cfg.name, cfg.source, queue, fps=cfg.fps, watchdog_s=cfg.watchdog_s,
+                            backoff=backoff, subscribe=sensor.subscribe,
+                            unsubscribe=sensor.unsubscribe, shape=sensor.shape,
+                            dtype=sensor.dtype, payload=cfg.payload)
+    raise SourceUnavailable(f"{cfg.source}: unsupported scheme {scheme!r}")

@@ -39,7 +39,7 @@ def counters() -> list[ModelCounters]:
 
 def test_stats_when_models_ran_reports_each_with_load_time_loads_and_evictions() -> None:
     now = [100.0]
-    reporter = Reporter([], None, status, lambda: now[0], model_counters=counters,
+    reporter = Reporter(list, None, status, lambda: now[0], model_counters=counters,
                         rss=lambda: 50 << 20, gpus=list)
     now[0] += 30
     message = reporter.stats()
@@ -55,7 +55,7 @@ def test_stats_when_models_ran_reports_each_with_load_time_loads_and_evictions()
 
 def test_stats_when_nvml_sees_a_gpu_lists_it() -> None:
     gpu = GpuStats(0, "Orin", 2 << 30, 8 << 30, 17)
-    message = Reporter([], lambda: {"connected": True}, status, gpus=lambda: [gpu]).stats()
+    message = Reporter(list, lambda: {"connected": True}, status, gpus=lambda: [gpu]).stats()
     assert message["gpus"] == [{"index": 0, "name": "Orin", "memory_used_bytes": 2 << 30,
                                 "memory_total_bytes": 8 << 30, "utilization_percent": 17}]
     assert message["mqtt"] == {"connected": True}
@@ -64,7 +64,7 @@ def test_stats_when_nvml_sees_a_gpu_lists_it() -> None:
 def test_stats_when_a_stream_is_replaced_under_its_name_starts_its_rates_afresh() -> None:
     now = [0.0]
     pipelines = [FakePipeline("cam", frames_in=100, processed=90, dropped=10)]
-    reporter = Reporter(pipelines, None, list, lambda: now[0], gpus=list)
+    reporter = Reporter(lambda: pipelines, None, list, lambda: now[0], gpus=list)
     reporter.stats()
     now[0] += 2
     pipelines[:] = [FakePipeline("cam", frames_in=130, processed=120)]  # a config reload
@@ -79,7 +79,7 @@ def test_stats_when_a_stream_is_replaced_under_its_name_starts_its_rates_afresh(
 def test_stats_when_requests_were_refused_or_timed_out_reports_them_per_model_version() -> None:
     rows = [InferenceCounters("det", 2, 40, 3, 40, 12, 0, 0, 0, pending=5, rejected=7,
                               timeouts=3)]
-    reporter = Reporter([], None, status, model_counters=counters, inference=lambda: rows,
+    reporter = Reporter(list, None, status, model_counters=counters, inference=lambda: rows,
                         rss=lambda: None, gpus=list)
     assert reporter.stats()["inference"] == {
         "det": {"2": {"success": 40, "failure": 3, "rejected": 7, "timeouts": 3,

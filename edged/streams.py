@@ -1,0 +1,120 @@
+"""The daemon's streams as one set: a pipeline per configured stream, started together,
+stopped in order (captures first, then the frames in the model), and restarted by name on a
+reload while the others keep flowing. Status, metrics, stats and the health tick read it
+through immutable snapshots, never through a list they could change."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from edged.config import StreamConfig
+from edged.errors import EdgedError
+from edged.health import Beating
+from edged.pipeline import Publish, StreamPipeline
+from edged.scheduler import Scheduler
+from edged.sources import SensorLink, open_source
+from edged.sources.sensor import Subscribe
+from edged.states import SourceState
+
+logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 10.0  # a stopped stream's frames in the model finish within this
+SOURCE_STOP_S = 5.0  # a stopped stream's capture call returns within this
+
+
+class StreamSet:
+    def __init__(self, scheduler: Scheduler, publish: Publish | None, *,
+                 subscribe: Subscribe | None = None,
+                 unsubscribe: Callable[[str], None] | None = None,
+                 backend_of: Callable[[str, int], str] | None = None) -> None:
+        """`publish` takes each result; `subscribe`/`unsubscribe` are the MQTT link's, for
+        sensor streams (None while MQTT is off); `backend_of` names what runs a version."""
+        self.scheduler = scheduler
+        self.publish = publish
+        self.subscribe = subscribe
+        self.unsubscribe = unsubscribe
+        self.backend_of = backend_of
+        self._lock = threading.Lock()  # changes of the set; readers take the tuple as it is
+        self._pipelines: tuple[StreamPipeline, ...] = ()
+
+    def pipelines(self) -> tuple[StreamPipeline, ...]:
+        return self._pipelines
+
+    def start(self, configs: Iterable[StreamConfig]) -> int:
+        """Start a pipeline per config. A stream whose model or source is unusable is logged
+        and left out; the others run. Returns how many started."""
+        started = [p for p in map(self._open, configs) if p is not None]
+        with self._lock:
+            self._pipelines = (*self._pipelines, *started)
+        return len(started)
+
+    def restart(self, stop: Iterable[str], start: Iterable[StreamConfig]) -> None:
+        """Stop the streams named, then start the ones given; the rest are not touched (their
+        frames keep flowing)."""
+        names = set(stop)
+        with self._lock:  # out of the set first: stats and the health tick stop looking
+            gone = [p for p in self._pipelines if p.cfg.name in names]
+            self._pipelines = tuple(p for p in self._pipelines if p not in gone)
+        self._stop(gone)
+        for pipeline in gone:
+            logger.info("reload: stream %s stopped", pipeline.cfg.name,
+                        extra={"stream": pipeline.cfg.name})
+        for cfg in start:
+            if self.start([cfg]):
+                logger.info("reload: stream %s started (%s → %s)", cfg.name, cfg.source,
+                            cfg.model, extra={"stream": cfg.name})
+
+    def stop(self) -> None:
+        """Stop every stream: captures first, then the frames already in the model finish."""
+        self._stop(self._pipelines)
+
+    def _stop(self, pipelines: Iterable[StreamPipeline]) -> None:
+        pipelines = list(pipelines)
+        for pipeline in pipelines:
+            if not pipeline.stop_source(SOURCE_STOP_S):
+                logger.warning("stream %s: capture did not stop in %.0f s", pipeline.cfg.name,
+                               SOURCE_STOP_S)
+        for pipeline in pipelines:
+            if not pipeline.stop(DRAIN_TIMEOUT_S):
+                logger.warning("stream %s: frames still in the model after %.0f s",
+                               pipeline.cfg.name, DRAIN_TIMEOUT_S)
+
+    def _open(self, cfg: StreamConfig) -> StreamPipeline | None:
+        try:
+            model = self.scheduler.model(cfg.model)
+            spec = model.inputs[0]
+            sample = spec.shape[1:] if model.max_batch_size > 0 else spec.shape
+            source = open_source(cfg, SensorLink(self.subscribe, self.unsubscribe, sample,
+                                                 spec.dtype))
+        except EdgedError as exc:
+            logger.error("stream %s is not started: %s", cfg.name, exc,
+                         extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
+            return None
+        pipeline = StreamPipeline(cfg, source, self.scheduler, self.publish,
+                                  backend_of=self.backend_of)
+        pipeline.start()
+        return pipeline
+
+    # -- what the rest of the daemon reads ---------------------------------------------------
+    def up(self) -> tuple[int, int]:
+        """(streams whose source is streaming, streams)."""
+        pipelines = self._pipelines
+        return sum(1 for p in pipelines if p.source.state is SourceState.STREAMING), \
+            len(pipelines)
+
+    def beats(self) -> list[Beating]:
+        """The threads the health tick watches: each stream's loop and capture thread."""
+        return [part for p in self._pipelines for part in (p, p.source)]
+
+    def snapshots(self) -> dict[str, dict[str, Any]]:
+        """Each stream's counters by name (metrics)."""
+        return {p.cfg.name: p.snapshot() for p in self._pipelines}
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Each stream's source, model, running time and counters (the status report)."""
+        return {p.cfg.name: {"source": p.cfg.source, "model": p.cfg.model,
+                             "running_s": round(p.running_s(), 1), **p.snapshot()}
+                for p in self._pipelines}
