@@ -180,6 +180,19 @@ class ModelCache:
         key = (name, self.default_version(name) if version is None else version)
         return self._load_explicitly(key).model
 
+    def preload(self, names: Iterable[str], *, why: str = "preload") -> list[str]:
+        """Load and warm each model named (its active version); a model that fails is logged
+        and left unavailable, the others still load. Returns the names that failed."""
+        failed = []
+        for name in names:
+            try:
+                self.load(name)
+            except EdgedError as exc:
+                failed.append(name)
+                logger.error("%s of %s failed: %s", why, name, exc,
+                             extra={"model": name, "code": exc.code})
+        return failed
+
     def _load_explicitly(self, key: Key) -> Entry:
         with self._lock:
             self._failed.pop(key, None)

@@ -120,12 +120,7 @@ class Daemon:
         that fails is reported and left unavailable; the others still come up."""
         self.config.cache.dir.mkdir(parents=True, exist_ok=True)
         self.updater.recover()
-        for name in self.config.cache.preload:
-            try:
-                self.cache.load(name)
-            except EdgedError as exc:
-                logger.error("preload of %s failed: %s", name, exc,
-                             extra={"model": name, "code": exc.code})
+        self.cache.preload(self.config.cache.preload)
         for row in self.cache.status():
             logger.info("model %s:%d %s%s", row.name, row.version, row.state,
                         f" on {', '.join(row.providers)}" if row.providers else
@@ -319,12 +314,7 @@ class Daemon:
         self.cache.pinned = set(config.cache.pinned)
         self.config = config
         self.updater.cfg = config.ota
-        for name in steps.preload:
-            try:
-                self.cache.load(name)
-            except EdgedError as exc:
-                logger.error("reload: preload of %s failed: %s", name, exc,
-                             extra={"model": name, "code": exc.code})
+        self.cache.preload(steps.preload, why="reload: preload")
         self.streams.restart(steps.stop, steps.start)
 
     def request_stop(self) -> None:

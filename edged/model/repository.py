@@ -80,6 +80,16 @@ class ModelRepository:
         # (path, mtime_ns, size) of model.yaml and model.onnx -> parsed version
         self._parsed: dict[tuple[str, int], tuple[tuple[object, ...], ModelVersion]] = {}
 
+    # -- layout ------------------------------------------------------------------------------
+    def model_dir(self, name: str) -> Path:
+        """`<root>/<name>/`: model.yaml, the versions, the active pointer (and the files other
+        rooms keep per model, such as OTA's install journal)."""
+        return self.root / check_model_name(name)
+
+    def version_dir(self, name: str, version: int) -> Path:
+        """`<root>/<name>/<version>/`: the version's model files."""
+        return self.model_dir(name) / str(version)
+
     # -- discovery ---------------------------------------------------------------------------
     def names(self) -> list[str]:
         if not self.root.is_dir():
@@ -88,7 +98,7 @@ class ModelRepository:
                       if p.is_dir() and _NAME.fullmatch(p.name) and not p.name.startswith("."))
 
     def versions_on_disk(self, name: str) -> list[int]:
-        model_dir = self.root / check_model_name(name)
+        model_dir = self.model_dir(name)
         if not model_dir.is_dir():
             raise ModelNotFound(f"model {name!r} is not in the repository {self.root}")
         return sorted(int(p.name) for p in model_dir.iterdir()
@@ -111,7 +121,7 @@ class ModelRepository:
 
     def active_version(self, name: str) -> int | None:
         """The version named by the active pointer, if one was set and is readable."""
-        path = self.root / check_model_name(name) / ACTIVE_FILE
+        path = self.model_dir(name) / ACTIVE_FILE
         try:
             text = path.read_text().strip()
         except FileNotFoundError:
@@ -132,9 +142,9 @@ class ModelRepository:
     # -- reading -----------------------------------------------------------------------------
     def model_config(self, name: str, version: int | None = None) -> ModelConfig:
         """model.yaml of a version (if it has its own) or of the model; defaults when absent."""
-        candidates = [self.root / check_model_name(name) / CONFIG_FILE]
+        candidates = [self.model_dir(name) / CONFIG_FILE]
         if version is not None:
-            candidates.insert(0, self.root / name / str(version) / CONFIG_FILE)
+            candidates.insert(0, self.version_dir(name, version) / CONFIG_FILE)
         for path in candidates:
             if path.is_file():
                 try:
@@ -157,8 +167,8 @@ class ModelRepository:
         """A version on disk, parsed and validated (cached until its files change)."""
         if version not in self.versions_on_disk(name):
             raise ModelNotFound(f"model {name!r} has no version {version} in {self.root / name}")
-        vdir = self.root / name / str(version)
-        stamp = tuple(_stamp(p) for p in (self.root / name / CONFIG_FILE, vdir / CONFIG_FILE,
+        vdir = self.version_dir(name, version)
+        stamp = tuple(_stamp(p) for p in (self.model_dir(name) / CONFIG_FILE, vdir / CONFIG_FILE,
                                            vdir / MODEL_FILE))
         with self._lock:
             cached = self._parsed.get((name, version))
@@ -172,7 +182,7 @@ class ModelRepository:
     def _read_version(self, name: str, version: int, vdir: Path) -> ModelVersion:
         yaml_path = vdir / CONFIG_FILE
         if not yaml_path.is_file():
-            yaml_path = self.root / name / CONFIG_FILE
+            yaml_path = self.model_dir(name) / CONFIG_FILE
         if yaml_path.is_file():
             try:
                 parsed = parse_file(ModelConfig, yaml_path)
@@ -216,7 +226,7 @@ class ModelRepository:
                 raise InvalidModel(f"version must be a positive integer, got {version}")
             if not (stage / MODEL_FILE).is_file():
                 raise InvalidModel(f"an install of {name}:{version} needs {MODEL_FILE}")
-            target = self.root / name / str(version)
+            target = self.version_dir(name, version)
             if target.exists():
                 raise InvalidModel(f"{target} already exists; versions are immutable")
             for path in stage.rglob("*"):
@@ -244,11 +254,11 @@ class ModelRepository:
         """Point new requests at `version`, atomically (tmp file, fsync, rename)."""
         if version not in self.versions_on_disk(name):
             raise ModelNotFound(f"model {name!r} has no version {version} on disk")
-        write_atomically(self.root / name / ACTIVE_FILE, f"{version}\n")
+        write_atomically(self.model_dir(name) / ACTIVE_FILE, f"{version}\n")
 
     def remove_version(self, name: str, version: int) -> None:
         """Delete a version: renamed out of sight first, so readers never see half of it."""
-        target = self.root / check_model_name(name) / str(version)
+        target = self.version_dir(name, version)
         if not target.is_dir():
             raise ModelNotFound(f"model {name!r} has no version {version} on disk")
         doomed = self.staging_dir() / f"removed-{name}-{version}-{uuid.uuid4().hex[:8]}"

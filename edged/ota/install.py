@@ -10,11 +10,9 @@ version serving; leftover staging files go at the same time.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-import signal
 import threading
 import time
 import uuid
@@ -22,28 +20,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from edged.cache import ModelCache
 from edged.config import OtaConfig
 from edged.errors import EdgedError, InvalidModel, ModelNotFound
-from edged.fsutil import file_sha256, write_atomically
-from edged.model.repository import MODEL_FILE, ModelRepository, ModelVersion
+from edged.model.repository import MODEL_FILE, ModelRepository
 from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
 from edged.ota.fetch import ChunkAssembler, Fetcher
-from edged.ota.manifest import Manifest, Rejected, Tensor, TrustStore
+from edged.ota.journal import InstallJournal
+from edged.ota.manifest import Manifest, Rejected, TrustStore
+from edged.ota.verify import check_io, golden_check, verify_artifact
 from edged.states import OtaState
 
 logger = logging.getLogger(__name__)
 
-PENDING = ".ota-pending"  # <models>/<name>/: "<version> <sha256>" of an unfinished install
-CRASHES = ".ota-crashes"  # <models>/<name>/: {sha256: installs of it cut by a restart}
 MAX_CRASHES = 2  # an artifact whose install was cut this often is not tried again
-RECORD = ".ota.json"  # <models>/<name>/<version>/: the manifest that installed it
-# Tests set this to a state name to make the daemon SIGKILL itself as it enters that state
-# (plus "switched": after the swap, before the pointer moves), to prove crash safety.
-CRASH_AT_ENV = "EDGED_TEST_OTA_CRASH_AT"
+# Where an install can be cut: the states it enters, and "switched" (after the swap, before
+# the active pointer moves). `Updater.step_hook` is called with each as it is reached.
+STEPS = ("downloading", "verifying", "installing", "warming", "switched")
 
 
 @dataclass(frozen=True)
@@ -74,7 +68,10 @@ class Updater:
 
     def __init__(self, repository: ModelRepository, cache: ModelCache, cfg: OtaConfig,
                  trust: TrustStore, report: Report, *, fetcher: Fetcher | None = None,
-                 drain_timeout_s: float = 30.0) -> None:
+                 drain_timeout_s: float = 30.0,
+                 step_hook: Callable[[str], None] | None = None) -> None:
+        """`step_hook` is called with each of STEPS as an install reaches it: tests that prove
+        crash safety kill the process there."""
         self.repository = repository
         self.cache = cache
         self.cfg = cfg
@@ -84,6 +81,8 @@ class Updater:
         self.fetcher = fetcher or Fetcher(max_bytes=cfg.max_artifact_mb * 1024 * 1024,
                                           ca_file=cfg.ca_file, stop=self.stop)
         self.drain_timeout_s = drain_timeout_s
+        self.step_hook = step_hook
+        self.journal = InstallJournal(repository)
         self._lock = threading.Lock()
         self._busy: dict[str, int] = {}
 
@@ -98,10 +97,10 @@ class Updater:
             if held is not None:
                 raise Rejected("busy", f"an update of {manifest.model} to version {held} is in "
                                        "progress; push again when it has finished")
-            if self._installed_record(manifest.model) == manifest.artifact.sha256 and \
-                    self._current(manifest.model) == manifest.version:
+            if self._current(manifest.model) == manifest.version and self.journal.\
+                    installed_sha256(manifest.model, manifest.version) == manifest.artifact.sha256:
                 return False
-            crashes = self._crashes(manifest.model).get(manifest.artifact.sha256, 0)
+            crashes = self.journal.crashes(manifest.model, manifest.artifact.sha256)
             if crashes >= MAX_CRASHES:  # e.g. a model that kills the runtime as it loads
                 raise Rejected("crash_loop", f"installing this artifact was cut by a restart "
                                              f"{crashes} times; it is not tried again (push a "
@@ -145,15 +144,15 @@ class Updater:
         staged = False
         try:
             artifact = stage / "artifact"
-            self._crash_point("downloading")
+            self._step("downloading")
             meter = _Meter(lambda p: self._emit(manifest, OtaState.DOWNLOADING, progress=p))
             if chunks is not None:
                 chunks.wait(artifact, meter, self.stop)
             else:
                 self.fetcher.fetch(manifest.artifact, artifact, meter)
             self._emit(manifest, OtaState.VERIFYING)
-            self._crash_point("verifying")
-            self._verify_artifact(manifest, artifact)
+            self._step("verifying")
+            verify_artifact(manifest, artifact)
             files = stage / "version"
             files.mkdir()
             if manifest.format == "onnx":
@@ -169,8 +168,9 @@ class Updater:
                 candidate = self.repository.read_candidate(name, files)
             except InvalidModel as exc:  # readable, but not what model.yaml declares
                 raise Rejected("io_mismatch", str(exc)) from None
-            self._check_io(manifest, candidate, current)
-            (files / RECORD).write_text(json.dumps(dict(manifest.raw), sort_keys=True))
+            check_io(manifest, candidate, None if current is None else
+                     self.repository.get(manifest.model, current))
+            self.journal.record(files, manifest.raw)
             staged = True
             return files
         finally:
@@ -181,13 +181,11 @@ class Updater:
         name, version = manifest.model, manifest.version
         current = self._current(name)
         self._emit(manifest, OtaState.INSTALLING)
-        self._crash_point("installing")
+        self._step("installing")
         try:
             if current is not None and self.repository.active_version(name) is None:
                 self.repository.set_active(name, current)  # pinned: the new one is not yet
-            (self.repository.root / name).mkdir(parents=True, exist_ok=True)
-            write_atomically(self.repository.root / name / PENDING,
-                             f"{version} {manifest.artifact.sha256}\n")
+            self.journal.begin(name, version, manifest.artifact.sha256)
             if version in self._on_disk(name):  # an earlier, failed or rolled-back attempt
                 self.cache.unload(name, version, timeout_s=self.drain_timeout_s)
                 self.repository.remove_version(name, version)
@@ -198,17 +196,19 @@ class Updater:
         shutil.rmtree(files.parent, ignore_errors=True)
         try:
             self._emit(manifest, OtaState.WARMING)
-            self._crash_point("warming")
+            self._step("warming")
             self.cache.load(name, version)
-            self._golden_check(name, version)
+            with self.cache.acquire(name, version) as lease:
+                golden_check(self.repository.version_dir(name, version) / GOLDEN,
+                             lease.session.infer)
             self.cache.swap(name, version, drain_timeout_s=self.drain_timeout_s)
-            self._crash_point("switched")
+            self._step("switched")
             self.repository.set_active(name, version)
         except Rejected as exc:
             self._undo(manifest, current, str(exc), exc.reason)
         except (OSError, EdgedError) as exc:
             self._undo(manifest, current, f"{type(exc).__name__}: {exc}", "warmup_failed")
-        (self.repository.root / name / PENDING).unlink(missing_ok=True)
+        self.journal.end(name)
         self._prune(name, keep={version, current})
         self._emit(manifest, OtaState.ACTIVE, f"serving version {version}"
                    + (f" (was {current})" if current is not None else ""))
@@ -225,7 +225,7 @@ class Updater:
             self.cache.unload(name, version, timeout_s=self.drain_timeout_s)
             if version in self._on_disk(name):
                 self.repository.remove_version(name, version)
-            (self.repository.root / name / PENDING).unlink(missing_ok=True)
+            self.journal.end(name)
         except (OSError, EdgedError):  # the journal stays: the next start finishes the job
             logger.exception("OTA: rolling %s back to %s failed", name, previous)
         back = f"version {previous} serves again" if previous is not None else \
@@ -273,82 +273,24 @@ class Updater:
         done = []
         self.repository.clean_staging()
         for name in self.repository.names():
-            journal = self.repository.root / name / PENDING
-            if not journal.is_file():
+            cut = self.journal.pending(name)
+            if cut is None:
                 continue
-            version, _, sha256 = journal.read_text().strip().partition(" ")
-            pending = int(version) if version.isdigit() else None
+            pending, sha256 = cut
             if pending is not None and self.repository.active_version(name) != pending and \
                     pending in self._on_disk(name):
                 self.repository.remove_version(name, pending)
-                crashes = self._count_crash(name, sha256)
+                crashes = self.journal.count_crash(name, sha256)
                 done.append(f"{name}: removed version {pending}, whose install was interrupted"
                             + (f" ({crashes} times: not tried again)"
                                if crashes >= MAX_CRASHES else ""))
                 self.report(Event(name, pending, OtaState.ROLLED_BACK, "the install was "
                                   "interrupted by a restart; the previous version serves",
                                   reason="interrupted"))
-            journal.unlink(missing_ok=True)
+            self.journal.end(name)
         for line in done:
             logger.warning("OTA recovery: %s", line)
         return done
-
-    # -- checks ------------------------------------------------------------------------------
-    def _verify_artifact(self, manifest: Manifest, path: Path) -> None:
-        size = path.stat().st_size
-        if size != manifest.artifact.size:
-            raise Rejected("size_mismatch", f"the artifact is {size} bytes; the manifest says "
-                                            f"{manifest.artifact.size}")
-        digest = file_sha256(path)
-        if digest != manifest.artifact.sha256:
-            raise Rejected("sha256_mismatch", f"the artifact's sha256 is {digest[:16]}..., the "
-                                              f"manifest says {manifest.artifact.sha256[:16]}...")
-
-    def _check_io(self, manifest: Manifest, candidate: ModelVersion, current: int | None) -> None:
-        got = _signature(candidate)
-        if manifest.io is not None:
-            batched = candidate.max_batch_size > 0
-            want = tuple(tuple(Tensor(t.name, t.dtype, ((-1,) if batched else ()) + t.shape)
-                               for t in side) for side in manifest.io)
-            if not _compatible(want, got):
-                raise Rejected("io_mismatch", f"the model's I/O {_describe(got)} is not the "
-                                              f"manifest's {_describe(want)}")
-        if current is None or manifest.allow_io_change:
-            return
-        serving = _signature(self.repository.get(manifest.model, current))
-        if not _compatible(serving, got):
-            raise Rejected("io_mismatch", f"version {manifest.version} has I/O "
-                                          f"{_describe(got)}; version {current} has "
-                                          f"{_describe(serving)} (set allow_io_change)")
-
-    def _golden_check(self, name: str, version: int) -> None:
-        folder = self.repository.root / name / str(version) / GOLDEN
-        if not folder.is_dir():
-            return
-        try:
-            tolerance = {"rtol": 1e-3, "atol": 1e-5}
-            if (folder / "tolerance.json").is_file():
-                tolerance.update(json.loads((folder / "tolerance.json").read_text()))
-            with np.load(folder / "inputs.npz") as f:
-                inputs = {k: f[k] for k in f.files}
-            with np.load(folder / "outputs.npz") as f:
-                expected = {k: f[k] for k in f.files}
-        except (OSError, ValueError, TypeError) as exc:
-            raise Rejected("golden_failed", f"unreadable golden check: {exc}") from None
-        with self.cache.acquire(name, version) as lease:
-            try:
-                outputs = lease.session.infer(inputs)
-            except EdgedError as exc:
-                raise Rejected("golden_failed", f"the golden inputs do not run: {exc}") from None
-        for key, want in expected.items():
-            got = outputs.get(key)
-            if got is None or got.shape != want.shape or not np.allclose(
-                    got, want, rtol=float(tolerance["rtol"]), atol=float(tolerance["atol"])):
-                worst = float(np.max(np.abs(got - want))) if got is not None and \
-                    got.shape == want.shape else float("nan")
-                raise Rejected("golden_failed", f"output {key!r} differs from the golden "
-                                                f"output (max abs error {worst:.3g}, tolerance "
-                                                f"{tolerance})")
 
     # -- helpers -----------------------------------------------------------------------------
     def _current(self, name: str) -> int | None:
@@ -362,31 +304,6 @@ class Updater:
             return self.repository.versions_on_disk(name)
         except ModelNotFound:
             return []
-
-    def _installed_record(self, name: str) -> str | None:
-        current = self._current(name)
-        if current is None:
-            return None
-        try:
-            record = json.loads((self.repository.root / name / str(current) / RECORD)
-                                .read_text())
-            return str(record["artifact"]["sha256"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def _crashes(self, name: str) -> dict[str, int]:
-        try:
-            counts = json.loads((self.repository.root / name / CRASHES).read_text())
-        except (OSError, ValueError):
-            return {}
-        return {k: v for k, v in counts.items() if isinstance(v, int)} \
-            if isinstance(counts, dict) else {}
-
-    def _count_crash(self, name: str, sha256: str) -> int:
-        counts = self._crashes(name)
-        counts[sha256] = counts.get(sha256, 0) + 1
-        write_atomically(self.repository.root / name / CRASHES, json.dumps(counts) + "\n")
-        return counts[sha256]
 
     def _prune(self, name: str, keep: set[int | None]) -> None:
         versions = self._on_disk(name)
@@ -404,11 +321,9 @@ class Updater:
         self.report(Event(manifest.model, manifest.version if version is None else version,
                           state, detail, progress, reason))
 
-    @staticmethod
-    def _crash_point(state: str) -> None:
-        if os.environ.get(CRASH_AT_ENV) == state:
-            logger.warning("OTA: %s=%s: killing this process", CRASH_AT_ENV, state)
-            os.kill(os.getpid(), signal.SIGKILL)
+    def _step(self, step: str) -> None:
+        if self.step_hook is not None:
+            self.step_hook(step)
 
 
 class _Meter:
@@ -423,29 +338,3 @@ class _Meter:
         if percent >= self.last + 10 or (percent == 100.0 and self.last < 100.0):
             self.last = percent
             self.emit(round(percent, 1))
-
-
-def _signature(model: ModelVersion) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
-    return tuple(tuple(Tensor(s.name, str(s.dtype), tuple(s.shape)) for s in side)
-                 for side in (model.inputs, model.outputs))  # type: ignore[return-value]
-
-
-def _compatible(a: tuple[tuple[Tensor, ...], ...], b: tuple[tuple[Tensor, ...], ...]) -> bool:
-    """Same names and dtypes; shapes equal where both are fixed (-1 matches anything)."""
-    for side_a, side_b in zip(a, b, strict=True):
-        if sorted(t.name for t in side_a) != sorted(t.name for t in side_b):
-            return False
-        by_name = {t.name: t for t in side_b}
-        for t in side_a:
-            u = by_name[t.name]
-            if t.dtype != u.dtype or len(t.shape) != len(u.shape) or any(
-                    x != y and x != -1 and y != -1 for x, y in zip(t.shape, u.shape,
-                                                                   strict=True)):
-                return False
-    return True
-
-
-def _describe(sig: tuple[tuple[Tensor, ...], ...]) -> str:
-    inputs, outputs = (", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in side)
-                       for side in sig)
-    return f"({inputs}) -> ({outputs})"

@@ -1,10 +1,10 @@
 """Power cuts during an update: `edged run` as a subprocess SIGKILLs itself as it enters each
-install step (EDGED_TEST_OTA_CRASH_AT), is started again, and must serve the old version with
-no staging leftovers and no half-installed version on disk."""
+install step (the Updater's step hook, set by a launcher this test owns), is started again,
+and must serve the old version with no staging leftovers and no half-installed version on
+disk."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -19,16 +19,37 @@ from ota_helpers import Pusher, X, expected, key, statuses, tiny_cls_bytes  # no
 
 from edged.model.repository import ModelRepository
 from edged.ops.client import EdgedClient
-from edged.ota.install import CRASH_AT_ENV, PENDING
+from edged.ota.journal import PENDING
+
+# `edged run`, whose Updater SIGKILLs the process as an install reaches the step in argv[1]
+# (a power cut there). The hook is injected here; the daemon itself has no such switch.
+CRASHING_EDGED = """
+import os, signal, sys
+import edged.daemon
+from edged.cli import main
+
+def crash_at(step):
+    if step == STEP:
+        print("test launcher: killing edged at", step, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+class CrashingDaemon(edged.daemon.Daemon):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.updater.step_hook = crash_at
+
+STEP = sys.argv.pop(1)
+edged.daemon.Daemon = CrashingDaemon
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 def start(config: Path, log: Path, crash_at: str | None = None) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != CRASH_AT_ENV}
-    if crash_at:
-        env[CRASH_AT_ENV] = crash_at
+    command = [sys.executable, "-m", "edged.cli"] if crash_at is None else \
+        [sys.executable, "-c", CRASHING_EDGED, crash_at]
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config",
-                                 str(config)], stdout=out, stderr=out, env=env)
+        return subprocess.Popen([*command, "run", "--config", str(config)], stdout=out,
+                                stderr=out)
 
 
 def wait_ready(client: EdgedClient, proc: subprocess.Popen[bytes], log: Path) -> None:

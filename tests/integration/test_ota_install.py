@@ -24,7 +24,8 @@ from edged.cache import ModelCache
 from edged.config import OtaConfig
 from edged.model.repository import ModelRepository
 from edged.ota.fetch import ChunkAssembler, Fetcher
-from edged.ota.install import PENDING, Event, Updater
+from edged.ota.install import Event, Updater
+from edged.ota.journal import PENDING
 from edged.ota.manifest import (
     Manifest,
     Rejected,

@@ -234,7 +234,7 @@ def test_cache_when_another_load_of_the_version_outlasts_the_wait_raises_timeout
     first = threading.Thread(target=cache.load, args=("tiny_cls",))
     first.start()
     gate.wait_calls(1)
-    with pytest.raises(Timeout, match="tiny_cls:1 is still loading after 0.2 s"):
+    with pytest.raises(Timeout, match=r"tiny_cls:1 is still loading after 0\.2 s"):
         cache.acquire("tiny_cls")
     gate.gate.set()
     first.join(10)
