@@ -37,6 +37,15 @@ class BufferPool(Protocol):
     def close(self) -> None: ...
 
 
+def concatenate_into(pool: BufferPool, name: str, parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Stack request arrays along axis 0 into `pool`'s buffer for `name` (one copy)."""
+    first = parts[0]
+    rows = sum(p.shape[0] for p in parts)
+    out = pool.take(name, rows, first.shape[1:], first.dtype)
+    np.concatenate(parts, axis=0, out=out)
+    return out
+
+
 class HostBufferPool:
     """One reusable buffer per input name, sized for the largest batch; not thread-safe, so
     each worker thread owns one. The batch is written into it once (the one copy a request
@@ -55,12 +64,7 @@ class HostBufferPool:
         return buf[:rows]
 
     def concatenate(self, name: str, parts: Sequence[np.ndarray]) -> np.ndarray:
-        """Stack request arrays along axis 0 into the pooled buffer for `name`."""
-        first = parts[0]
-        rows = sum(p.shape[0] for p in parts)
-        out = self.take(name, rows, first.shape[1:], first.dtype)
-        np.concatenate(parts, axis=0, out=out)
-        return out
+        return concatenate_into(self, name, parts)
 
     def close(self) -> None:
         self._buffers.clear()
@@ -268,11 +272,7 @@ class DeviceBufferPool:
         return held[0].view((held[3], *tail), dtype)[:rows]
 
     def concatenate(self, name: str, parts: Sequence[np.ndarray]) -> np.ndarray:
-        first = parts[0]
-        rows = sum(p.shape[0] for p in parts)
-        out = self.take(name, rows, first.shape[1:], first.dtype)
-        np.concatenate(parts, axis=0, out=out)
-        return out
+        return concatenate_into(self, name, parts)
 
     def close(self) -> None:
         for buffer, *_ in self._buffers.values():
