@@ -21,7 +21,7 @@ from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.cache import ModelCache
 from edged.config import DaemonConfig
-from edged.errors import ConfigError, EdgedError
+from edged.errors import ConfigError
 from edged.health import HealthMonitor, RecentErrors
 from edged.metrics import Metrics
 from edged.model.loadspec import backend_options
@@ -301,19 +301,10 @@ class Daemon:
         steps = reload_plan(self.config, new, streams_running=running)
         for what in steps.needs_restart:
             logger.warning("reload: %s changed; it takes effect at the next restart", what)
-        config = steps.config
-        if steps.trusted_keys_changed:
-            try:
-                self.updater.trust = TrustStore.load(config.ota.trusted_keys)
-            except EdgedError as exc:
-                logger.error("reload: the trusted keys are not changed: %s", exc,
-                             extra={"code": exc.code})
-                config = dataclasses.replace(config, ota=dataclasses.replace(
-                    config.ota, trusted_keys=self.config.ota.trusted_keys))
+        config = dataclasses.replace(steps.config, ota=self.updater.reconfigure(steps.config.ota))
         logging.getLogger().setLevel(getattr(logging, config.logging.level.upper()))
         self.cache.pinned = set(config.cache.pinned)
         self.config = config
-        self.updater.cfg = config.ota
         self.cache.preload(steps.preload, why="reload: preload")
         self.streams.restart(steps.stop, steps.start)
 

@@ -10,6 +10,7 @@ version serving; leftover staging files go at the same time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -85,6 +86,20 @@ class Updater:
         self.journal = InstallJournal(repository)
         self._lock = threading.Lock()
         self._busy: dict[str, int] = {}
+
+    def reconfigure(self, cfg: OtaConfig) -> OtaConfig:
+        """Take a reloaded `ota` section (its restart-only keys already held by the reload
+        plan). New trusted keys that cannot be read leave the old ones in force; returns the
+        section now in force."""
+        if cfg.trusted_keys != self.cfg.trusted_keys:
+            try:
+                self.trust = TrustStore.load(cfg.trusted_keys)
+            except EdgedError as exc:
+                logger.error("reload: the trusted keys are not changed: %s", exc,
+                             extra={"code": exc.code})
+                cfg = dataclasses.replace(cfg, trusted_keys=self.cfg.trusted_keys)
+        self.cfg = cfg
+        return cfg
 
     # -- one update ------------------------------------------------------------------------
     def claim(self, manifest: Manifest) -> bool:
