@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from edged.errors import ToolError
+from edged.fsutil import file_sha256
 from edged.ota.manifest import key_id_of, parse_manifest, sign_document
 
 
@@ -60,14 +60,17 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return document
 
 
+def describe_artifact(path: Path) -> dict[str, Any]:
+    """The manifest's `artifact.size` and `artifact.sha256` of a file."""
+    return {"size": path.stat().st_size, "sha256": file_sha256(path)}
+
+
 def sign(manifest_path: Path, key_path: Path, artifact: Path | None = None) -> dict[str, Any]:
     """The manifest at `manifest_path`, signed; with `artifact`, its size and sha256 are
     filled in first. The result is checked by parsing it as a device would."""
     document = read_manifest(manifest_path)
     if artifact is not None:
-        data = artifact.read_bytes()
-        document["artifact"] = {**document.get("artifact", {}), "size": len(data),
-                                "sha256": hashlib.sha256(data).hexdigest()}
+        document["artifact"] = {**document.get("artifact", {}), **describe_artifact(artifact)}
     signed = sign_document(document, load_private_key(key_path))
     parse_manifest(json.dumps(signed).encode())  # refuse to sign what a device would refuse
     return signed

@@ -9,7 +9,6 @@ Exit codes: 0 every device succeeded, 1 a device failed, 2 a device did not answ
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
@@ -26,7 +25,7 @@ from typing import Any, TextIO
 
 from edged.config import split_host_port
 from edged.errors import ToolError
-from edged.ops.keys import load_private_key, read_manifest
+from edged.ops.keys import describe_artifact, load_private_key, read_manifest
 from edged.ota.manifest import FINAL, Rejected, parse_manifest, sign_document
 from edged.states import OtaState
 
@@ -92,10 +91,9 @@ def prepare(manifest_path: Path, *, key: Path | None, artifact: Path | None,
     given: dict[str, Any] = doc["artifact"] if isinstance(doc.get("artifact"), dict) else {}
     data = None
     if artifact is not None:
-        data = artifact.read_bytes()
-        described: dict[str, Any] = {"size": len(data),
-                                     "sha256": hashlib.sha256(data).hexdigest()}
+        described = describe_artifact(artifact)
         if inline:
+            data = artifact.read_bytes()
             described["chunks"] = max(1, -(-len(data) // CHUNK_BYTES))
         elif url is not None:
             described["url"] = url
