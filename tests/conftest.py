@@ -19,6 +19,10 @@ from edged.cache import ModelCache
 from edged.repository import ModelRepository
 from edged.scheduler import Scheduler
 
+# The fixtures of the support package (a broker, the daemon served in-process, an artifact
+# server, an OTA signing key), for every test under tests/.
+pytest_plugins = ["support.artifacts", "support.broker", "support.daemon", "support.ota"]
+
 ORT_TARGET = "edged.backends.onnxruntime:OrtBackend"
 
 
@@ -153,8 +157,3 @@ def ppocr_cls(tmp_path: Path) -> Path:
 
 def cpu_count() -> int:
     return os.cpu_count() or 1
-
-
-# The in-process daemon fixtures live in their own module; importing them here registers them.
-from mosquitto import broker  # noqa: E402, F401
-from served_daemon import make_served, served, short_dir  # noqa: E402, F401

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import GateBackend, write_yaml
-from served_daemon import Served, ServeFactory
+from support.daemon import Served, ServeFactory
 
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef
 from edged.client import ApiError, EdgedClient, SharedRegion

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mosquitto import PASSWORD, USERNAME, Broker, Subscriber
+from support.broker import PASSWORD, USERNAME, Broker, Subscriber
 
 from edged.config import MqttConfig, TlsConfig
 from edged.errors import ConfigError

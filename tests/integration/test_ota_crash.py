@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from artifact_server import ArtifactServer, artifacts  # noqa: F401
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from mosquitto import Broker, Subscriber
-from ota_helpers import Pusher, X, expected, key, statuses, tiny_cls_bytes  # noqa: F401
+from support.artifacts import ArtifactServer
+from support.broker import Broker, Subscriber
+from support.ota import Pusher, X, expected, statuses, tiny_cls_bytes
 
 from edged.client import EdgedClient
 from edged.ota.install import CRASH_AT_ENV, PENDING
@@ -47,8 +47,8 @@ def wait_ready(client: EdgedClient, proc: subprocess.Popen[bytes], log: Path) ->
 @pytest.mark.parametrize("step", ["downloading", "verifying", "installing", "warming",
                                   "switched"])
 def test_ota_when_killed_at_a_step_serves_the_old_version_after_restart(
-        step: str, broker: Broker, artifacts: ArtifactServer,  # noqa: F811
-        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,  # noqa: F811
+        step: str, broker: Broker, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,
         short_dir: Path, tmp_path: Path) -> None:
     private, public = key
     prefix = f"t/crash/{step}"

@@ -13,18 +13,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-from artifact_server import ArtifactServer, artifacts  # noqa: F401
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from mosquitto import Broker, Subscriber
-from ota_helpers import Pusher, X, expected, key, statuses, tiny_cls_bytes  # noqa: F401
-from served_daemon import ServeFactory
+from support.artifacts import ArtifactServer
+from support.broker import Broker, Subscriber
+from support.daemon import ServeFactory
+from support.ota import Pusher, X, expected, statuses, tiny_cls_bytes
 
 from edged.ota.manifest import sign_document
 
 
 def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
-        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,  # noqa: F811
-        key: tuple[Ed25519PrivateKey, Path]) -> None:  # noqa: F811
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path]) -> None:
     private, public = key
     prefix, fleet = "t/ota/dev1", "t/ota/fleet"
     status = f"{prefix}/ota/tiny_cls/status"
@@ -75,8 +75,8 @@ def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
 
 
 def test_ota_when_8_clients_keep_calling_switches_each_once_and_fails_none(
-        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,  # noqa: F811
-        key: tuple[Ed25519PrivateKey, Path]) -> None:  # noqa: F811
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path]) -> None:
     private, public = key
     prefix = "t/ota/busy"
     status = f"{prefix}/ota/tiny_cls/status"
@@ -131,8 +131,8 @@ def test_ota_when_8_clients_keep_calling_switches_each_once_and_fails_none(
 
 
 def test_ota_when_pushed_to_the_fleet_reaches_every_device(
-        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,  # noqa: F811
-        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,  # noqa: F811
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,
         tmp_path: Path) -> None:
     private, public = key
     fleet = "t/fleet2/all"

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from conftest import GateBackend
 from make_demo import COLORS_BGR, color_of, write_color_video
-from mosquitto import Broker, Subscriber, free_port
 from prometheus_client.parser import text_string_to_metric_families
-from served_daemon import ServeFactory
+from support.broker import Broker, Subscriber, free_port
+from support.daemon import ServeFactory
 
 from edged.sources import State
 

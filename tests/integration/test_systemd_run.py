@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 from make_demo import write_color_video
-from notify_receiver import NotifyReceiver, has
-from served_daemon import ServeFactory
+from support.daemon import ServeFactory
+from support.notify import NotifyReceiver, has
 
 from edged.client import EdgedClient
 from edged.systemd import Notifier

@@ -14,12 +14,12 @@ from typing import Any
 import make_test_models
 import numpy as np
 import pytest
-from artifact_server import ArtifactServer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from mosquitto import Subscriber
 
 from edged.ota.manifest import sign_document
+from support.artifacts import ArtifactServer
+from support.broker import Subscriber
 
 X = np.random.default_rng(0).random((1, 3, 8, 8), dtype=np.float32)
 

@@ -1,5 +1,6 @@
-"""Fixtures (imported by conftest.py): the daemon served in-process on a thread, on a short
-Unix socket path and a loopback port, over the generated tiny model repository."""
+"""The daemon served in-process on a thread, on a short Unix socket path and a loopback port,
+over the generated tiny model repository: `make_served` starts one per call (config extras as
+YAML snippets), `served` is one with the defaults."""
 
 from __future__ import annotations
 
