@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GateBackend, write_yaml
+from support.backends import GateBackend
 from support.daemon import Served, ServeFactory
+from support.models import write_yaml
 
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef
 from edged.client import ApiError, EdgedClient, SharedRegion

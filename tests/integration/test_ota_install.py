@@ -16,9 +16,9 @@ from typing import Any
 import make_test_models
 import numpy as np
 import pytest
-from conftest import options
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.artifacts import ArtifactServer
+from support.backends import options
 
 from edged.cache import ModelCache
 from edged.config import OtaConfig

@@ -17,9 +17,9 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from conftest import GateBackend
 from make_demo import COLORS_BGR, color_of, write_color_video
 from prometheus_client.parser import text_string_to_metric_families
+from support.backends import GateBackend
 from support.broker import Broker, Subscriber, free_port
 from support.daemon import ServeFactory
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import make_test_models
 import numpy as np
 import pytest
-from conftest import GateBackend, options, write_yaml
+from support.backends import GateBackend, options
+from support.models import write_yaml
 
 from edged.cache import ModelCache
 from edged.errors import InvalidModel, ModelNotFound

@@ -12,8 +12,8 @@ from pathlib import Path
 import make_test_models
 import numpy as np
 import pytest
-from conftest import GateBackend, options, write_yaml
-from test_scheduler import cls_input, hold_worker
+from support.backends import GateBackend, hold_worker, options
+from support.models import cls_input, write_yaml
 
 from edged.cache import ModelCache
 from edged.errors import InvalidInput, ModelLoadError, ShuttingDown, Timeout
