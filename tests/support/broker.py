@@ -9,8 +9,10 @@ import queue
 import shutil
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,19 +135,22 @@ class Received:
 
 
 class Subscriber:
-    """A real MQTT client that collects what arrives on `topics`; `persistent` keeps its
-    session on the broker across disconnects (MQTT 5 session expiry)."""
+    """A real MQTT client that keeps what arrives on `topics`, in order, for the test to read:
+    `get` the next message, `wait_for` the next on one topic, `collect` messages until a
+    condition over them holds. What a read passes over is gone, as from a queue. Reads wait
+    (bounded) on a condition the client's thread signals. `persistent` keeps its session on
+    the broker across disconnects (MQTT 5 session expiry)."""
 
     def __init__(self, broker: Broker, *topics: str, client_id: str | None = None,
                  persistent: bool = False) -> None:
-        self.messages: queue.Queue[Received] = queue.Queue()
+        self._arrived = threading.Condition()
+        self._unread: deque[Received] = deque()
         self.client = paho.Client(CallbackAPIVersion.VERSION2,
                                   client_id=client_id or f"sub-{time.monotonic_ns()}",
                                   protocol=paho.MQTTv5)
         self._topics = topics
         self._subscribed = queue.Queue[int]()
-        self.client.on_message = lambda c, u, m: self.messages.put(
-            Received(m.topic, m.payload, bool(m.retain), m.qos))
+        self.client.on_message = self._on_message
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda c, u, mid, codes, p: self._subscribed.put(mid)
         props = Properties(PacketTypes.CONNECT)
@@ -160,16 +165,57 @@ class Subscriber:
                     properties: object) -> None:
         client.subscribe([(topic, 1) for topic in self._topics])
 
+    def _on_message(self, client: paho.Client, userdata: object,
+                    message: paho.MQTTMessage) -> None:
+        with self._arrived:
+            self._unread.append(Received(message.topic, message.payload, bool(message.retain),
+                                         message.qos))
+            self._arrived.notify_all()
+
     def get(self, timeout: float = 10.0) -> Received:
-        return self.messages.get(timeout=timeout)
+        """The next message, on any topic; queue.Empty if none comes within `timeout`."""
+        done, got = self._read((), lambda got: True, timeout)
+        if not done:
+            raise queue.Empty
+        return got[-1]
 
     def wait_for(self, topic: str, timeout: float = 10.0) -> Received:
-        """The next message on `topic` (others that arrive first are dropped)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            message = self.messages.get(timeout=max(0.01, deadline - time.monotonic()))
-            if message.topic == topic:
-                return message
+        """The next message on `topic` (others that arrive first are dropped); queue.Empty if
+        none comes within `timeout`."""
+        done, got = self._read((topic,), lambda got: True, timeout)
+        if not done:
+            raise queue.Empty
+        return got[-1]
+
+    def collect(self, *topics: str, until: Callable[[list[Received]], bool],
+                timeout: float = 10.0, what: str = "") -> list[Received]:
+        """The messages on `topics` (any topic when none is named) from the next one on, up to
+        the first after which `until(those so far)` holds; messages on other topics are
+        dropped. `until` is asked once per message, the newest last in the list. Raises
+        AssertionError naming `what` and what came if that takes longer than `timeout`."""
+        done, got = self._read(topics, until, timeout)
+        if not done:
+            seen = "; ".join(f"{m.topic} {m.payload[:200]!r}" for m in got[-3:])
+            raise AssertionError(f"not within {timeout:g} s: {what or 'messages'} on "
+                                 f"{', '.join(topics) or 'any topic'} ({len(got)} came, "
+                                 f"the last: {seen or 'none'})")
+        return got
+
+    def _read(self, topics: tuple[str, ...], until: Callable[[list[Received]], bool],
+              timeout: float) -> tuple[bool, list[Received]]:
+        got: list[Received] = []
+
+        def done() -> bool:
+            while self._unread:
+                message = self._unread.popleft()
+                if not topics or message.topic in topics:
+                    got.append(message)
+                    if until(got):
+                        return True
+            return False
+
+        with self._arrived:
+            return self._arrived.wait_for(done, timeout), got
 
     def close(self) -> None:
         self.client.disconnect()
