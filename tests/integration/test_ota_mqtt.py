@@ -9,15 +9,15 @@ import itertools
 import json
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.artifacts import ArtifactServer
-from support.broker import Broker, Subscriber
+from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
 from support.ota import Pusher, X, expected, statuses, tiny_cls_bytes
+from support.polling import wait_until
 
 from edged.ota.manifest import sign_document
 
@@ -101,10 +101,9 @@ def test_ota_when_8_clients_keep_calling_switches_each_once_and_fails_none(
                 seen[i].append((which, response.version))
 
     def wait_each(count: list[int], more: int) -> None:
-        deadline = time.monotonic() + 30
-        while any(len(s) < c + more for s, c in zip(seen, count, strict=True)):
-            assert time.monotonic() < deadline and not errors, (errors, [len(s) for s in seen])
-            time.sleep(0.02)
+        wait_until(lambda: all(len(s) >= c + more for s, c in zip(seen, count, strict=True)),
+                   timeout=30, what=f"{more} more answers for each client",
+                   alive=lambda: not errors, details=lambda: repr((errors, [len(s) for s in seen])))
 
     clients = [threading.Thread(target=call, args=(i,)) for i in range(8)]
     sub = Subscriber(broker, status)
@@ -151,12 +150,14 @@ def test_ota_when_pushed_to_the_fleet_reaches_every_device(
                      f"fleet_prefix: {fleet}",
                 ota=f"trusted_keys: [{public}]", device_id=device, models_dir=models))
         final: dict[str, dict] = {}  # both update at once: read both topics together
-        deadline = time.monotonic() + 30
-        while len(final) < len(topics):
-            message = sub.get(max(0.1, deadline - time.monotonic()))
-            event = json.loads(message.payload)
+
+        def both_final(got: list[Received]) -> bool:
+            event = json.loads(got[-1].payload)
             if event["state"] in ("active", "failed", "rolled_back"):
-                final[message.topic] = event
+                final[got[-1].topic] = event
+            return len(final) == len(topics)
+
+        sub.collect(*topics, until=both_final, timeout=30, what="a final state from each device")
         assert all(e["state"] == "active" and e["version"] == 2 for e in final.values()), final
         for served in devices:
             with served.client() as client:
