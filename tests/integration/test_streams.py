@@ -21,7 +21,7 @@ import pytest
 from make_demo import COLORS_BGR, color_of, write_color_video
 from prometheus_client.parser import text_string_to_metric_families
 from support.backends import GateBackend
-from support.broker import Broker, Received, Subscriber, free_port
+from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
 from support.polling import wait_until
 
@@ -118,12 +118,13 @@ def test_stream_when_frames_flowed_metrics_and_the_stats_message_count_them(
 
 class MjpegServer:
     """multipart/x-mixed-replace JPEG frames, as IP cameras serve them; stop() drops every
-    client, start() comes back on the same port."""
+    client, start() comes back on the same port. The first start binds port 0: the kernel
+    picks a free port and no one can take it between picking and binding."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self) -> None:
         import cv2
 
-        self.port = port
+        self.port = 0
         frame = np.empty((120, 160, 3), np.uint8)
         frame[:] = COLORS_BGR["green"]
         self.jpeg = cv2.imencode(".jpg", frame)[1].tobytes()
@@ -152,6 +153,7 @@ class MjpegServer:
 
         ThreadingHTTPServer.allow_reuse_address = True
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self.server.server_address[1]
         self.server.daemon_threads = True
         self.running.set()
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -166,7 +168,7 @@ class MjpegServer:
 
 @pytest.fixture
 def camera() -> Iterator[MjpegServer]:
-    server = MjpegServer(free_port())
+    server = MjpegServer()
     server.start()
     yield server
     server.stop()

@@ -3,7 +3,7 @@ real ONNX Runtime sessions), `models` (model.yaml edits, marked inputs, a Q/DQ m
 (a private mosquitto and a subscriber), `daemon` (the daemon served in-process), `artifacts`
 (an HTTP artifact server for OTA), `ota` (signing keys and a manifest pusher), `notify` (a
 stand-in for systemd's NOTIFY_SOCKET), `polling` (wait_until: bounded waits for state that can
-only be read).
+only be read), `ports` (free_port: reserved loopback ports for servers that need a number).
 
 Imported as `support.<module>`: pytest puts `tests/` on sys.path for its rootdir conftest, as
 it does for `doubles`. The fixtures defined here are registered by `tests/conftest.py`

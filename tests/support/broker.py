@@ -1,13 +1,18 @@
 """A private mosquitto for the test session: one plain listener and one with TLS and a
 password, on free ports, its own config, certificates made with openssl, persistence on (so a
-restart keeps subscribers' sessions). Plus `Subscriber`, a real paho client that collects."""
+restart keeps subscribers' sessions). Plus `Subscriber`, a real paho client that collects.
+
+mosquitto takes its ports from its config file, so they are picked before it binds them
+(support.ports); if one was taken meanwhile it exits saying so, and the fixture starts it again
+on fresh ports, a bounded number of times. A restart within the session (tests stop and start
+the broker) keeps its ports, which clients reconnect to: there a taken port is an error."""
 
 from __future__ import annotations
 
 import getpass
 import queue
+import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -22,13 +27,18 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from support.polling import wait_until
+from support.ports import free_port
+
 USERNAME, PASSWORD = "edged", "s3cret-pass"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+START_TRIES = 3  # fresh ports each time
+RUNNING = re.compile(r"mosquitto version \S+ running")  # logged once every listener is open
+
+
+class PortTaken(RuntimeError):
+    """mosquitto could not listen: one of its ports was taken before it bound it."""
 
 
 def make_certificates(directory: Path) -> None:
@@ -83,22 +93,30 @@ keyfile {d}/server.key
 """)
 
     def start(self) -> None:
-        with (self.directory / "stderr.log").open("ab") as stderr:
-            self.process = subprocess.Popen(
+        """Start mosquitto and wait (bounded) until it says it runs, both listeners open; a
+        connection test would not do, it could reach whoever took a port. PortTaken when one
+        of its ports was taken."""
+        logs = [self.directory / "mosquitto.log", self.directory / "stderr.log"]
+        offsets = [path.stat().st_size if path.exists() else 0 for path in logs]
+
+        def output() -> str:  # what this start has written (a restart appends to the logs)
+            return "".join(path.read_bytes()[offset:].decode(errors="replace")
+                           for path, offset in zip(logs, offsets, strict=True) if path.exists())
+
+        with logs[1].open("ab") as stderr:
+            self.process = process = subprocess.Popen(
                 ["mosquitto", "-c", str(self.directory / "mosquitto.conf")],
                 stdout=subprocess.DEVNULL, stderr=stderr)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError("mosquitto exited: "
-                                   + (self.directory / "stderr.log").read_text())
-            try:
-                socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.2).close()
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("mosquitto did not listen within 10 s")
+        try:
+            wait_until(lambda: RUNNING.search(output()), timeout=10, interval=0.05,
+                       what="mosquitto running", alive=lambda: process.poll() is None,
+                       details=output)
+        except AssertionError:
+            self.stop()
+            if "Address already in use" in output():
+                raise PortTaken(f"mosquitto could not listen on port {self.port} or "
+                                f"{self.tls_port}:\n{output()}") from None
+            raise
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -117,13 +135,25 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
     directory = tmp_path_factory.mktemp("mosquitto")
     make_certificates(directory)
-    instance = Broker(directory, free_port(), free_port())
-    instance.write_config()
-    instance.start()
+    instance = start_on_free_ports(directory)
     try:
         yield instance
     finally:
         instance.stop()
+
+
+def start_on_free_ports(directory: Path) -> Broker:
+    """mosquitto on fresh ports; on others again, up to START_TRIES, when one was taken."""
+    for attempt in range(1, START_TRIES + 1):
+        instance = Broker(directory, free_port(), free_port())
+        instance.write_config()
+        try:
+            instance.start()
+            return instance
+        except PortTaken:
+            if attempt == START_TRIES:
+                raise
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 @dataclass(frozen=True)
