@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from support.backends import GateBackend, hold_worker, options
 from support.models import cls_input, write_yaml
+from support.polling import wait_until
 
 from edged.cache import ModelCache
 from edged.errors import (
@@ -156,8 +157,7 @@ def test_scheduler_infer_when_instance_busy_queues_and_batches(core: Core,
 
 def wait_queued(scheduler: Scheduler, n: int) -> None:
     batcher = scheduler.batchers()[0]
-    with batcher._lock:
-        assert batcher._work.wait_for(lambda: batcher.depth >= n, 10)
+    wait_until(lambda: batcher.depth >= n, timeout=10, what=f"{n} requests queued")
 
 
 def test_batcher_when_priority_outside_levels_is_invalid(core: Core) -> None:
