@@ -228,8 +228,8 @@ def test_sensor_stream_when_payloads_are_malformed_rejects_counts_and_goes_on(
         for payload in bad:
             sub.client.publish("t/sensor/in/vib", payload, qos=1).wait_for_publish(5)
         sub.client.publish("t/sensor/in/vib", b"[4, 3, 2, 1]", qos=1).wait_for_publish(5)
-        # Its result, told by its outputs from late answers to the probe: the stream handles
-        # payloads in order, so every malformed one has been dealt with by then.
+        # The last payload's result, told apart from late answers to the probes by its
+        # outputs: the stream takes payloads in order, so the malformed ones are dealt with.
         message = json.loads(sub.collect(
             topic, until=lambda got: outputs(json.loads(got[-1].payload)) != outputs(probe),
             timeout=10, what="the result of the last payload")[-1].payload)
