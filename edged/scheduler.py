@@ -88,6 +88,17 @@ class Batcher:
         return len(self._queue)
 
     @property
+    def stopping(self) -> bool:
+        """Set by begin_stop(): new requests are refused, queued ones still run."""
+        return self._stopping
+
+    @property
+    def free_slots(self) -> int:
+        """Instance slots not running a batch now (by a worker or an inline caller)."""
+        with self._lock:
+            return self._free
+
+    @property
     def model(self) -> ModelVersion:
         return self._model
 

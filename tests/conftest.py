@@ -1,25 +1,26 @@
-"""Shared fixtures: a real model repository of generated ONNX files, real ONNX Runtime sessions,
-and a gate around them so a test can hold a worker mid-inference without sleeping."""
+"""Fixtures and hooks for every test: a real model repository of generated ONNX files, real
+ONNX Runtime sessions, a gate around them (support.backends) so a test can hold a worker
+mid-inference without sleeping, and the GPU tests skipped, with the reason, where no GPU is.
+Helpers live in the support package; nothing imports from here."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import make_test_models
-import numpy as np
 import pytest
+from support.backends import ORT_TARGET, GateBackend, options
 
-from edged.backends import BackendOptions, LoadSpec, register_backend
-from edged.backends.onnxruntime import OrtBackend, OrtSession
+from edged.backends import register_backend
 from edged.cache import ModelCache
 from edged.model.repository import ModelRepository
 from edged.scheduler import Scheduler
 
-ORT_TARGET = "edged.backends.onnxruntime:OrtBackend"
+# The fixtures of the support package (a broker, the daemon served in-process, an artifact
+# server, an OTA signing key), for every test under tests/.
+pytest_plugins = ["support.artifacts", "support.broker", "support.daemon", "support.ota"]
 
 
 def gpu_missing_reason() -> str | None:
@@ -46,76 +47,6 @@ def repo_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def repo(repo_dir: Path) -> ModelRepository:
     return ModelRepository(repo_dir)
-
-
-def write_yaml(repo_dir: Path, name: str, text: str) -> None:
-    (repo_dir / name / "model.yaml").write_text(text)
-
-
-def options(tmp_path: Path) -> BackendOptions:
-    return BackendOptions(providers=("cpu",), intra_op_threads=1, cache_dir=tmp_path / "cache")
-
-
-class GateBackend:
-    """Real ONNX Runtime sessions whose infer() records each call and then waits for the gate.
-
-    With the gate closed a worker is held mid-batch, so queued requests stay queued for as
-    long as the test needs; `wait_calls(n)` waits (bounded) until n calls have started."""
-
-    name = "onnxruntime"
-
-    def __init__(self) -> None:
-        self.real = OrtBackend()
-        self.gate = threading.Event()
-        self.gate.set()
-        self.cond = threading.Condition()
-        self.calls: list[dict[str, np.ndarray]] = []
-        self.loads: list[str] = []
-        self.threads: list[str] = []  # the thread each call ran on
-        self.fail_if = None  # optional predicate on inputs: raise inside the backend call
-
-    def unavailable_reason(self) -> str | None:
-        return None
-
-    def auto_precision(self, int8: Path | None, why: str) -> tuple[str, str] | None:
-        return self.real.auto_precision(int8, why)
-
-    def load(self, spec: LoadSpec, opts: BackendOptions) -> GatedSession:
-        with self.cond:
-            self.loads.append(spec.label)
-        return GatedSession(self, self.real.load(spec, opts))
-
-    def wait_calls(self, n: int, timeout: float = 10.0) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.calls) >= n, timeout), \
-                f"expected {n} backend calls, saw {len(self.calls)}"
-
-    def reset(self) -> None:
-        with self.cond:
-            self.calls.clear()
-            self.threads.clear()
-
-
-class GatedSession:
-    def __init__(self, backend: GateBackend, session: OrtSession) -> None:
-        self.backend = backend
-        self.session = session
-        self.inputs, self.outputs = session.inputs, session.outputs
-        self.providers, self.nbytes = session.providers, session.nbytes
-
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with self.backend.cond:
-            self.backend.calls.append({k: np.array(v, copy=True) for k, v in inputs.items()})
-            self.backend.threads.append(threading.current_thread().name)
-            self.backend.cond.notify_all()
-        if not self.backend.gate.wait(10):
-            raise RuntimeError("test gate never opened")
-        if self.backend.fail_if is not None and self.backend.fail_if(inputs):
-            raise RuntimeError("injected backend failure")
-        return self.session.infer(inputs)
-
-    def close(self) -> None:
-        self.session.close()
 
 
 @pytest.fixture
@@ -152,12 +83,3 @@ def ppocr_cls(tmp_path: Path) -> Path:
     (root / "cls" / "model.yaml").write_text(
         "max_batch_size: 8\ninputs: [{name: x, shape: [3, 48, 192]}]\n")
     return root
-
-
-def cpu_count() -> int:
-    return os.cpu_count() or 1
-
-
-# The in-process daemon fixtures live in their own module; importing them here registers them.
-from mosquitto import broker  # noqa: E402, F401
-from served_daemon import make_served, served, short_dir  # noqa: E402, F401

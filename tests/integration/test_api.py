@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as triton
 import tritonclient.utils.shared_memory as triton_shm
-from served_daemon import Served, ServeFactory
+from support.daemon import Served, ServeFactory
 
 from edged.api.protocol import RequestedOutput, ShmRef
 from edged.cli import main

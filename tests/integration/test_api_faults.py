@@ -7,13 +7,14 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GateBackend, write_yaml
-from served_daemon import Served, ServeFactory
+from support.backends import GateBackend
+from support.daemon import Served, ServeFactory
+from support.models import write_yaml
+from support.polling import wait_until
 
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef
 from edged.errors import ConfigError
@@ -168,7 +169,7 @@ def test_api_when_queue_is_full_answers_503_and_runs_the_queued_ones(
     queued = threading.Thread(target=call)
     queued.start()
     batcher = served.daemon.scheduler.batchers()[0]
-    wait_until(lambda: batcher.depth == 1)
+    wait_until(lambda: batcher.depth == 1, what="the second request queued")
     with served.client() as client:
         with pytest.raises(ApiError) as caught:
             client.infer("tiny_cls", {"x": X})
@@ -178,15 +179,6 @@ def test_api_when_queue_is_full_answers_503_and_runs_the_queued_ones(
         queued.join(10)
         assert answers == [(1, 4), (1, 4)]
         still_serves(client)
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    done = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if check():
-            return
-        done.wait(0.01)
-    raise AssertionError("condition not met in time")
 
 
 def test_socket_when_peer_uid_is_not_allowed_answers_403(make_served: ServeFactory) -> None:
@@ -255,9 +247,9 @@ def test_stop_when_requests_are_in_flight_and_queued_answers_them_all_first(
     gate.wait_calls(1)  # one inside the model
     callers[1].start()
     batcher = served.daemon.scheduler.batchers()[0]
-    wait_until(lambda: batcher.depth == 1)  # one queued behind it
+    wait_until(lambda: batcher.depth == 1, what="one request queued behind it")
     served.daemon.request_stop()
-    wait_until(lambda: not served.socket.exists())  # no longer accepting
+    wait_until(lambda: not served.socket.exists(), what="the socket file gone: no longer accepting")
     gate.gate.set()
     for caller in callers:
         caller.join(10)

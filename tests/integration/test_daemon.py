@@ -3,12 +3,11 @@ the others served), and SIGTERM gives an ordered, bounded shutdown."""
 
 from __future__ import annotations
 
-import queue
 import signal
 import subprocess
 import sys
 import threading
-import time
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -17,18 +16,25 @@ from edged.cli import main
 
 
 class LogReader:
-    """Collects a subprocess's stderr lines on a thread so waits can have deadlines."""
+    """Collects a subprocess's stderr lines on a thread so waits can have deadlines. `lines`
+    holds those read so far by `wait_for`."""
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._arrived = threading.Condition()
+        self._unread: deque[str] = deque()
+        self._ended = False
         assert proc.stderr is not None
         self._stream = stream = proc.stderr
 
         def pump() -> None:
             for line in stream:
-                self._queue.put(line.rstrip("\n"))
-            self._queue.put(None)
+                with self._arrived:
+                    self._unread.append(line.rstrip("\n"))
+                    self._arrived.notify_all()
+            with self._arrived:
+                self._ended = True
+                self._arrived.notify_all()
 
         self._thread = threading.Thread(target=pump, daemon=True)
         self._thread.start()
@@ -39,18 +45,27 @@ class LogReader:
         self._stream.close()
 
     def wait_for(self, text: str, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"no line with {text!r} in {timeout}s:\n" +
-                                     "\n".join(self.lines)) from None
-            if line is None:
-                raise AssertionError(f"process ended before {text!r}:\n" + "\n".join(self.lines))
-            self.lines.append(line)
-            if text in line:
-                return line
+        """The next line with `text` in it; AssertionError if the process ends first or none
+        comes within `timeout`."""
+        found: list[str] = []
+
+        def seen() -> bool:
+            while self._unread:
+                line = self._unread.popleft()
+                self.lines.append(line)
+                if text in line:
+                    found.append(line)
+                    return True
+            return self._ended
+
+        with self._arrived:
+            self._arrived.wait_for(seen, timeout)
+            ended = self._ended
+        if found:
+            return found[0]
+        if ended:
+            raise AssertionError(f"process ended before {text!r}:\n" + "\n".join(self.lines))
+        raise AssertionError(f"no line with {text!r} in {timeout}s:\n" + "\n".join(self.lines))
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mosquitto import PASSWORD, USERNAME, Broker, Subscriber
+from support.broker import PASSWORD, USERNAME, Broker, Subscriber
+from support.polling import wait_until
 
 from edged.config import MqttConfig, TlsConfig
 from edged.errors import ConfigError
@@ -105,7 +106,8 @@ def test_mqtt_link_when_broker_restarts_delivers_the_buffer_and_counts_what_over
         link.publish("results", "r", b"before")
         assert sub.wait_for("t/restart/r").payload == b"before"
         broker.stop()
-        assert not _still_connected(link)
+        wait_until(lambda: not link.connected, timeout=10, interval=0.05,
+                   what="the link noticed the broker is gone")
         for i in range(8):  # 3 more than the buffer holds: the 3 oldest go
             link.publish("results", "r", f"{i}".encode())
         stats = link.stats()
@@ -127,15 +129,6 @@ def test_mqtt_link_when_broker_restarts_delivers_the_buffer_and_counts_what_over
             broker.start()
 
 
-def _still_connected(link: MqttLink) -> bool:
-    """Wait (bounded) until the link has noticed the broker is gone."""
-    for _ in range(200):
-        if not link._connected.is_set():
-            return False
-        threading.Event().wait(0.05)
-    return True
-
-
 def test_mqtt_link_when_a_handler_raises_counts_it_and_keeps_dispatching(
         broker: Broker, links: list[MqttLink]) -> None:
     got: list[bytes] = []
@@ -151,12 +144,13 @@ def test_mqtt_link_when_a_handler_raises_counts_it_and_keeps_dispatching(
     link.subscribe("t/in/sensors/+", handler)
     sub = Subscriber(broker, "unused/topic")
     try:
-        import time
-        deadline = time.monotonic() + 10
-        while link.stats()["received"] < 2 and time.monotonic() < deadline:
+        def publish_both() -> bool:  # until the link's subscription is in place
             sub.client.publish("t/in/sensors/a", b"bad", qos=1).wait_for_publish(5)
             sub.client.publish("t/in/sensors/a", b"good", qos=1).wait_for_publish(5)
             arrived.wait(0.5)
+            return link.stats()["received"] >= 2
+
+        wait_until(publish_both, timeout=10, interval=0, what="both payloads received")
         assert arrived.is_set() and b"good" in got
         assert link.stats()["handler_errors"] >= 1
     finally:

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from artifact_server import ArtifactServer, artifacts  # noqa: F401
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from mosquitto import Broker, Subscriber
-from ota_helpers import Pusher, X, expected, key, statuses, tiny_cls_bytes  # noqa: F401
+from support.artifacts import ArtifactServer
+from support.broker import Broker, Subscriber
+from support.ota import Pusher, X, expected, statuses, tiny_cls_bytes
+from support.polling import wait_until
 
 from edged.model.repository import ModelRepository
 from edged.ops.client import EdgedClient
@@ -53,23 +53,25 @@ def start(config: Path, log: Path, crash_at: str | None = None) -> subprocess.Po
 
 
 def wait_ready(client: EdgedClient, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, f"edged exited {proc.returncode}:\n{log.read_text()}"
+    def ready() -> bool:
         try:
-            if client.ready():
-                return
+            return client.ready()
         except OSError:  # not listening yet
-            pass
-        assert time.monotonic() < deadline, f"edged not ready in 60 s:\n{log.read_text()}"
-        time.sleep(0.1)
+            return False
+
+    def report() -> str:
+        code = proc.poll()
+        return ("edged runs" if code is None else f"edged exited {code}") + f":\n{log.read_text()}"
+
+    wait_until(ready, timeout=60, interval=0.1, what="edged ready",
+               alive=lambda: proc.poll() is None, details=report)
 
 
 @pytest.mark.parametrize("step", ["downloading", "verifying", "installing", "warming",
                                   "switched"])
 def test_ota_when_killed_at_a_step_serves_the_old_version_after_restart(
-        step: str, broker: Broker, artifacts: ArtifactServer,  # noqa: F811
-        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,  # noqa: F811
+        step: str, broker: Broker, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,
         short_dir: Path, tmp_path: Path) -> None:
     private, public = key
     prefix = f"t/crash/{step}"
@@ -91,14 +93,19 @@ ota: {{trusted_keys: [{public}]}}
     try:
         wait_ready(client, proc, log)
         pusher = Pusher(sub, artifacts, private)
-        for _ in range(40):  # until its subscription is in place and the update starts; the
-            # kill may come before its `received` status leaves, as in a real power cut
+
+        def pushed_and_gone() -> bool:
             pusher.push(f"{prefix}/ota/tiny_cls", 2, tiny_cls_bytes(1))
             try:
                 proc.wait(0.5)
-                break
             except subprocess.TimeoutExpired:
-                continue
+                return False
+            return True
+
+        # Until its subscription is in place and the update starts; the kill may come before
+        # its `received` status leaves, as in a real power cut. Each try waits half a second.
+        wait_until(pushed_and_gone, timeout=50, interval=0, what=f"edged killed at {step}",
+                   details=log.read_text)
         assert proc.wait(30) == -9, log.read_text()  # the power cut
         client.close()
         proc = start(config, log)

@@ -16,9 +16,9 @@ from typing import Any
 import make_test_models
 import numpy as np
 import pytest
-from artifact_server import ArtifactServer, artifacts  # noqa: F401
-from conftest import options
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from support.artifacts import ArtifactServer
+from support.backends import options
 
 from edged.cache import ModelCache
 from edged.config import OtaConfig
@@ -85,7 +85,7 @@ class Rig:
 
 
 @pytest.fixture
-def rig(tmp_path: Path, artifacts: ArtifactServer) -> Iterator[Rig]:  # noqa: F811
+def rig(tmp_path: Path, artifacts: ArtifactServer) -> Iterator[Rig]:
     r = Rig(tmp_path, artifacts, Ed25519PrivateKey.generate())
     try:
         yield r

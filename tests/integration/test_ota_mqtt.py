@@ -9,22 +9,22 @@ import itertools
 import json
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
-from artifact_server import ArtifactServer, artifacts  # noqa: F401
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from mosquitto import Broker, Subscriber
-from ota_helpers import Pusher, X, expected, key, statuses, tiny_cls_bytes  # noqa: F401
-from served_daemon import ServeFactory
+from support.artifacts import ArtifactServer
+from support.broker import Broker, Received, Subscriber
+from support.daemon import ServeFactory
+from support.ota import Pusher, X, expected, statuses, tiny_cls_bytes
+from support.polling import wait_until
 
 from edged.ota.manifest import sign_document
 
 
 def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
-        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,  # noqa: F811
-        key: tuple[Ed25519PrivateKey, Path]) -> None:  # noqa: F811
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path]) -> None:
     private, public = key
     prefix, fleet = "t/ota/dev1", "t/ota/fleet"
     status = f"{prefix}/ota/tiny_cls/status"
@@ -75,8 +75,8 @@ def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
 
 
 def test_ota_when_8_clients_keep_calling_switches_each_once_and_fails_none(
-        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,  # noqa: F811
-        key: tuple[Ed25519PrivateKey, Path]) -> None:  # noqa: F811
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path]) -> None:
     private, public = key
     prefix = "t/ota/busy"
     status = f"{prefix}/ota/tiny_cls/status"
@@ -101,10 +101,9 @@ def test_ota_when_8_clients_keep_calling_switches_each_once_and_fails_none(
                 seen[i].append((which, response.version))
 
     def wait_each(count: list[int], more: int) -> None:
-        deadline = time.monotonic() + 30
-        while any(len(s) < c + more for s, c in zip(seen, count, strict=True)):
-            assert time.monotonic() < deadline and not errors, (errors, [len(s) for s in seen])
-            time.sleep(0.02)
+        wait_until(lambda: all(len(s) >= c + more for s, c in zip(seen, count, strict=True)),
+                   timeout=30, what=f"{more} more answers for each client",
+                   alive=lambda: not errors, details=lambda: repr((errors, [len(s) for s in seen])))
 
     clients = [threading.Thread(target=call, args=(i,)) for i in range(8)]
     sub = Subscriber(broker, status)
@@ -131,8 +130,8 @@ def test_ota_when_8_clients_keep_calling_switches_each_once_and_fails_none(
 
 
 def test_ota_when_pushed_to_the_fleet_reaches_every_device(
-        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,  # noqa: F811
-        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,  # noqa: F811
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path,
         tmp_path: Path) -> None:
     private, public = key
     fleet = "t/fleet2/all"
@@ -151,12 +150,14 @@ def test_ota_when_pushed_to_the_fleet_reaches_every_device(
                      f"fleet_prefix: {fleet}",
                 ota=f"trusted_keys: [{public}]", device_id=device, models_dir=models))
         final: dict[str, dict] = {}  # both update at once: read both topics together
-        deadline = time.monotonic() + 30
-        while len(final) < len(topics):
-            message = sub.get(max(0.1, deadline - time.monotonic()))
-            event = json.loads(message.payload)
+
+        def both_final(got: list[Received]) -> bool:
+            event = json.loads(got[-1].payload)
             if event["state"] in ("active", "failed", "rolled_back"):
-                final[message.topic] = event
+                final[got[-1].topic] = event
+            return len(final) == len(topics)
+
+        sub.collect(*topics, until=both_final, timeout=30, what="a final state from each device")
         assert all(e["state"] == "active" and e["version"] == 2 for e in final.values()), final
         for served in devices:
             with served.client() as client:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mosquitto import Broker
-from ota_helpers import X, expected, tiny_cls_bytes
-from served_daemon import ServeFactory
+from support.broker import Broker
+from support.daemon import ServeFactory
+from support.ota import X, expected, tiny_cls_bytes
 
 from edged.cli import main
 from edged.ops.keys import keygen

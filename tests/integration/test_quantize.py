@@ -11,7 +11,8 @@ import cv2
 import make_test_models
 import numpy as np
 import pytest
-from conftest import options, write_yaml
+from support.backends import options
+from support.models import write_yaml
 
 from edged.cache import ModelCache
 from edged.cli import main

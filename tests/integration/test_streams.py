@@ -6,6 +6,7 @@ malformed sensor payloads are rejected and counted while the stream goes on."""
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
 import threading
@@ -17,11 +18,12 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from conftest import GateBackend
 from make_demo import COLORS_BGR, color_of, write_color_video
-from mosquitto import Broker, Subscriber, free_port
 from prometheus_client.parser import text_string_to_metric_families
-from served_daemon import ServeFactory
+from support.backends import GateBackend
+from support.broker import Broker, Received, Subscriber
+from support.daemon import ServeFactory
+from support.polling import wait_until
 
 from edged.sources import SourceState
 
@@ -30,12 +32,9 @@ SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "schemas" /
 
 
 def results_of(sub: Subscriber, topic: str, count: int, timeout: float = 20) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    got = []
-    while len(got) < count:
-        got.append(json.loads(sub.wait_for(topic, max(0.1, deadline - time.monotonic()))
-                              .payload))
-    return got
+    messages = sub.collect(topic, until=lambda got: len(got) >= count, timeout=timeout,
+                           what=f"{count} results")
+    return [json.loads(m.payload) for m in messages]
 
 
 def test_stream_when_a_video_plays_publishes_right_results_in_the_schema(
@@ -73,12 +72,15 @@ def test_stream_when_frames_flowed_metrics_and_the_stats_message_count_them(
             mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: t/metrics, "
                  "stats_interval_s: 0.2",
             streams=f"[{{name: cam, source: 'file://{video}', model: colors, loop: true}}]")
-        deadline = time.monotonic() + 30
-        stats: dict = {}
-        while not (stats.get("streams", {}).get("cam", {}).get("processed") and
-                   stats["mqtt"]["published_by_class"].get("results")):
-            stats = json.loads(sub.wait_for(stats_topic, max(0.1, deadline - time.monotonic()))
-                               .payload)
+
+        def counted(got: list[Received]) -> bool:
+            stats = json.loads(got[-1].payload)
+            return bool(stats.get("streams", {}).get("cam", {}).get("processed") and
+                        stats["mqtt"]["published_by_class"].get("results"))
+
+        stats = json.loads(sub.collect(stats_topic, until=counted, timeout=30,
+                                       what="stats counting processed and published frames")
+                           [-1].payload)
         with served.client() as client:
             text = client.metrics()
     finally:
@@ -116,12 +118,13 @@ def test_stream_when_frames_flowed_metrics_and_the_stats_message_count_them(
 
 class MjpegServer:
     """multipart/x-mixed-replace JPEG frames, as IP cameras serve them; stop() drops every
-    client, start() comes back on the same port."""
+    client, start() comes back on the same port. The first start binds port 0: the kernel
+    picks a free port and no one can take it between picking and binding."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self) -> None:
         import cv2
 
-        self.port = port
+        self.port = 0
         frame = np.empty((120, 160, 3), np.uint8)
         frame[:] = COLORS_BGR["green"]
         self.jpeg = cv2.imencode(".jpg", frame)[1].tobytes()
@@ -150,6 +153,7 @@ class MjpegServer:
 
         ThreadingHTTPServer.allow_reuse_address = True
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self.server.server_address[1]
         self.server.daemon_threads = True
         self.running.set()
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -164,7 +168,7 @@ class MjpegServer:
 
 @pytest.fixture
 def camera() -> Iterator[MjpegServer]:
-    server = MjpegServer(free_port())
+    server = MjpegServer()
     server.start()
     yield server
     server.stop()
@@ -187,10 +191,8 @@ def test_stream_when_the_camera_goes_away_reports_it_and_resumes_within_the_back
     assert pipeline.source.wait_state(SourceState.STREAMING, 15)
     # Back within one capped backoff (1 s) plus one open attempt (watchdog 2 s) and slack.
     assert time.monotonic() - returned < 1.0 + 2.0 + 5.0
-    deadline = time.monotonic() + 10
-    while pipeline.snapshot()["processed"] <= processed and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert pipeline.snapshot()["processed"] > processed
+    wait_until(lambda: pipeline.snapshot()["processed"] > processed, timeout=10, interval=0.05,
+               what="frames processed again after the camera came back")
 
 
 def test_sensor_stream_when_payloads_are_malformed_rejects_counts_and_goes_on(
@@ -207,17 +209,30 @@ def test_sensor_stream_when_payloads_are_malformed_rejects_counts_and_goes_on(
         assert pipeline.source.wait_state(SourceState.CONNECTING, 5)
         bad = [b"not json", b"{\"a\": 1}", b"[1, 2]", b"[1, 2, \"x\", 4]", b"[1, 2, NaN, 4]",
                b"[[1, 2, 3, 4]]", b"\xff\xfe"]
-        deadline = time.monotonic() + 15
-        message = None
-        while message is None and time.monotonic() < deadline:  # until subscribed
-            for payload in bad:
-                sub.client.publish("t/sensor/in/vib", payload, qos=1).wait_for_publish(5)
-            sub.client.publish("t/sensor/in/vib", b"[1, 2, 3, 4]", qos=1).wait_for_publish(5)
+
+        def publish(payload: bytes) -> dict | None:
+            """Publish, then the next result (None if none came within a second)."""
+            sub.client.publish("t/sensor/in/vib", payload, qos=1).wait_for_publish(5)
             try:
-                message = json.loads(sub.wait_for(topic, 1).payload)
-            except Exception:
-                message = None
-        assert message is not None
+                return json.loads(sub.wait_for(topic, 1).payload)
+            except queue.Empty:
+                return None
+
+        def outputs(result: dict) -> object:
+            return result["results"]["outputs"]["out"].get("data")
+
+        # A well-formed payload until one is answered: the stream's subscription is in place
+        # from then on, so none of the malformed ones below can be lost before it.
+        probe = wait_until(lambda: publish(b"[1, 2, 3, 4]"), timeout=15, interval=0,
+                           what="a result: the stream subscribed")
+        for payload in bad:
+            sub.client.publish("t/sensor/in/vib", payload, qos=1).wait_for_publish(5)
+        sub.client.publish("t/sensor/in/vib", b"[4, 3, 2, 1]", qos=1).wait_for_publish(5)
+        # The last payload's result, told apart from late answers to the probes by its
+        # outputs: the stream takes payloads in order, so the malformed ones are dealt with.
+        message = json.loads(sub.collect(
+            topic, until=lambda got: outputs(json.loads(got[-1].payload)) != outputs(probe),
+            timeout=10, what="the result of the last payload")[-1].payload)
         jsonschema.validate(message, SCHEMA)
         assert message["results"]["outputs"]["out"]["shape"] == [4]
         snapshot = pipeline.snapshot()
@@ -273,25 +288,21 @@ def test_stream_when_the_model_is_slower_than_the_camera_drops_and_keeps_memory_
     pipeline = served.daemon.pipelines[0]
     gate.gate.clear()  # the model now takes as long as the test wants
 
-    def wait_dropped(n: int) -> dict:
-        deadline = time.monotonic() + 30
-        while (row := pipeline.snapshot())["dropped"] < n and time.monotonic() < deadline:
-            assert row["queue_depth"] <= 2
-            time.sleep(0.02)
-        return row
+    def dropped(n: int) -> dict | None:
+        row = pipeline.snapshot()
+        assert row["queue_depth"] <= 2
+        return row if row["dropped"] >= n else None
 
-    wait_dropped(20)
+    wait_until(lambda: dropped(20), timeout=30, what="20 frames dropped")
     before = rss_bytes()
-    row = wait_dropped(220)
+    row = wait_until(lambda: dropped(220), timeout=30,
+                     what="220 frames dropped: the source should keep capturing (and dropping)")
     grown = rss_bytes() - before
-    assert row["dropped"] >= 220, "the source should keep capturing (and dropping)"
     assert grown < 50 * 1024 * 1024, f"RSS grew {grown / 2**20:.0f} MB over 200 dropped frames"
     processed = row["processed"]
     gate.gate.set()
-    deadline = time.monotonic() + 10
-    while pipeline.snapshot()["processed"] <= processed and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert pipeline.snapshot()["processed"] > processed
+    wait_until(lambda: pipeline.snapshot()["processed"] > processed, timeout=10,
+               what="frames processed again once the model was released")
 
 
 def _broker_restart_mid_stream(broker: Broker, make_served: ServeFactory, tmp_path: Path,
@@ -313,29 +324,34 @@ def _broker_restart_mid_stream(broker: Broker, make_served: ServeFactory, tmp_pa
         assert link is not None
         seqs = {json.loads(sub.wait_for(results, 20).payload)["seq"]}
         broker.stop()
-        deadline = time.monotonic() + 10
-        while link.stats()["connected"] and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: not link.stats()["connected"], timeout=10,
+                   what="the link noticed the broker is gone")
         outage_start = pipeline.snapshot()["processed"]
-        while pipeline.snapshot()["processed"] < outage_start + 40:
-            assert time.monotonic() < deadline + 20, "the stream stalled while offline"
-            time.sleep(0.05)
+        wait_until(lambda: pipeline.snapshot()["processed"] >= outage_start + 40, timeout=30,
+                   interval=0.05, what="40 frames while offline: the stream stalled while offline")
         broker.start()
         assert link.wait_connected(40)  # paho's reconnect delay is capped at 30 s
         end = pipeline.snapshot()["processed"] + 10
         last_stats: dict = {}
-        deadline = time.monotonic() + 60
-        while not seqs or max(seqs) < end:
-            message = sub.get(max(0.01, deadline - time.monotonic()))
-            if message.topic == results:
-                seqs.add(json.loads(message.payload)["seq"])
+
+        def through_end(got: list[Received]) -> bool:
+            nonlocal last_stats
+            if got[-1].topic == results:
+                seqs.add(json.loads(got[-1].payload)["seq"])
             else:
-                last_stats = json.loads(message.payload)
-        while "mqtt" not in last_stats or last_stats["mqtt"]["buffered"] or \
-                not last_stats["mqtt"]["connected"]:  # a stats message from after the flush
-            message = sub.get(10)
-            if message.topic == stats_topic:
-                last_stats = json.loads(message.payload)
+                last_stats = json.loads(got[-1].payload)
+            return max(seqs) >= end
+
+        sub.collect(until=through_end, timeout=60, what=f"results up to seq {end}")
+
+        def flushed(stats: dict) -> bool:  # a stats message from after the flush
+            return ("mqtt" in stats and not stats["mqtt"]["buffered"]
+                    and stats["mqtt"]["connected"])
+
+        if not flushed(last_stats):
+            last_stats = json.loads(sub.collect(
+                stats_topic, until=lambda got: flushed(json.loads(got[-1].payload)), timeout=60,
+                what="stats from after the flush")[-1].payload)
         return seqs, end, last_stats
     finally:
         sub.close()

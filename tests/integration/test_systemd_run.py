@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 from make_demo import write_color_video
-from notify_receiver import NotifyReceiver, has
-from served_daemon import ServeFactory
+from support.daemon import ServeFactory
+from support.notify import NotifyReceiver, has
+from support.polling import wait_until
 
 from edged.ops.client import EdgedClient
 from edged.systemd import Notifier
@@ -68,6 +69,14 @@ class Run:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def report(self) -> str:
+        """What a failed wait prints: how edged ended, if it did, and its output."""
+        code = self.proc.poll()
+        return ("edged runs" if code is None else f"edged exited {code}") + f":\n{self.output()}"
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -84,19 +93,6 @@ def receiver(short_dir: Path) -> Iterator[NotifyReceiver]:
     r = NotifyReceiver(short_dir / "notify")
     yield r
     r.close()
-
-
-def wait_until(what: str, predicate: Any, timeout: float = 30, run: Run | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if run is not None and run.proc.poll() is not None:
-            raise AssertionError(f"edged exited {run.proc.returncode}:\n{run.output()}")
-        assert time.monotonic() < deadline, f"not in {timeout} s: {what}" + (
-            f"\n{run.output()}" if run else "")
-        time.sleep(0.05)
 
 
 def streams_of(client: EdgedClient) -> dict[str, dict[str, Any]]:
@@ -126,8 +122,9 @@ def test_run_under_systemd_notifies_in_order_and_reloads_streams_on_sighup(
             assert receiver.wait_for(has("WATCHDOG", "1"), 5, after=ready_at)
             assert receiver.wait_for(lambda m: "streams 2/2 up" in m.get("STATUS", ""), 30,
                                      after=ready_at), f"no streams-up status:\n{run.output()}"
-            wait_until("stream b processed frames",
-                       lambda: streams_of(client)["b"]["processed"] >= 10, run=run)
+            wait_until(lambda: streams_of(client)["b"]["processed"] >= 10, timeout=30,
+                       interval=0.05, what="stream b processed frames", alive=run.running,
+                       details=run.report)
             b_before = streams_of(client)["b"]
 
             # Reload: a goes, c comes, b is not touched.
@@ -142,15 +139,17 @@ def test_run_under_systemd_notifies_in_order_and_reloads_streams_on_sighup(
             now_usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
             assert 0 < now_usec - int(reloading["MONOTONIC_USEC"]) < 30_000_000
             assert receiver.wait_for(has("READY", "1"), 30, after=reloading_at), run.output()
-            streams = wait_until("c streaming after the reload",
-                                 lambda: (s := streams_of(client)).get("c", {}).get(
-                                     "processed", 0) > 0 and s, run=run)
+            streams = wait_until(lambda: (s := streams_of(client)).get("c", {}).get(
+                                     "processed", 0) > 0 and s, timeout=30, interval=0.05,
+                                 what="c streaming after the reload", alive=run.running,
+                                 details=run.report)
             assert set(streams) == {"b", "c"}
             # Same pipeline, still counting on from before: a restarted one would report a run
             # time shorter than the time since SIGHUP (and count from zero).
-            b_after = wait_until("b still counting after the reload",
-                                 lambda: (b := streams_of(client)["b"])["processed"]
-                                 > b_before["processed"] and b, run=run)
+            b_after = wait_until(lambda: (b := streams_of(client)["b"])["processed"]
+                                 > b_before["processed"] and b, timeout=30, interval=0.05,
+                                 what="b still counting after the reload", alive=run.running,
+                                 details=run.report)
             assert b_after["running_s"] > time.monotonic() - hup_sent
             assert b_after["frames_in"] > b_before["frames_in"]
             assert b_after["reconnects"] == b_before["reconnects"]
@@ -236,7 +235,9 @@ def test_run_when_systemd_passes_the_api_socket_serves_it_and_leaves_it(
             run = Run(config, tmp_path / f"edged-{attempt}.log", {}, pass_fd=listener.fileno())
             runs.append(run)
             with EdgedClient(activated, timeout_s=60) as client:
-                wait_until("ready on the passed socket", client.ready, 60, run=run)
+                wait_until(client.ready, timeout=60, interval=0.05,
+                           what="ready on the passed socket", alive=run.running,
+                           details=run.report)
                 outputs = client.infer("tiny_cls", {"x": X}).outputs
                 assert outputs["prob"].shape == (1, 4)
             assert not configured.exists()  # it never bound its own
@@ -260,8 +261,8 @@ def test_cli_status_when_the_daemon_runs_prints_one_screen(
     served = make_served(cache="preload: [colors]", streams=(
         f"[{{name: cam, source: 'file://{video}', model: colors, loop: true}}]"))
     with served.client() as client:
-        wait_until("cam processed a frame",
-                   lambda: streams_of(client)["cam"]["processed"] > 0)
+        wait_until(lambda: streams_of(client)["cam"]["processed"] > 0, timeout=30,
+                   interval=0.05, what="cam processed a frame")
     assert main(["status", "--socket", str(served.socket)]) == 0
     text = capsys.readouterr().out
     lines = text.splitlines()

@@ -10,7 +10,8 @@ from pathlib import Path
 import make_test_models
 import numpy as np
 import pytest
-from conftest import GateBackend, options, write_yaml
+from support.backends import GateBackend, options
+from support.models import write_yaml
 
 from edged.cache import ModelCache
 from edged.errors import InvalidModel, ModelNotFound, Timeout
@@ -201,7 +202,9 @@ def test_cache_swap_when_eight_clients_call_no_request_fails_and_each_switches_o
 
     def client(i: int) -> None:
         try:
-            for n in range(2000):  # bounded; stops 20 calls after the swap
+            # Bounded (~10 s of calls), but enough to outlast a swap on a loaded machine; stops
+            # 20 calls after the swap.
+            for n in range(200_000):
                 out = scheduler.infer("tiny_cls", {"x": X})["prob"]
                 seen[i].append("old" if np.array_equal(out, old) else "new")
                 if swapped.is_set() and n > 20 and seen[i][-20:] == ["new"] * 20:

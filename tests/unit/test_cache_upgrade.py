@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import options
 from doubles import fake_cudart, fake_tensorrt
 from doubles.fake_cudart import DISCRETE, FakeCudart
+from support.backends import options
 
 from edged import backends
 from edged.backends import (

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import options, write_yaml
 from doubles import fake_cudart
 from doubles.fake_cudart import DISCRETE, JETSON, FakeCudart
+from support.backends import options
+from support.models import write_yaml
 
 from edged.backends import BackendOptions, LoadSpec
 from edged.backends.onnxruntime import OrtSession, device_inputs, provider_chain

@@ -11,7 +11,8 @@ from pathlib import Path
 import make_test_models
 import numpy as np
 import pytest
-from conftest import options, write_yaml
+from support.backends import options
+from support.models import write_yaml
 
 from edged.backends import LoadSpec
 from edged.backends.onnxruntime import OrtBackend

@@ -7,7 +7,7 @@ from pathlib import Path
 import make_test_models
 import numpy as np
 import pytest
-from conftest import write_yaml
+from support.models import write_yaml
 
 from edged.errors import InvalidModel, ModelNotFound
 from edged.model.repository import ModelRepository

@@ -4,13 +4,14 @@ worker mid-inference, so the queue fills exactly as each story needs, without sl
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import GateBackend, write_yaml
+from support.backends import GateBackend, hold_worker, options
+from support.models import cls_input, write_yaml
+from support.polling import wait_until
 
 from edged.cache import ModelCache
 from edged.errors import (
@@ -27,28 +28,10 @@ from edged.scheduler import Scheduler
 Core = tuple[ModelCache, Scheduler]
 
 
-def cls_input(marker: float, rows: int = 1) -> np.ndarray:
-    """A tiny_cls input whose first value identifies the request in the backend's call log."""
-    x = np.random.default_rng(int(marker * 10)).random((rows, 3, 8, 8), dtype=np.float32)
-    x[:, 0, 0, 0] = marker
-    return x
-
-
 def direct(repo: ModelRepository, name: str, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     session = ort.InferenceSession(str(repo.resolve(name).onnx_path),
                                    providers=["CPUExecutionProvider"])
     return session.run(None, inputs)
-
-
-def hold_worker(scheduler: Scheduler, gate: GateBackend, model: str,
-                inputs: dict[str, np.ndarray]) -> Future[dict[str, np.ndarray]]:
-    """Load `model`, then park its worker inside a backend call until gate.gate is set."""
-    scheduler.cache.load(model)
-    gate.reset()
-    gate.gate.clear()
-    future = scheduler.submit(model, inputs)
-    gate.wait_calls(1)
-    return future
 
 
 def markers(gate: GateBackend, name: str = "x") -> list[list[float]]:
@@ -174,8 +157,7 @@ def test_scheduler_infer_when_instance_busy_queues_and_batches(core: Core,
 
 def wait_queued(scheduler: Scheduler, n: int) -> None:
     batcher = scheduler.batchers()[0]
-    with batcher._lock:
-        assert batcher._work.wait_for(lambda: batcher.depth >= n, 10)
+    wait_until(lambda: batcher.depth >= n, timeout=10, what=f"{n} requests queued")
 
 
 def test_batcher_when_priority_outside_levels_is_invalid(core: Core) -> None:
@@ -284,7 +266,6 @@ def test_scheduler_when_model_unknown_raises_not_found(core: Core) -> None:
 
 def test_scheduler_when_version_named_uses_it(tmp_path: Path) -> None:
     import make_test_models
-    from conftest import options
 
     root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
     write_yaml(root, "tiny_cls", "version_policy: {all: true}\n")
@@ -327,8 +308,6 @@ def test_scheduler_when_close_deadline_passes_fails_leftovers(core: Core,
 
 def test_scheduler_with_real_ppocr_cls_when_batched_matches_single_runs(ppocr_cls: Path,
                                                                         tmp_path: Path) -> None:
-    from conftest import options
-
     cache = ModelCache(ModelRepository(ppocr_cls), budget_bytes=1 << 30, options=options(tmp_path))
     scheduler = Scheduler(cache)
     try:

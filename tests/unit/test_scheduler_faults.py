@@ -12,8 +12,9 @@ from pathlib import Path
 import make_test_models
 import numpy as np
 import pytest
-from conftest import GateBackend, options, write_yaml
-from test_scheduler import cls_input, hold_worker
+from support.backends import GateBackend, hold_worker, options
+from support.models import cls_input, write_yaml
+from support.polling import wait_until
 
 from edged.cache import ModelCache
 from edged.errors import InvalidInput, ModelLoadError, ShuttingDown, Timeout
@@ -111,14 +112,13 @@ def test_scheduler_close_when_inline_caller_holds_the_slot_never_runs_two_at_onc
     queued = scheduler.submit("tiny_cls", {"x": cls_input(1.0)})
     closing = close_in_background(scheduler)
     batcher = scheduler.batchers()[0]
-    with batcher._lock:  # wait (bounded) until close() has told the workers to stop
-        assert batcher._work.wait_for(lambda: batcher._stopping, 10)
+    wait_until(lambda: batcher.stopping, timeout=10, what="close() told the workers to stop")
     assert len(gate.calls) == 1  # the queued request waits for the slot, stopping or not
     gate.gate.set()
     for thread in (inline, closing):
         thread.join(10)
     queued.result(0)
-    assert batcher._free == 1
+    assert batcher.free_slots == 1
 
 
 def test_scheduler_close_when_one_model_is_draining_the_others_already_refuse(
@@ -128,8 +128,7 @@ def test_scheduler_close_when_one_model_is_draining_the_others_already_refuse(
     first = hold_worker(scheduler, gate, "tiny_cls", {"x": cls_input(0.5)})
     closing = close_in_background(scheduler)
     cnn = next(b for b in scheduler.batchers() if b.name == "tiny_cnn")
-    with cnn._lock:
-        assert cnn._work.wait_for(lambda: cnn._stopping, 10)
+    wait_until(lambda: cnn.stopping, timeout=10, what="tiny_cnn's batcher stopping")
     with pytest.raises(ShuttingDown):
         scheduler.submit("tiny_cnn", {"image": np.ones((1, 3, 8, 8), np.float32)})
     gate.gate.set()

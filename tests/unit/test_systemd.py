@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from notify_receiver import NotifyReceiver, has
+from support.notify import NotifyReceiver, has
 
 from edged import systemd
 from edged.systemd import JournalHandler, Notifier, encode_fields, listen_fds, setup_logging

@@ -19,6 +19,7 @@ import pytest
 from doubles import fake_cudart, fake_tensorrt
 from doubles.fake_cudart import DISCRETE, FakeCudart
 from doubles.fake_tensorrt import Knobs
+from support.models import qdq_model
 
 from edged import backends
 from edged.backends import BackendOptions, EngineBuilding, FallBack, LoadSpec, choose_backend
@@ -226,8 +227,6 @@ def test_load_when_dynamic_dims_have_no_range_stays_on_the_fallback(
 
 def test_load_when_int8_file_is_quantized_for_cpus_stays_on_the_fallback(
         trt: Knobs, repo: ModelRepository, tmp_path: Path) -> None:
-    from test_trt_plan import qdq_model
-
     path = qdq_model(tmp_path / "model.int8.onnx", np.array(128, np.uint8))
     spec = dataclasses.replace(spec_of(repo, "tiny_cls"), path=path, precision="int8")
     with pytest.raises(FallBack, match="symmetric INT8 Q/DQ only") as refused:

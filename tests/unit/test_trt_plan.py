@@ -9,9 +9,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from support.models import qdq_model
 
 from edged.backends import LoadSpec, ShapeRange
 from edged.backends import engine_cache as ec
@@ -112,18 +111,6 @@ def test_plan_precision(asked: str, qdq: bool, weak: bool, dla: bool, precision:
                         flags: tuple[str, ...], noted: bool) -> None:
     plan = plan_precision(asked, has_qdq=qdq, weak_typing=weak, dla=dla)
     assert (plan.precision, plan.flags, plan.note is not None) == (precision, flags, noted)
-
-
-def qdq_model(path: Path, zero_point: np.ndarray) -> Path:
-    scale = numpy_helper.from_array(np.array(0.1, np.float32), "s")
-    zero = numpy_helper.from_array(zero_point, "z")
-    graph = helper.make_graph(
-        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q0"),
-         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dq0")], "qdq",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [scale, zero])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
 
 
 def test_inspect_qdq_tells_plain_symmetric_and_cpu_style_files(

@@ -5,7 +5,7 @@ edged runs as a real subprocess (`edged run`) on a Unix socket plus a loopback p
 process is the client. (a) c=1 latency, interleaved round by round: direct ORT (a session with
 the daemon's options) vs `EdgedClient` with binary tensors vs the same with tensors in system
 shared memory, on tiny_cls and on PP-OCR det at 1x3x640x640. (b) closed-loop request rates at
-concurrency 1 and 8 on tiny_cls with one lean load generator (`edged.bench.load`) for every
+concurrency 1 and 8 on tiny_cls with one lean load generator (`tools.bench.load`) for every
 server: edged over the socket (binary), edged over TCP with JSON, and MLServer over TCP with
 the byte-identical JSON request (it has neither Unix sockets nor the binary extension).
 """

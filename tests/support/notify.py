@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,16 +44,14 @@ class NotifyReceiver:
     def wait_for(self, predicate: Callable[[Message], bool], timeout: float,
                  after: int = 0) -> tuple[int, Message] | None:
         """The first message from index `after` on that matches, waiting up to `timeout`."""
-        deadline = time.monotonic() + timeout
+        def first() -> tuple[int, Message] | None:
+            for i in range(after, len(self.messages)):
+                if predicate(self.messages[i]):
+                    return i, self.messages[i]
+            return None
+
         with self._cond:
-            while True:
-                for i in range(after, len(self.messages)):
-                    if predicate(self.messages[i]):
-                        return i, self.messages[i]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._cond.wait(left)
+            return self._cond.wait_for(first, timeout)
 
     def count(self, key: str, after: int = 0) -> int:
         with self._cond:

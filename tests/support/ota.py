@@ -7,19 +7,19 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
-import time
 from pathlib import Path
 from typing import Any
 
 import make_test_models
 import numpy as np
 import pytest
-from artifact_server import ArtifactServer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from mosquitto import Subscriber
 
 from edged.ota.manifest import sign_document
+from support.artifacts import ArtifactServer
+from support.broker import Subscriber
+from support.polling import wait_until
 
 X = np.random.default_rng(0).random((1, 3, 8, 8), dtype=np.float32)
 
@@ -49,12 +49,9 @@ def key(tmp_path: Path) -> tuple[Ed25519PrivateKey, Path]:
 
 def statuses(sub: Subscriber, topic: str, until: str, timeout: float = 30) -> list[dict]:
     """Status events on `topic` up to and including the first in state `until`."""
-    got: list[dict] = []
-    deadline = time.monotonic() + timeout
-    while not got or got[-1]["state"] != until:
-        message = sub.wait_for(topic, max(0.1, deadline - time.monotonic()))
-        got.append(json.loads(message.payload))
-    return got
+    messages = sub.collect(topic, until=lambda got: json.loads(got[-1].payload)["state"] == until,
+                           timeout=timeout, what=f"status {until!r}")
+    return [json.loads(m.payload) for m in messages]
 
 
 class Pusher:
@@ -78,12 +75,14 @@ class Pusher:
     def push_until_received(self, topic: str, status: str, version: int, data: bytes) -> dict:
         """Push until the device says `received`: its subscription may not be in place yet
         (a repeat of a manifest being applied is a no-op)."""
-        for _ in range(40):
+        def pushed_and_received() -> dict | None:
             self.push(topic, version, data)
             try:
                 event = json.loads(self.sub.wait_for(status, 0.5).payload)
             except queue.Empty:
-                continue
-            if event["state"] == "received":
-                return event
-        raise AssertionError(f"no 'received' on {status} after 40 pushes")
+                return None
+            return event if event["state"] == "received" else None
+
+        # Each try waits half a second for the answer, so no pause between them.
+        return wait_until(pushed_and_received, timeout=30, interval=0,
+                          what=f"'received' on {status}")

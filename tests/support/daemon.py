@@ -1,11 +1,14 @@
-"""Fixtures (imported by conftest.py): the daemon served in-process on a thread, on a short
-Unix socket path and a loopback port, over the generated tiny model repository."""
+"""The daemon served in-process on a thread, on a short Unix socket path and a loopback port,
+over the generated tiny model repository: `make_served` starts one per call (config extras as
+YAML snippets), `served` is one with the defaults.
+
+The loopback port is picked before the daemon binds it (support.ports); a daemon that finds it
+taken is started again on a fresh one, a bounded number of times."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -18,12 +21,9 @@ import pytest
 from edged.config import DaemonConfig, parse_config
 from edged.daemon import Daemon
 from edged.ops.client import EdgedClient
+from support.ports import free_port, in_use
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+START_TRIES = 3  # fresh loopback ports each time
 
 
 @dataclass
@@ -86,9 +86,10 @@ def make_served(repo_dir: Path, short_dir: Path, tmp_path: Path) -> Iterator[Ser
               streams: str = "[]", ota: str = "", device_id: str = "test",
               models_dir: Path | None = None, health: str = "",
               **daemon_args: Any) -> Served:
-        port = free_port()
         sock = short_dir / (sock_name or f"s{len(stack)}.sock")
-        config = parse_config(f"""device_id: {device_id}
+        for attempt in range(1, START_TRIES + 1):
+            port = free_port()
+            config = parse_config(f"""device_id: {device_id}
 models_dir: {models_dir or repo_dir}
 cache: {{dir: {tmp_path / f'cache-{len(stack)}'}, {cache}}}
 backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: 1}}}}
@@ -98,10 +99,16 @@ streams: {streams}
 ota: {{{ota}}}
 health: {{{health}}}
 """)
-        running = serve(config, **daemon_args)
-        daemon = next(running)
-        stack.append(running)
-        return Served(daemon, sock, f"127.0.0.1:{port}")
+            running = serve(config, **daemon_args)
+            try:
+                daemon = next(running)
+            except OSError as exc:
+                if in_use(exc) and attempt < START_TRIES:
+                    continue  # the port was taken between picking and binding
+                raise
+            stack.append(running)
+            return Served(daemon, sock, f"127.0.0.1:{port}")
+        raise AssertionError("unreachable: the last try returns or raises")
 
     try:
         yield start
