@@ -130,6 +130,26 @@ class MqttConfig:
 
 
 @dataclass(frozen=True)
+class SecondaryConfig:
+    """A model run on crops of a detect stream's detections (a cascade, as DeepStream's
+    secondary GIE and Frigate's sub-labels): one batch of crops per frame."""
+
+    model: str = setting(help="model run on each crop", check=_check_name)
+    labels: list[str] = setting(factory=list, help="detections with these labels are cropped; "
+                                                   "empty = every label")
+    as_: Literal["sub_label", "attributes"] = setting(
+        "sub_label", "sub_label: a classify model's top label and score on the detection; "
+        "attributes: the model's results under its name", key="as")
+    min_score: float = setting(0.0, "detections scoring below this are not cropped",
+                               check=between(0, 1))
+    crop_margin: float = setting(0.1, "each box grows by this share of its width and height "
+                                      "on every side (context for the model)",
+                                 check=between(0, 1))
+    max_crops: int = setting(8, "crops per frame at most: the best-scoring detections",
+                             check=at_least(1))
+
+
+@dataclass(frozen=True)
 class StreamConfig:
     name: str = setting(help="stream name (used in topics)", check=_check_name)
     source: str = setting(help="file://, rtsp://, http(s)://, v4l2://, csi://, gst://, mqtt://")
@@ -154,6 +174,8 @@ class StreamConfig:
     payload: Literal["json", "raw"] = setting(
         "json", "mqtt:// sensors: JSON arrays, or raw little-endian tensors")
     log_results: bool = setting(False, "log one line per result (the demo shows them)")
+    secondary: list[SecondaryConfig] = setting(
+        factory=list, help="models run on crops of this detect stream's detections")
 
 
 @dataclass(frozen=True)

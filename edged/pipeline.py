@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.cascade import Cascade, run_all
 from edged.config import StreamConfig
 from edged.errors import EdgedError
 from edged.model.config import PreprocessConfig
@@ -51,14 +52,17 @@ class _InFlight:
 class PipelineStats:
     processed: int = 0
     failed: int = 0
+    secondary_failed: int = 0  # frames published without what a secondary model would add
     last_error: str | None = None
 
 
 class StreamPipeline:
     def __init__(self, cfg: StreamConfig, source: Source, scheduler: Scheduler,
                  publish: Publish | None, *, backend_of: Callable[[str, int], str] | None = None,
+                 cascades: Sequence[Cascade] = (),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
+        self.cascades = list(cascades)
         self.source = source
         self.scheduler = scheduler
         self.publish = publish
@@ -159,6 +163,8 @@ class StreamPipeline:
         except EdgedError as exc:
             self._failed(item.frame, None, exc)
             return
+        if self.cascades and item.geometry is not None:
+            self._run_cascades(item.frame, results)
         frame = item.frame
         now = self.clock()
         latency_ms = (now - frame.captured_mono) * 1000
@@ -182,6 +188,20 @@ class StreamPipeline:
                                "version": item.model.version})
         if self.publish is not None:
             self.publish(self.cfg.name, json.dumps(message, separators=(",", ":")).encode())
+
+    def _run_cascades(self, frame: Frame, results: dict[str, Any]) -> None:
+        """Secondary models on this frame's detections. A failure is counted and logged; the
+        frame is still published with what the primary model found."""
+        try:
+            run_all(self.cascades, frame.data, results)
+        except EdgedError as exc:
+            with self._lock:
+                self.stats.secondary_failed += 1
+                count = self.stats.secondary_failed
+            if worth_logging(count):
+                logger.warning("stream %s: secondary model failed on frame %d (#%d): %s",
+                               self.cfg.name, frame.seq, count, exc,
+                               extra={"stream": self.cfg.name, "code": exc.code})
 
     def _per_version(self, model: ModelVersion) -> tuple[Postprocessor, str]:
         """Post-processing and backend name of the version that ran, worked out once per
@@ -220,6 +240,7 @@ class StreamPipeline:
             latencies = np.array(self._latencies) if self._latencies else None
             row: dict[str, Any] = {"processed": self.stats.processed,
                                    "failed": self.stats.failed,
+                                   "secondary_failed": self.stats.secondary_failed,
                                    "last_error": self.stats.last_error}
         row.update(self.source.snapshot())
         if latencies is not None:

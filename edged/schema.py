@@ -26,9 +26,10 @@ Check = Callable[[Any], "str | None"]  # returns an error message, or None when 
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, check: Check | None = None,
-            factory: Callable[[], Any] | None = None) -> Any:
-    """Declare a config field with its default, its one-line help and an optional value check."""
-    metadata = {"help": help, "check": check}
+            factory: Callable[[], Any] | None = None, key: str | None = None) -> Any:
+    """Declare a config field with its default, its one-line help and an optional value check.
+    `key`: the YAML key when it cannot be the field's name (a Python keyword such as `as`)."""
+    metadata = {"help": help, "check": check, "key": key}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -213,7 +214,8 @@ def _convert_dataclass(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> A
     if not isinstance(node, yaml.MappingNode):
         return ctx.fail(path, node, f"expected a mapping, got {_kind(node)}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    # YAML key -> field (a field's YAML key is its name unless setting(key=...) says otherwise)
+    fields = {f.metadata.get("key") or f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs: dict[str, Any] = {}
     ok = True
     for key_node, value_node in node.value:
@@ -225,22 +227,23 @@ def _convert_dataclass(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> A
             ctx.fail(key_path, key_node, f"unknown key{hint}")
             ok = False
             continue
-        if key in kwargs:
+        name = fields[key].name
+        if name in kwargs:
             ctx.fail(key_path, key_node, "duplicate key")
             ok = False
             continue
-        value = _convert(hints[key], value_node, key_path, ctx)
+        value = _convert(hints[name], value_node, key_path, ctx)
         check = fields[key].metadata.get("check")
         if value is not INVALID and value is not None and check is not None:
             message = check(value)
             if message:
                 value = ctx.fail(key_path, value_node, message)
         ok = ok and value is not INVALID
-        kwargs[key] = value
-    for name, f in fields.items():
+        kwargs[name] = value
+    for key, f in fields.items():
         no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if name not in kwargs and no_default:
-            ctx.fail(_join(path, name), node, "missing required key")
+        if f.name not in kwargs and no_default:
+            ctx.fail(_join(path, key), node, "missing required key")
             ok = False
     if not ok:
         return INVALID

@@ -10,9 +10,12 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from edged.cascade import Cascade
 from edged.config import StreamConfig
-from edged.errors import EdgedError
+from edged.errors import EdgedError, InvalidModel
 from edged.health import Beating
+from edged.model.config import PostprocessConfig
+from edged.model.repository import ModelVersion
 from edged.pipeline import Publish, StreamPipeline
 from edged.scheduler import Scheduler
 from edged.sources import SensorLink, open_source
@@ -87,6 +90,7 @@ class StreamSet:
             model = self.scheduler.model(cfg.model)
             spec = model.inputs[0]
             sample = spec.shape[1:] if model.max_batch_size > 0 else spec.shape
+            cascades = self._cascades(cfg, model)
             source = open_source(cfg, SensorLink(self.subscribe, self.unsubscribe, sample,
                                                  spec.dtype))
         except EdgedError as exc:
@@ -94,9 +98,22 @@ class StreamSet:
                          extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
             return None
         pipeline = StreamPipeline(cfg, source, self.scheduler, self.publish,
-                                  backend_of=self.backend_of)
+                                  backend_of=self.backend_of, cascades=cascades)
         pipeline.start()
         return pipeline
+
+    def _cascades(self, cfg: StreamConfig, model: ModelVersion) -> list[Cascade]:
+        """The stream's secondary models, each checked (EdgedError names the first that
+        cannot run: the stream is then not started)."""
+        if not cfg.secondary:
+            return []
+        kind = (model.config.postprocess or PostprocessConfig()).kind
+        if kind != "detect" or cfg.source.startswith("mqtt://"):
+            raise InvalidModel(f"stream {cfg.name}: secondary models crop detections, but "
+                               f"{model.label} is a {kind} model"
+                               + (" on a sensor stream" if kind == "detect" else ""))
+        return [Cascade(secondary, self.scheduler, priority=cfg.priority)
+                for secondary in cfg.secondary]
 
     # -- what the rest of the daemon reads ---------------------------------------------------
     def up(self) -> tuple[int, int]:

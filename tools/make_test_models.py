@@ -148,13 +148,46 @@ def make_colors(seed: int = 0) -> onnx.ModelProto:
     )
 
 
+def make_grid_det(seed: int = 0) -> onnx.ModelProto:
+    """A detector whose answer a person can check: the 64x64 RGB input is cut into a 4x4 grid
+    of 16-pixel cells, and each cell is a candidate box (xyxy, input pixels) scored per class
+    by its mean red, green and blue (SSD layout: boxes [N, 16, 4], scores [N, 16, 3]). A
+    square of pure colour on one cell is found there, with that colour as its class."""
+    del seed  # not random: tests check its boxes
+    cells = np.array([[16 * c, 16 * r, 16 * c + 16, 16 * r + 16]
+                      for r in range(4) for c in range(4)], np.float32)[None]
+    nodes = [
+        helper.make_node("AveragePool", ["image"], ["means"], kernel_shape=[16, 16],
+                         strides=[16, 16]),
+        helper.make_node("Reshape", ["means", "flat_shape"], ["per_channel"]),
+        helper.make_node("Transpose", ["per_channel"], ["scores"], perm=[0, 2, 1]),
+        # Boxes do not depend on the input, but carry its batch dim: 0 * score + cell.
+        helper.make_node("ReduceMax", ["scores"], ["any"], axes=[2], keepdims=1),
+        helper.make_node("Mul", ["any", "zero"], ["nothing"]),
+        helper.make_node("Add", ["nothing", "cells"], ["boxes"]),
+    ]
+    return build_model(
+        "grid_det",
+        nodes,
+        [declare_float("image", ["batch", 3, 64, 64])],
+        [declare_float("boxes", ["batch", 16, 4]), declare_float("scores", ["batch", 16, 3])],
+        [numpy_helper.from_array(np.array([0, 3, 16], np.int64), name="flat_shape"),
+         numpy_helper.from_array(np.zeros(1, np.float32), name="zero"),
+         numpy_helper.from_array(cells, name="cells")],
+    )
+
+
 MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "tiny_cls": make_tiny_cls,
     "tiny_cnn": make_tiny_cnn,
     "tiny_nobatch": make_tiny_nobatch,
     "tiny_two_input": make_tiny_two_input,
     "colors": make_colors,
+    "grid_det": make_grid_det,
 }
+# What a repository holds unless names are given: the models every test may rely on. The
+# detectors are written by the tests that use them.
+DEFAULT_NAMES = ("tiny_cls", "tiny_cnn", "tiny_nobatch", "tiny_two_input", "colors")
 
 # Shapes here exclude the batch dimension whenever max_batch_size > 0.
 MODEL_YAML: dict[str, str] = {
@@ -185,10 +218,17 @@ MODEL_YAML: dict[str, str] = {
         "preprocess: {resize: [64, 64], color: rgb}\n"
         "postprocess: {kind: classify, labels: labels.txt, top_k: 1}\n"
     ),
+    "grid_det": (
+        "max_batch_size: 8\n"
+        "preprocess: {resize: [64, 64], color: rgb}\n"
+        "postprocess: {kind: detect, format: ssd, box: xyxy, score_threshold: 0.5,\n"
+        "              labels: labels.txt}\n"
+    ),
 }
 
 # Files beside model.yaml.
-MODEL_FILES: dict[str, dict[str, str]] = {"colors": {"labels.txt": "red\ngreen\nblue\n"}}
+MODEL_FILES: dict[str, dict[str, str]] = {"colors": {"labels.txt": "red\ngreen\nblue\n"},
+                                          "grid_det": {"labels.txt": "red\ngreen\nblue\n"}}
 
 
 def write_model(model: onnx.ModelProto, path: Path) -> Path:
@@ -219,7 +259,7 @@ def write_model_versions(name: str, root: Path, versions: int) -> list[Path]:
 def write_repository_files(
     root: Path, versions: int, names: Iterable[str] | None
 ) -> list[Path]:
-    selected = list(MODELS) if names is None else list(names)
+    selected = list(DEFAULT_NAMES) if names is None else list(names)
     unknown = sorted(set(selected) - set(MODELS))
     if unknown:
         raise ValueError(f"unknown test model(s): {', '.join(unknown)}")

@@ -35,6 +35,14 @@ def target_size(cfg: PreprocessConfig, spec: TensorSpec, frame: np.ndarray) -> t
     return frame.shape[1], frame.shape[0]
 
 
+def tensor_shape(cfg: PreprocessConfig, spec: TensorSpec,
+                 frame: np.ndarray) -> tuple[int, int, int, int]:
+    """The shape `preprocess` gives `frame`: a batch of one in the model's layout."""
+    width, height = target_size(cfg, spec, frame)
+    channels = 1 if cfg.color == "gray" else 3
+    return (1, channels, height, width) if cfg.layout == "nchw" else (1, height, width, channels)
+
+
 def preprocess(frame: np.ndarray, cfg: PreprocessConfig, spec: TensorSpec,
                out: np.ndarray | None = None) -> tuple[np.ndarray, Geometry]:
     """One frame (H x W x 3 BGR, or H x W gray, uint8) as a batch of one for `spec`, written
@@ -44,9 +52,9 @@ def preprocess(frame: np.ndarray, cfg: PreprocessConfig, spec: TensorSpec,
         frame = frame[:, :, None]
     if frame.ndim != 3 or frame.shape[2] not in (1, 3) or 0 in frame.shape:
         raise InvalidInput(f"frame of shape {frame.shape} is not an image")
-    width, height = target_size(cfg, spec, frame)
+    shape = tensor_shape(cfg, spec, frame)
+    width, height = (shape[3], shape[2]) if cfg.layout == "nchw" else (shape[2], shape[1])
     channels = 1 if cfg.color == "gray" else 3
-    shape = (1, channels, height, width) if cfg.layout == "nchw" else (1, height, width, channels)
     if out is None or out.shape != shape or out.dtype != spec.dtype:
         out = np.empty(shape, spec.dtype)
     image = out[0].transpose(1, 2, 0) if cfg.layout == "nchw" else out[0]  # H x W x C view
