@@ -347,6 +347,8 @@ class Daemon:
             await asyncio.to_thread(self.cache.close, timeout_s=UNLOAD_TIMEOUT_S)
             self.shm.close()
             if self.mqtt is not None:
+                for name, payload in self.reporter.offline_states():  # not READY any more
+                    self.mqtt.publish("state", f"models/{name}/state", payload, retain=True)
                 await asyncio.to_thread(self.mqtt.stop, MQTT_STOP_S)
             logger.info("stopped")
             self.notifier.close()

@@ -10,7 +10,9 @@ when there is no connection. paho's network thread reconnects with capped backof
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
+import sys
 import threading
 import time
 from collections import deque
@@ -42,6 +44,7 @@ class LinkStats:
     dropped: int = 0  # lost to a full buffer (oldest first) or refused by paho's bound
     connects: int = 0
     disconnects: int = 0
+    failed_connects: int = 0  # attempts refused, unreachable or failed in TLS
     received: int = 0
     handler_errors: int = 0
     dropped_by_class: dict[str, int] = field(default_factory=dict)
@@ -79,6 +82,8 @@ class MqttLink:
         self._stats = LinkStats()
         self._connected = threading.Event()
         self._stopping = False
+        self._failures = 0  # attempts failed since the last connection (paho's backoff)
+        self._last_failure: str | None = None
         self._client = self._make_client(client_id)
 
     # -- setup -------------------------------------------------------------------------------
@@ -106,6 +111,7 @@ class MqttLink:
         client.max_inflight_messages_set(PAHO_INFLIGHT)
         client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         return client
@@ -220,13 +226,15 @@ class MqttLink:
     def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
                     properties: Any) -> None:
         if reason.is_failure:
-            logger.warning("MQTT: broker refused the connection: %s", reason)
+            self._attempt_failed(f"the broker refused it: {reason}")
             return
         with self._lock:
             self._stats.connects += 1
             self._stats.connected = True
             filters = list(self._handlers)
-        logger.info("MQTT: connected to %s:%d", self.config.host, self.config.port)
+            failures, self._failures, self._last_failure = self._failures, 0, None
+        logger.info("MQTT: connected to %s:%d%s", self.config.host, self.config.port,
+                    f" after {failures} failed attempt(s)" if failures else "")
         client.publish(self.status_topic, b"online", qos=1, retain=True)
         for topic_filter in filters:
             client.subscribe(topic_filter, qos=1)
@@ -241,6 +249,25 @@ class MqttLink:
                 message = self._buffer.popleft()
             self._send(message)
 
+    def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
+        """paho calls this inside its `except OSError` around a connection attempt (refused,
+        unreachable, name not found, TLS): the exception being handled says why."""
+        self._attempt_failed(describe_os_error(sys.exc_info()[1]))
+
+    def _attempt_failed(self, why: str) -> None:
+        """One failed attempt: a warning when the reason is new (the first, or a change), the
+        same reason again at debug level, with when paho tries next."""
+        with self._lock:
+            self._stats.failed_connects += 1
+            self._failures += 1
+            repeated = why == self._last_failure
+            self._last_failure = why
+            delay = min(RECONNECT_MIN_S * 2 ** (self._failures - 1), RECONNECT_MAX_S)
+        (logger.debug if repeated else logger.warning)(
+            "MQTT: cannot connect to %s:%d: %s; next attempt in %g s (backing off to every "
+            "%g s)", self.config.host, self.config.port, why, delay, RECONNECT_MAX_S,
+            extra={"code": "mqtt_connect_failed"})
+
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
                        properties: Any) -> None:
         self._connected.clear()
@@ -250,8 +277,9 @@ class MqttLink:
             if was:
                 self._stats.disconnects += 1
             stopping = self._stopping
-        if not stopping:
-            logger.warning("MQTT: connection lost (%s); reconnecting", reason)
+        if was and not stopping:  # a refused attempt ends here too: _attempt_failed said so
+            logger.warning("MQTT: connection to %s:%d lost (%s); reconnecting",
+                           self.config.host, self.config.port, reason)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -260,8 +288,26 @@ class MqttLink:
                     "published_by_class": dict(s.published_by_class),
                     "buffered": len(self._buffer), "dropped": s.dropped,
                     "dropped_by_class": dict(s.dropped_by_class), "connects": s.connects,
-                    "disconnects": s.disconnects, "received": s.received,
+                    "disconnects": s.disconnects, "failed_connects": s.failed_connects,
+                    "received": s.received,
                     "handler_errors": s.handler_errors}
+
+
+def describe_os_error(exc: BaseException | None) -> str:
+    """Why a connection attempt failed, in words an operator can act on."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS: the broker's certificate is not trusted ({exc.verify_message})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc}"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (is a broker listening on that port?)"
+    if isinstance(exc, socket.gaierror):
+        return f"host name not found ({exc.strerror})"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out (a firewall, or the wrong host?)"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc) or type(exc).__name__
+    return "unknown reason"
 
 
 def _opt(path: Path | None) -> str | None:

@@ -90,13 +90,29 @@ class Reporter:
         """(model, retained state JSON) for each model whose state changed since last asked."""
         changed = []
         for name, row in _latest(self.model_status()).items():
-            payload = json.dumps({"model": name, "version": row.version, "state": row.state,
-                                  "backend": row.backend, "providers": list(row.providers),
-                                  "reason": row.reason}, separators=(",", ":")).encode()
+            payload = _state(name, row.version, row.state, row.backend, list(row.providers),
+                             row.reason)
             if self._states.get(name) != payload:
                 self._states[name] = payload
                 changed.append((name, payload))
         return changed
+
+    def offline_states(self, reason: str = "edged stopped") -> list[tuple[str, bytes]]:
+        """(model, retained state JSON) saying UNAVAILABLE, for every model whose state was
+        published: what the broker keeps once the daemon has stopped cleanly."""
+        offline = []
+        for name, payload in self._states.items():
+            version = json.loads(payload)["version"]
+            offline.append((name, _state(name, version, ModelState.UNAVAILABLE, None, [],
+                                         reason)))
+        return offline
+
+
+def _state(model: str, version: int, state: ModelState, backend: str | None,
+           providers: list[str], reason: str | None) -> bytes:
+    return json.dumps({"model": model, "version": version, "state": state, "backend": backend,
+                       "providers": providers, "reason": reason},
+                      separators=(",", ":")).encode()
 
 
 def _requests(rows: Iterable[InferenceCounters]) -> dict[str, dict[str, dict[str, int]]]:

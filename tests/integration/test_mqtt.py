@@ -4,6 +4,7 @@ dispatch that survives a failing handler."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,9 @@ from pathlib import Path
 import pytest
 from support.broker import PASSWORD, USERNAME, Broker, Subscriber
 from support.polling import wait_until
+from support.ports import free_port
 
+from edged import mqtt
 from edged.config import MqttConfig, TlsConfig
 from edged.errors import ConfigError
 from edged.mqtt import MqttLink, read_password
@@ -155,3 +158,58 @@ def test_mqtt_link_when_a_handler_raises_counts_it_and_keeps_dispatching(
         assert link.stats()["handler_errors"] >= 1
     finally:
         sub.close()
+
+
+def connect_failures(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and "MQTT: cannot connect" in r.getMessage()]
+
+
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """paho retries from 1 s by default; a few attempts fit a test at 20 ms."""
+    monkeypatch.setattr(mqtt, "RECONNECT_MIN_S", 0.02)
+
+
+def test_mqtt_link_when_no_broker_listens_says_why_once_and_keeps_trying(
+        links: list[MqttLink], quick_retries: None, caplog: pytest.LogCaptureFixture) -> None:
+    config = MqttConfig(host="127.0.0.1", port=free_port())
+    link = start(links, config, "t/refused", wait=False)
+    wait_until(lambda: link.stats()["failed_connects"] >= 3, timeout=10,
+               what="three failed attempts")
+    (line,) = connect_failures(caplog)  # the same reason again is not a new warning
+    assert f"cannot connect to 127.0.0.1:{config.port}: connection refused (is a broker " \
+           "listening on that port?); next attempt in" in line
+    assert not link.connected
+
+
+def test_mqtt_link_when_the_password_is_wrong_says_the_broker_refused_it(
+        broker: Broker, links: list[MqttLink], quick_retries: None, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    wrong = tmp_path / "password"
+    wrong.write_text("not-the-password\n")
+    link = start(links, MqttConfig(host="127.0.0.1", port=broker.tls_port, username=USERNAME,
+                                   password_file=wrong, tls=TlsConfig(ca=broker.ca)),
+                 "t/badpass", wait=False)
+    wait_until(lambda: link.stats()["failed_connects"] >= 2, timeout=10,
+               what="two refused attempts")
+    (line,) = connect_failures(caplog)
+    assert "the broker refused it: " in line
+    assert "Not authorized" in line or "Bad user name or password" in line
+
+
+# paho 2.x drops the socket of a failed TLS handshake without closing it; the garbage
+# collector closes it (with a ResourceWarning), so nothing accumulates, but pytest sees it.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_mqtt_link_when_the_broker_certificate_is_not_trusted_says_so(
+        broker: Broker, links: list[MqttLink], quick_retries: None,
+        caplog: pytest.LogCaptureFixture) -> None:
+    untrusted = broker.directory / "server.crt"  # not a CA: nothing it signed is trusted
+    link = start(links, MqttConfig(host="127.0.0.1", port=broker.tls_port, username=USERNAME,
+                                   password_file=broker.password_file,
+                                   tls=TlsConfig(ca=untrusted)),
+                 "t/untrusted", wait=False)
+    wait_until(lambda: link.stats()["failed_connects"] >= 2, timeout=10,
+               what="two failed TLS handshakes")
+    (line,) = connect_failures(caplog)
+    assert "TLS: the broker's certificate is not trusted" in line
