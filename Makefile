@@ -19,11 +19,12 @@ setup: $(STAMP)
 
 # The daemon on the default config: the demo video through the demo model, results in the
 # terminal and on MQTT at 127.0.0.1:1883 when a broker is there. State stays under var/.
+# ARGS reach `edged run`: make run ARGS="--http 127.0.0.1:8000" (Triton's clients).
 run: setup
 	@test -f $(DEMO)/colors.avi || (cd tools && ../$(BIN)/python make_demo.py ../$(DEMO))
 	$(BIN)/edged run --config deploy/edged.yaml --models-dir $(DEMO)/models \
 		--cache-dir $(DEMO)/cache --socket $(DEMO)/edged.sock \
-		--source demo=file://$(abspath $(DEMO))/colors.avi
+		--source demo=file://$(abspath $(DEMO))/colors.avi $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check edged tools tests

@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 from pathlib import Path
 
-from edged.config import DEFAULT_CONFIG_PATH, DaemonConfig, load_config, with_overrides
+from edged.config import (
+    DEFAULT_CONFIG_PATH,
+    DaemonConfig,
+    builtin_config,
+    default_socket,
+    load_config,
+    with_overrides,
+)
 from edged.errors import ConfigError, EdgedError
 from edged.model.repository import ModelRepository
 from edged.ops.commands import Command, add_commands
+
+logger = logging.getLogger(__name__)
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
@@ -21,12 +31,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
         "operator commands")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the daemon")
-    run.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH,
-                     help="daemon YAML file")
-    run.add_argument("--models-dir", type=Path, help="override models_dir")
+    run = sub.add_parser(
+        "run", help="run the daemon",
+        description="Serve a model repository. Without a config file (none at "
+                    f"{DEFAULT_CONFIG_PATH} and no --config), built-in defaults: models in "
+                    f"{DaemonConfig().models_dir}, the API on {default_socket()}, MQTT off.")
+    run.add_argument("--config", type=Path,
+                     help=f"daemon YAML file (default: {DEFAULT_CONFIG_PATH} when it exists, "
+                          "else built-in defaults)")
+    run.add_argument("--models-dir", type=Path, help="override models_dir (default: "
+                                                     f"{DaemonConfig().models_dir})")
     run.add_argument("--cache-dir", type=Path, help="override cache.dir")
-    run.add_argument("--socket", type=Path, help="override api.socket")
+    run.add_argument("--socket", type=Path, help=f"override api.socket (default: "
+                                                 f"{default_socket()})")
     run.add_argument("--http", metavar="HOST:PORT", help="also listen on a loopback TCP port")
     run.add_argument("--source", action="append", default=[], metavar="STREAM=URI",
                      help="point a configured stream at another source (repeatable)")
@@ -46,8 +63,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def read_config() -> DaemonConfig:
         """The file with the command line's overrides: at start, and again on SIGHUP."""
-        config = with_overrides(load_config(args.config), models_dir=args.models_dir,
-                                socket=args.socket, http=args.http, sources=sources)
+        file = args.config or (DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None)
+        base = load_config(file) if file is not None else builtin_config()
+        config = with_overrides(base, models_dir=args.models_dir, socket=args.socket,
+                                http=args.http, sources=sources)
         if args.cache_dir:
             config = dataclasses.replace(config, cache=dataclasses.replace(config.cache,
                                                                            dir=args.cache_dir))
@@ -58,6 +77,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = read_config()
     systemd.setup_logging(config.logging.level, config.logging.target)
+    if args.config is None and not DEFAULT_CONFIG_PATH.exists():
+        logger.info("no config file (%s is absent): built-in defaults, models in %s, the API "
+                    "on %s, MQTT off", DEFAULT_CONFIG_PATH, config.models_dir, config.api.socket)
     Daemon(config, reload_config=read_config).run()
     return 0
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -13,6 +15,20 @@ from edged.errors import ConfigError, ConfigIssue
 from edged.schema import Parsed, at_least, between, parse, parse_file, setting
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")  # what `edged run` reads without --config
+SYSTEM_SOCKET = Path("/run/edged/edged.sock")  # the service's (systemd makes /run/edged)
+
+
+def default_socket() -> Path:
+    """Where the API listens when the config names no socket: the service's path for root or
+    where /run/edged is writable, else the user's runtime directory ($XDG_RUNTIME_DIR, as a
+    desktop session or `systemd --user` sets it; /tmp/edged-<uid>.sock without one)."""
+    if os.geteuid() == 0 or os.access(SYSTEM_SOCKET.parent, os.W_OK):
+        return SYSTEM_SOCKET
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "edged.sock"
+    return Path(tempfile.gettempdir()) / f"edged-{os.getuid()}.sock"
+
 STREAM_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst", "mqtt")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -93,7 +109,9 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class ApiConfig:
-    socket: Path = setting(Path("/run/edged/edged.sock"), "Unix socket of the KServe v2 API")
+    socket: Path = setting(factory=default_socket, help="Unix socket of the KServe v2 API; "
+                           "unset: /run/edged/edged.sock, or $XDG_RUNTIME_DIR/edged.sock for a "
+                           "user who cannot write /run/edged")
     socket_mode: str = setting("0660", "socket file mode (octal, quoted)", check=_check_mode)
     socket_group: str | None = setting(None, "group owning the socket; null = unchanged")
     http: str | None = setting(None, "optional loopback TCP listener HOST:PORT",
@@ -269,6 +287,12 @@ def _validated(parsed: Parsed[DaemonConfig], file: str | None) -> DaemonConfig:
 def load_config(path: Path) -> DaemonConfig:
     """Read and validate a daemon config file; raises ConfigError listing every problem."""
     return _validated(parse_file(DaemonConfig, path), str(path))
+
+
+def builtin_config() -> DaemonConfig:
+    """What `edged run` serves with no config file: every default, MQTT off (there is no
+    broker to assume)."""
+    return dataclasses.replace(DaemonConfig(), mqtt=MqttConfig(enabled=False))
 
 
 def parse_config(text: str) -> DaemonConfig:

@@ -34,9 +34,9 @@ from edged.api.protocol import (
     encode_request,
     triton_dtype,
 )
+from edged.config import default_socket
 from edged.errors import EdgedError
 
-DEFAULT_SOCKET = Path("/run/edged/edged.sock")
 IDLE_RECONNECT_S = 30.0  # well under aiohttp's 75 s keep-alive timeout
 SHM_DIR = Path("/dev/shm")
 
@@ -61,22 +61,34 @@ class _UnixConnection(httplib.HTTPConnection):
         sock.settimeout(self.timeout)
         try:
             sock.connect(self._path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            why = (exc.strerror or type(exc).__name__).lower()
+            raise DaemonNotListening(
+                f"no edged daemon listens on {self._path} ({why}): start one with `edged run`, "
+                "or name its socket with --socket") from exc
         except OSError:
             sock.close()
             raise
         self.sock = sock
 
 
+class DaemonNotListening(ConnectionError):
+    """Nothing accepts connections on the daemon's socket: no daemon runs there."""
+
+
 class EdgedClient:
-    def __init__(self, socket_path: Path | str = DEFAULT_SOCKET, *, http: str | None = None,
+    def __init__(self, socket_path: Path | str | None = None, *, http: str | None = None,
                  timeout_s: float = 60.0) -> None:
-        """Talk to the Unix socket at `socket_path`, or to `http` (HOST:PORT) when given."""
+        """Talk to the Unix socket at `socket_path` (default: where `edged run` listens
+        without a config file), or to `http` (HOST:PORT) when given."""
         if http is not None:
             host, _, port = http.rpartition(":")
             self._conn: httplib.HTTPConnection = httplib.HTTPConnection(
                 host.strip("[]"), int(port), timeout=timeout_s)
         else:
-            self._conn = _UnixConnection(os.fspath(socket_path), timeout_s)
+            path = default_socket() if socket_path is None else socket_path
+            self._conn = _UnixConnection(os.fspath(path), timeout_s)
         self._last_used = 0.0
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edged.api.protocol import TRITON_TO_NUMPY
-from edged.config import DEFAULT_CONFIG_PATH, DaemonConfig, load_config
+from edged.config import DEFAULT_CONFIG_PATH, default_socket, load_config
 from edged.errors import InvalidInput
 from edged.model.config import PreprocessConfig
 from edged.model.tensor import TensorSpec
@@ -107,7 +107,7 @@ def _client(args: argparse.Namespace) -> EdgedClient:
     socket = args.socket
     if socket is None:
         socket = load_config(args.config).api.socket if args.config.exists() else \
-            DaemonConfig().api.socket
+            default_socket()
     return EdgedClient(socket)
 
 

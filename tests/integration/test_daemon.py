@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from edged.cli import main
+from edged.ops.client import EdgedClient
 
 
 class LogReader:
@@ -115,3 +116,36 @@ def test_daemon_when_config_invalid_exits_one_naming_the_line(
     config.write_text("device_id: x\nstreams:\n  - {name: a, source: 'rtmp://x', model: m}\n")
     assert main(["run", "--config", str(config)]) == 1
     assert "streams[0].source: unsupported scheme 'rtmp' (line 3)" in capsys.readouterr().err
+
+
+def test_daemon_when_no_config_file_exists_serves_the_models_dir_on_builtin_defaults(
+        repo_dir: Path, short_dir: Path, tmp_path: Path) -> None:
+    assert not Path("/etc/edged/edged.yaml").exists()  # this test is about its absence
+    sock = short_dir / "d.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--models-dir",
+                             str(repo_dir), "--socket", str(sock), "--cache-dir",
+                             str(tmp_path / "cache")], stderr=subprocess.PIPE, text=True)
+    log = LogReader(proc)
+    try:
+        line = log.wait_for("no config file")
+        assert f"built-in defaults, models in {repo_dir}, the API on {sock}, MQTT off" in line
+        log.wait_for("running with 5 model(s)")
+        with EdgedClient(sock) as client:
+            assert client.ready()
+            assert {row["name"] for row in client.models()} >= {"tiny_cls", "colors"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+def test_status_when_no_daemon_listens_names_the_socket_and_says_so(
+        short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sock = short_dir / "absent.sock"
+    assert main(["status", "--socket", str(sock)]) == 1
+    assert capsys.readouterr().err == (
+        f"edged: no edged daemon listens on {sock} (no such file or directory): start one "
+        "with `edged run`, or name its socket with --socket\n")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from edged import config as config_module
 from edged.cli import main
-from edged.config import load_config, parse_config, with_overrides
+from edged.config import DaemonConfig, default_socket, load_config, parse_config, with_overrides
 from edged.errors import ConfigError
 from edged.model.config import BatchingConfig, ModelConfig
 from edged.schema import parse
@@ -144,3 +146,20 @@ def test_check_config_when_a_model_is_broken_names_it(
 def test_config_when_stream_capture_size_is_not_width_height_names_it() -> None:
     text = 'streams: [{name: a, source: "v4l2:///dev/video0", model: m, size: [640]}]\n'
     assert errors_of(text) == ["streams[0].size: size must be [width, height] > 0 (line 1)"]
+
+
+def test_default_socket_when_a_user_cannot_write_run_edged_is_in_their_runtime_dir(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(config_module.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(config_module.os, "getuid", lambda: 1000)
+    monkeypatch.setattr(config_module.os, "access", lambda path, mode: False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert default_socket() == Path("/run/user/1000/edged.sock")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert default_socket() == Path(tempfile.gettempdir()) / "edged-1000.sock"
+
+
+def test_default_socket_when_root_is_the_services_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(config_module.os, "geteuid", lambda: 0)
+    assert default_socket() == Path("/run/edged/edged.sock")
+    assert DaemonConfig().api.socket == Path("/run/edged/edged.sock")
