@@ -277,16 +277,9 @@ def check_cache(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
 CHECKS = (check_streams, check_cache)
 
 
-def _validated(parsed: Parsed[DaemonConfig], file: str | None) -> DaemonConfig:
-    issues = [issue for check in CHECKS for issue in check(parsed)]
-    if issues:
-        raise ConfigError([dataclasses.replace(i, file=file) for i in issues])
-    return parsed.value
-
-
 def load_config(path: Path) -> DaemonConfig:
     """Read and validate a daemon config file; raises ConfigError listing every problem."""
-    return _validated(parse_file(DaemonConfig, path), str(path))
+    return parse_file(DaemonConfig, path, CHECKS).value
 
 
 def builtin_config() -> DaemonConfig:
@@ -296,7 +289,7 @@ def builtin_config() -> DaemonConfig:
 
 
 def parse_config(text: str) -> DaemonConfig:
-    return _validated(parse(DaemonConfig, text), None)
+    return parse(DaemonConfig, text, checks=CHECKS).value
 
 
 def with_overrides(config: DaemonConfig, *, models_dir: Path | None = None,

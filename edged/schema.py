@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
@@ -56,14 +56,20 @@ class _Context:
     loader: yaml.SafeLoader
     issues: list[ConfigIssue] = field(default_factory=list)
     lines: dict[str, int] = field(default_factory=dict)
+    # The top-level keys that did convert, kept when others did not: cross-field checks still
+    # run on them, so one bad section does not hide the errors of the others.
+    converted: dict[str, Any] = field(default_factory=dict)
 
     def fail(self, path: str, node: yaml.Node, message: str) -> Any:
         self.issues.append(ConfigIssue(path, message, node.start_mark.line + 1))
         return INVALID
 
 
-def parse(cls: type[T], text: str, *, file: str | None = None) -> Parsed[T]:
-    """Parse YAML text into `cls` (a dataclass), or raise ConfigError with every issue."""
+def parse(cls: type[T], text: str, *, file: str | None = None,
+          checks: Sequence[Callable[[Parsed[T]], list[ConfigIssue]]] = ()) -> Parsed[T]:
+    """Parse YAML text into `cls` (a dataclass) and run the cross-field `checks` on it, or
+    raise ConfigError with every issue. When some keys do not convert, the checks run on the
+    rest (those keys at their defaults), so every error is reported at once."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -80,17 +86,26 @@ def parse(cls: type[T], text: str, *, file: str | None = None) -> Parsed[T]:
         value = _convert(cls, node, "", ctx)
     finally:
         loader.dispose()
-    if ctx.issues:
-        raise ConfigError([dataclasses.replace(i, file=file) for i in ctx.issues])
+    issues = list(ctx.issues)
+    if issues:  # the value may hold INVALID items: check only what converted
+        try:
+            value = cls(**ctx.converted)
+        except TypeError:  # a required key is missing: no partial value to check
+            value = INVALID
+    if value is not INVALID:
+        issues += [issue for check in checks for issue in check(Parsed(value, ctx.lines))]
+    if issues:
+        raise ConfigError([dataclasses.replace(i, file=file) for i in issues])
     return Parsed(value, ctx.lines)
 
 
-def parse_file(cls: type[T], path: Path) -> Parsed[T]:
+def parse_file(cls: type[T], path: Path,
+               checks: Sequence[Callable[[Parsed[T]], list[ConfigIssue]]] = ()) -> Parsed[T]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigIssue("", f"cannot read: {exc}", None, str(path))]) from exc
-    return parse(cls, text, file=str(path))
+    return parse(cls, text, file=str(path), checks=checks)
 
 
 def _join(path: str, key: str) -> str:
@@ -240,6 +255,9 @@ def _convert_dataclass(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> A
                 value = ctx.fail(key_path, value_node, message)
         ok = ok and value is not INVALID
         kwargs[name] = value
+        if not path and value is not INVALID:  # items that did not convert are left out
+            ctx.converted[name] = [v for v in value if v is not INVALID] \
+                if isinstance(value, list) else value
     for key, f in fields.items():
         no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if f.name not in kwargs and no_default:

@@ -163,3 +163,11 @@ def test_default_socket_when_root_is_the_services_path(monkeypatch: pytest.Monke
     monkeypatch.setattr(config_module.os, "geteuid", lambda: 0)
     assert default_socket() == Path("/run/edged/edged.sock")
     assert DaemonConfig().api.socket == Path("/run/edged/edged.sock")
+
+
+def test_config_when_one_section_is_wrong_still_reports_the_others_cross_checks() -> None:
+    text = ("mqtt: {port: x}\n"
+            "streams:\n"
+            "  - {name: a, source: 'rtmp://x', model: m}\n")
+    assert errors_of(text) == ["mqtt.port: expected an integer, got 'x' (line 1)",
+                               "streams[0].source: unsupported scheme 'rtmp' (line 3)"]
