@@ -21,6 +21,7 @@ from support.daemon import Served, ServeFactory
 
 from edged.api.protocol import RequestedOutput, ShmRef
 from edged.cli import main
+from edged.model.int8_report import read_report
 from edged.ops.client import SharedRegion
 
 
@@ -144,3 +145,18 @@ def test_stream_when_the_model_has_a_static_batch_of_one_classifies_every_frame(
                                                                      10)
     snapshot = served.daemon.pipelines[0].snapshot()
     assert snapshot["failed"] == 0 and snapshot["last_error"] is None
+
+
+def test_quantize_when_the_graph_has_a_static_batch_of_four_calibrates_and_gates_it(
+        repo_dir: Path, tmp_path: Path) -> None:
+    make_test_models.write_repository(repo_dir, names=["tiny_cnn_b4"])
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "samples.npy", rng.standard_normal((24, 3, 8, 8)).astype(np.float32))
+    # One sample at a time, each filling the graph's four rows: the run gets to the gate.
+    code = main(["quantize", "tiny_cnn_b4", "--models-dir", str(repo_dir), "--calibration",
+                 str(tmp_path / "samples.npy")])
+    report = read_report(repo_dir / "tiny_cnn_b4" / "1")
+    assert report is not None
+    assert report.calibration["samples"] + report.calibration["held_out"] == 24
+    assert report.metrics["top1_agreement"] is not None
+    assert code == (0 if report.accepted else 1)
