@@ -197,9 +197,9 @@ def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int
                 raise InvalidInput(f"{model.label}: inputs disagree on the batch size")
             key.append(array.shape[1:])
     if batched and not 1 <= rows <= model.max_batch_size:
-        fixed = model.fixed_batch
-        why = (f" (its ONNX graph has a fixed batch dim of {fixed}: send at most "
-               f"{model.max_batch_size} rows per request)" if fixed else "")
+        fixed, most = model.fixed_batch, model.max_batch_size
+        why = (f" (its ONNX graph has a fixed batch dim of {fixed}: a request brings at most "
+               f"{most} {'row' if most == 1 else 'rows'})" if fixed else "")
         raise InvalidInput(f"{model.label}: batch of {rows} is outside "
                            f"1..{model.max_batch_size}{why}")
     return rows, (tuple(key) if batched else None)

@@ -206,9 +206,11 @@ def test_scheduler_infer_when_the_batch_is_fixed_pads_a_request_run_inline(
 
 @pytest.mark.parametrize(("model", "x", "message"), [
     ("colors_b1", images(0, rows=2), r"colors_b1:1: batch of 2 is outside 1..1 \(its ONNX "
-                                     r"graph has a fixed batch dim of 1: send at most 1 rows"),
+                                     r"graph has a fixed batch dim of 1: a request brings at "
+                                     r"most 1 row\)"),
     ("tiny_cnn_b4", images(0, rows=5, size=8), r"batch of 5 is outside 1..4 \(its ONNX graph "
-                                               r"has a fixed batch dim of 4"),
+                                               r"has a fixed batch dim of 4: a request brings "
+                                               r"at most 4 rows\)"),
     ("colors_b1", images(0)[0], r"input image has shape \[3, 64, 64\], expected \[-1, 3, 64, "
                                 r"64\]; the first dim is the batch dim: send \[1, 3, 64, 64\]"),
 ])
