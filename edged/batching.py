@@ -15,6 +15,7 @@ import numpy as np
 from edged.errors import InvalidInput
 from edged.model.config import BatchingConfig
 from edged.model.repository import ModelVersion
+from edged.model.tensor import TensorSpec
 
 Outputs = dict[str, np.ndarray]
 ShapeKey = tuple[tuple[int, ...], ...] | None
@@ -171,7 +172,9 @@ class RequestQueue:
 
 
 def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int, ShapeKey]:
-    """Check names, dtypes and shapes; return (rows, shape key for batching compatibility)."""
+    """Check names, dtypes and shapes; return (rows, shape key for batching compatibility).
+    A batched model takes 1..max_batch_size rows, whether its graph's batch dim is dynamic or
+    fixed (the batcher pads a fixed one)."""
     specs = model.inputs
     if len(inputs) != len(specs) or any(s.name not in inputs for s in specs):
         raise InvalidInput(f"{model.label} expects inputs {[s.name for s in specs]}, "
@@ -186,10 +189,7 @@ def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int
         if array.dtype != spec.dtype:
             raise InvalidInput(f"{model.label}: input {spec.name} has dtype {array.dtype}, "
                                f"expected {spec.dtype}")
-        if array.ndim != len(spec.shape) or any(
-                want not in (-1, got) for got, want in zip(array.shape, spec.shape, strict=True)):
-            raise InvalidInput(f"{model.label}: input {spec.name} has shape {list(array.shape)}, "
-                               f"expected {list(spec.shape)}")
+        _check_shape(model, spec, array.shape, batched)
         if batched:
             if i == 0:
                 rows = array.shape[0]
@@ -197,8 +197,32 @@ def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int
                 raise InvalidInput(f"{model.label}: inputs disagree on the batch size")
             key.append(array.shape[1:])
     if batched and not 1 <= rows <= model.max_batch_size:
-        raise InvalidInput(f"{model.label}: batch of {rows} is outside 1..{model.max_batch_size}")
+        fixed, most = model.fixed_batch, model.max_batch_size
+        why = (f" (its ONNX graph has a fixed batch dim of {fixed}: a request brings at most "
+               f"{most} {'row' if most == 1 else 'rows'})" if fixed else "")
+        raise InvalidInput(f"{model.label}: batch of {rows} is outside "
+                           f"1..{model.max_batch_size}{why}")
     return rows, (tuple(key) if batched else None)
+
+
+def _check_shape(model: ModelVersion, spec: TensorSpec, shape: tuple[int, ...],
+                 batched: bool) -> None:
+    """InvalidInput unless `shape` fits `spec` (the batch dim, when batched, is any size)."""
+    dims = spec.shape[1:] if batched else spec.shape
+    given = shape[1:] if batched else shape
+
+    def fits(got: tuple[int, ...]) -> bool:
+        return len(got) == len(dims) and all(
+            want in (-1, size) for size, want in zip(got, dims, strict=True))
+
+    if len(shape) == len(spec.shape) and fits(given):
+        return
+    expected = [-1, *dims] if batched else list(dims)
+    hint = ""
+    if batched and fits(shape):  # one sample without its batch dim
+        hint = f"; the first dim is the batch dim: send {[1, *shape]} for one sample"
+    raise InvalidInput(f"{model.label}: input {spec.name} has shape {list(shape)}, "
+                       f"expected {expected}{hint}")
 
 
 def split(batch: list[Request], outputs: Outputs, version: int | None = None) -> None:

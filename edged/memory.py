@@ -32,17 +32,22 @@ class BufferPool(Protocol):
     def take(self, name: str, rows: int, tail: tuple[int, ...],
              dtype: np.dtype) -> np.ndarray: ...
 
-    def concatenate(self, name: str, parts: Sequence[np.ndarray]) -> np.ndarray: ...
+    def concatenate(self, name: str, parts: Sequence[np.ndarray],
+                    rows: int | None = None) -> np.ndarray: ...
 
     def close(self) -> None: ...
 
 
-def concatenate_into(pool: BufferPool, name: str, parts: Sequence[np.ndarray]) -> np.ndarray:
-    """Stack request arrays along axis 0 into `pool`'s buffer for `name` (one copy)."""
+def concatenate_into(pool: BufferPool, name: str, parts: Sequence[np.ndarray],
+                     rows: int | None = None) -> np.ndarray:
+    """Stack request arrays along axis 0 into `pool`'s buffer for `name` (one copy). With
+    `rows` beyond theirs, zero rows follow them up to `rows` (a graph whose batch dim is
+    fixed takes no fewer)."""
     first = parts[0]
-    rows = sum(p.shape[0] for p in parts)
-    out = pool.take(name, rows, first.shape[1:], first.dtype)
-    np.concatenate(parts, axis=0, out=out)
+    real = sum(p.shape[0] for p in parts)
+    out = pool.take(name, max(real, rows or 0), first.shape[1:], first.dtype)
+    np.concatenate(parts, axis=0, out=out[:real])
+    out[real:] = 0  # the buffer is reused: the padding must not hold an earlier batch's rows
     return out
 
 
@@ -63,8 +68,9 @@ class HostBufferPool:
             self._buffers[name] = buf
         return buf[:rows]
 
-    def concatenate(self, name: str, parts: Sequence[np.ndarray]) -> np.ndarray:
-        return concatenate_into(self, name, parts)
+    def concatenate(self, name: str, parts: Sequence[np.ndarray],
+                    rows: int | None = None) -> np.ndarray:
+        return concatenate_into(self, name, parts, rows)
 
     def close(self) -> None:
         self._buffers.clear()
@@ -271,8 +277,9 @@ class DeviceBufferPool:
             self._buffers[name] = held
         return held[0].view((held[3], *tail), dtype)[:rows]
 
-    def concatenate(self, name: str, parts: Sequence[np.ndarray]) -> np.ndarray:
-        return concatenate_into(self, name, parts)
+    def concatenate(self, name: str, parts: Sequence[np.ndarray],
+                    rows: int | None = None) -> np.ndarray:
+        return concatenate_into(self, name, parts, rows)
 
     def close(self) -> None:
         for buffer, *_ in self._buffers.values():

@@ -5,7 +5,8 @@ Each model has a `Batcher`: a bounded priority queue (`QueueFull`), deadlines en
 requests wait (an expired request fails with `Timeout` and is never run), and N instance
 slots served by N worker threads. A worker leases the model from the cache, cuts the next
 batch (waiting up to `max_queue_delay_us` for it to grow), concatenates it along axis 0 into
-a pooled buffer, runs one inference and splits the outputs back.
+a pooled buffer (padded with zero rows when the graph's batch dim is fixed), runs one
+inference and splits the outputs back.
 
 Futures are completed outside the batcher's lock: a caller's done-callback may submit again.
 """
@@ -43,7 +44,7 @@ from edged.errors import (
     ShuttingDown,
     Timeout,
 )
-from edged.memory import BufferPool, new_pool
+from edged.memory import BufferPool, HostBufferPool, new_pool
 from edged.model.repository import ModelVersion
 
 logger = logging.getLogger(__name__)
@@ -185,8 +186,7 @@ class Batcher:
                     request.rows, request.shape_key = validate(self._model, inputs)
                 with self._lock:
                     self._in_flight += 1
-                deliveries.append(self._execute([request], lease.session, None,
-                                                 lease.model.version))
+                deliveries.append(self._execute([request], lease.session, None, lease.model))
         finally:
             self._release_slot()
         for deliver in deliveries:
@@ -196,7 +196,8 @@ class Batcher:
     # -- workers -----------------------------------------------------------------------------
     def _work_loop(self) -> None:
         # CUDA memory where the machine has it (edged.memory): a GPU backend reads it in place.
-        pool = new_pool(self._policy.max_batch, self.cache.options.memory)
+        pool = new_pool(max(self._policy.max_batch, self._model.fixed_batch or 0),
+                        self.cache.options.memory)
         while True:
             with self._lock:
                 while not ((self._queue and self._free > 0)
@@ -247,8 +248,7 @@ class Batcher:
             if expired:
                 deliveries.append(partial(self._time_out, expired))
             if batch:
-                deliveries.append(self._execute(batch, lease.session, pool,
-                                                 lease.model.version))
+                deliveries.append(self._execute(batch, lease.session, pool, lease.model))
         return deliveries
 
     def _adopt(self, model: ModelVersion) -> list[Delivery]:
@@ -292,24 +292,36 @@ class Batcher:
         return queue.pop(count), expired
 
     def _execute(self, batch: list[Request], session: Session, pool: BufferPool | None,
-                 version: int) -> Delivery:
-        """Run one batch; return the call that hands its results (or error) to the callers."""
+                 model: ModelVersion) -> Delivery:
+        """Run one batch on `model`'s session; return the call that hands its results (or
+        error) to the callers. A graph with a fixed batch dim gets its batch padded with zero
+        rows, in the same one copy, and the callers get the real rows back."""
         started = time.perf_counter_ns()
         now = self._clock()
         queued_s = sum(now - r.enqueued for r in batch)
         rows = sum(r.rows for r in batch)
+        sent = max(rows, model.fixed_batch or 0)
         failure: EdgedError | None = None
         outputs: Outputs = {}
+        inputs: Mapping[str, np.ndarray]
         try:
-            if len(batch) == 1 or pool is None:
+            if sent > rows:
+                staging = pool or HostBufferPool(sent)  # inline callers bring no pool
+                inputs = {name: staging.concatenate(name, [r.inputs[name] for r in batch],
+                                                    sent)
+                          for name in batch[0].inputs}
+            elif len(batch) == 1 or pool is None:
                 inputs = batch[0].inputs  # a request that is a batch of its own: no copy
             else:
                 inputs = {name: pool.concatenate(name, [r.inputs[name] for r in batch])
                           for name in batch[0].inputs}
             outputs = session.infer(inputs)
-            if len(batch) > 1 and any(v.shape[:1] != (rows,) for v in outputs.values()):
+            if (len(batch) > 1 or sent > rows) and any(v.shape[:1] != (sent,)
+                                                       for v in outputs.values()):
                 failure = InferenceFailed(f"{self.label}: outputs do not keep the batch dim "
-                                          f"of {rows} rows; set max_batch_size: 0")
+                                          f"of {sent} rows; set max_batch_size: 0")
+            elif sent > rows:
+                outputs = {k: v[:rows] for k, v in outputs.items()}  # the padding's rows go
         except Exception as exc:  # the backend call: fail this batch only, keep the worker
             logger.exception("%s: inference failed for a batch of %d", self.label, rows)
             failure = InferenceFailed(f"{self.label}: inference failed: {exc}")
@@ -333,7 +345,7 @@ class Batcher:
             self._in_flight -= len(batch)
         if failure is not None:
             return partial(_fail_all, batch, failure)
-        return partial(split, batch, outputs, version)
+        return partial(split, batch, outputs, model.version)
 
     def _fail(self, requests: list[Request], error: EdgedError) -> None:
         with self._lock:

@@ -128,7 +128,7 @@ def make_tiny_two_input(seed: int = 0) -> onnx.ModelProto:
     )
 
 
-def make_colors(seed: int = 0) -> onnx.ModelProto:
+def make_colors(seed: int = 0, batch: Dim = "batch") -> onnx.ModelProto:
     """The demo model: which of red, green, blue dominates an RGB image (0..1). Mean per
     channel, sharpened, softmax: a real image classifier whose answer a person can check."""
     del seed  # not random: the demo's answers must be right
@@ -142,8 +142,8 @@ def make_colors(seed: int = 0) -> onnx.ModelProto:
     return build_model(
         "colors",
         nodes,
-        [declare_float("image", ["batch", 3, 64, 64])],
-        [declare_float("prob", ["batch", 3])],
+        [declare_float("image", [batch, 3, 64, 64])],
+        [declare_float("prob", [batch, 3])],
         [sharpen],
     )
 
@@ -177,6 +177,31 @@ def make_grid_det(seed: int = 0) -> onnx.ModelProto:
     )
 
 
+def make_colors_b1(seed: int = 0) -> onnx.ModelProto:
+    """The colors classifier as exporters write a model by default (Ultralytics'
+    `dynamic=False`): a static batch of one, input [1, 3, 64, 64], output [1, 3]."""
+    model = make_colors(seed, batch=1)
+    model.graph.name = "colors_b1"
+    return model
+
+
+def make_tiny_cnn_b4(seed: int = 0) -> onnx.ModelProto:
+    """tiny_cnn exported with a static batch of four: input [4, 3, H, W], output [4, 5]
+    (the same weights as tiny_cnn of the same seed, so that runs it unbatched)."""
+    model = make_tiny_cnn(seed)
+    fix_first_dim([*model.graph.input, *model.graph.output], 4)
+    model.graph.name = "tiny_cnn_b4"
+    return model
+
+
+def fix_first_dim(values: Iterable[onnx.ValueInfoProto], size: int) -> None:
+    """Make the first dim of each of `values` the fixed `size`, as a static export has it."""
+    for value in values:
+        first = value.type.tensor_type.shape.dim[0]
+        first.Clear()
+        first.dim_value = size
+
+
 MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "tiny_cls": make_tiny_cls,
     "tiny_cnn": make_tiny_cnn,
@@ -184,10 +209,13 @@ MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "tiny_two_input": make_tiny_two_input,
     "colors": make_colors,
     "grid_det": make_grid_det,
+    "colors_b1": make_colors_b1,
+    "tiny_cnn_b4": make_tiny_cnn_b4,
 }
-# What a repository holds unless names are given: the models every test may rely on. The
-# detectors are written by the tests that use them.
-DEFAULT_NAMES = ("tiny_cls", "tiny_cnn", "tiny_nobatch", "tiny_two_input", "colors")
+# What a repository holds when no names are given: the models every test may rely on. The
+# static-batch models and the detectors are written by the tests that name them (tests that
+# list the repository's models expect this set).
+DEFAULT_MODELS = ("tiny_cls", "tiny_cnn", "tiny_nobatch", "tiny_two_input", "colors")
 
 # Shapes here exclude the batch dimension whenever max_batch_size > 0.
 MODEL_YAML: dict[str, str] = {
@@ -224,11 +252,22 @@ MODEL_YAML: dict[str, str] = {
         "postprocess: {kind: detect, format: ssd, box: xyxy, score_threshold: 0.5,\n"
         "              labels: labels.txt}\n"
     ),
+    # No max_batch_size: the static-batch models have theirs inferred from the graph.
+    "colors_b1": (
+        "preprocess: {resize: [64, 64], color: rgb}\n"
+        "postprocess: {kind: classify, labels: labels.txt, top_k: 1}\n"
+    ),
+    "tiny_cnn_b4": (
+        "tensorrt: {shapes: {image: {min: [3, 8, 8], opt: [3, 16, 16], max: [3, 32, 32]}}}\n"
+    ),
 }
 
 # Files beside model.yaml.
-MODEL_FILES: dict[str, dict[str, str]] = {"colors": {"labels.txt": "red\ngreen\nblue\n"},
-                                          "grid_det": {"labels.txt": "red\ngreen\nblue\n"}}
+MODEL_FILES: dict[str, dict[str, str]] = {
+    "colors": {"labels.txt": "red\ngreen\nblue\n"},
+    "colors_b1": {"labels.txt": "red\ngreen\nblue\n"},
+    "grid_det": {"labels.txt": "red\ngreen\nblue\n"},
+}
 
 
 def write_model(model: onnx.ModelProto, path: Path) -> Path:
@@ -259,7 +298,7 @@ def write_model_versions(name: str, root: Path, versions: int) -> list[Path]:
 def write_repository_files(
     root: Path, versions: int, names: Iterable[str] | None
 ) -> list[Path]:
-    selected = list(DEFAULT_NAMES) if names is None else list(names)
+    selected = list(DEFAULT_MODELS) if names is None else list(names)
     unknown = sorted(set(selected) - set(MODELS))
     if unknown:
         raise ValueError(f"unknown test model(s): {', '.join(unknown)}")
@@ -290,7 +329,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="+",
         choices=sorted(MODELS),
         metavar="NAME",
-        help="models to write (default: all)",
+        help=f"models to write (default: {' '.join(DEFAULT_MODELS)})",
     )
     args = parser.parse_args(argv)
     if args.versions < 1:

@@ -15,7 +15,8 @@ PLATFORM = "onnxruntime_onnx"
 
 
 def model_metadata(model: ModelVersion, versions: list[int]) -> dict[str, Any]:
-    """`GET /v2/models/{m}`: shapes carry the batch dim as -1 when the model batches."""
+    """`GET /v2/models/{m}`: shapes carry the batch dim as -1 when the model batches, also
+    when the graph's is fixed (requests may bring 1..max_batch_size rows; the batcher pads)."""
     return {
         "name": model.name,
         "versions": [str(v) for v in versions],
@@ -67,8 +68,11 @@ def model_config(model: ModelVersion) -> dict[str, Any]:
         }
     pre = dataclasses.asdict(cfg.preprocess) if cfg.preprocess is not None else None
     post = dataclasses.asdict(cfg.postprocess) if cfg.postprocess is not None else None
+    # Triton's schema has no word for a fixed batch dim: max_batch_size says how many rows a
+    # request may bring, this says the graph runs exactly that many (fewer are zero-padded).
     out["edged"] = {"version": model.version, "precision": cfg.precision,
-                    "preprocess": pre, "postprocess": post}
+                    "fixed_batch_size": model.fixed_batch, "preprocess": pre,
+                    "postprocess": post}
     return out
 
 

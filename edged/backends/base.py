@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from edged.model.tensor import TensorSpec
+from edged.model.tensor import TensorSpec, fixed_batch
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class LoadSpec:
     name: str
     version: int
     path: Path  # the ONNX file to load (model.onnx or model.int8.onnx)
-    inputs: tuple[TensorSpec, ...]
+    inputs: tuple[TensorSpec, ...]  # first dim -1, or N for a graph whose batch is fixed
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int  # 0 = no batch dim
     precision: str = "fp32"  # fp32 | fp16 | int8
@@ -42,6 +42,11 @@ class LoadSpec:
     @property
     def label(self) -> str:
         return f"{self.name}:{self.version}"
+
+    @property
+    def fixed_batch(self) -> int | None:
+        """N when the graph's batch dim is fixed: every batch it is sent has exactly N rows."""
+        return fixed_batch(self.max_batch_size, self.inputs)
 
 
 @dataclass(frozen=True)

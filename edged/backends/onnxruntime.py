@@ -88,7 +88,9 @@ def provider_chain(spec: LoadSpec, options: BackendOptions,
 
 def _trt_profile_options(spec: LoadSpec) -> dict[str, str]:
     """The TensorRT backend's profile for the inputs with dynamic dims: the EP then builds
-    one engine for every batch the batcher can send, instead of one per new shape."""
+    one engine for every batch the batcher can send, instead of one per new shape. A fixed
+    batch dim is not dynamic: an input whose other dims are fixed too gets no profile, one
+    with dynamic H/W gets min = opt = max = N rows."""
     try:
         profile = derive_profile(spec)
     except ProfileError as exc:

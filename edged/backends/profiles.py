@@ -1,5 +1,6 @@
 """TensorRT optimisation profiles from what the batcher will send: batches of 1 up to
-`max_batch_size`, tuned for the largest preferred batch size; dynamic non-batch dims from the
+`max_batch_size`, tuned for the largest preferred batch size (exactly N rows for a graph whose
+batch dim is fixed at N: the batcher pads); dynamic non-batch dims from the
 ranges in `model.yaml` (`tensorrt.shapes`). The TensorRT backend builds one such profile per
 execution context; ONNX Runtime's TensorRT EP takes the same shapes as provider options."""
 
@@ -42,7 +43,9 @@ def derive_profile(spec: LoadSpec) -> tuple[InputProfile, ...]:
                            f"the model does not take as input")
     batched = spec.max_batch_size > 0
     opt = min(max(spec.opt_batch_size or spec.max_batch_size, 1), max(spec.max_batch_size, 1))
-    batch = (1, opt, spec.max_batch_size)
+    # A graph with a fixed batch dim is only ever sent that many rows (the batcher pads).
+    fixed = spec.fixed_batch
+    batch = (fixed, fixed, fixed) if fixed else (1, opt, spec.max_batch_size)
     profile = []
     for tensor in spec.inputs:
         dims = tensor.shape[1:] if batched else tensor.shape

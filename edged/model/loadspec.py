@@ -49,15 +49,19 @@ def engine_hints(model: ModelVersion) -> dict[str, Any]:
     preferred = batching.preferred_batch_sizes if batching else []
     ranges = {name: ShapeRange(tuple(r.min), tuple(r.opt), tuple(r.max))
               for name, r in model.config.tensorrt.shapes.items()}
-    return {"opt_batch_size": opt_batch_size(model.max_batch_size, preferred),
+    # A fixed batch dim leaves nothing to tune: every batch is padded to it.
+    opt = model.fixed_batch or opt_batch_size(model.max_batch_size, preferred)
+    return {"opt_batch_size": opt,
             "instances": model.config.instances, "shape_ranges": ranges}
 
 
 def warmup_inputs(model: ModelVersion) -> dict[str, np.ndarray]:
-    """Zeros of the declared shapes: batch dim from warmup.batch_size, dynamic dims from
-    warmup.shapes or 32 (a size most vision graphs accept)."""
+    """Zeros of the declared shapes: batch dim from warmup.batch_size (the graph's own size
+    when its batch dim is fixed: the session is run directly, with no batcher to pad), dynamic
+    dims from warmup.shapes or 32 (a size most vision graphs accept)."""
     warm = model.config.warmup
-    batch = min(warm.batch_size, model.max_batch_size) if model.max_batch_size else None
+    batch = model.fixed_batch or (
+        min(warm.batch_size, model.max_batch_size) if model.max_batch_size else None)
     inputs = {}
     for spec in model.inputs:
         dims = list(spec.shape[1:] if batch else spec.shape)

@@ -21,7 +21,7 @@ from edged.errors import ConfigError, InvalidModel, ModelNotFound
 from edged.fsutil import copy_synced, file_sha256, fsync_dir, write_atomically
 from edged.model.config import ModelConfig
 from edged.model.signature import Signature, read_signature, reconcile
-from edged.model.tensor import TensorSpec
+from edged.model.tensor import TensorSpec, fixed_batch
 from edged.schema import parse, parse_file
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,8 @@ def check_model_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class ModelVersion:
-    """One servable version: its files, its config and its I/O signature (batch dim included)."""
+    """One servable version: its files, its config and its I/O signature (batch dim included:
+    -1, or N where the graph's batch is fixed at N)."""
 
     name: str
     version: int
@@ -64,6 +65,13 @@ class ModelVersion:
     @property
     def max_batch_size(self) -> int:
         return self.config.max_batch_size or 0
+
+    @property
+    def fixed_batch(self) -> int | None:
+        """N when the graph's batch dim is fixed at N (the specs' first dim): every batch runs
+        as exactly N rows, the real ones padded with zero rows. None for a dynamic batch dim
+        or none at all."""
+        return fixed_batch(self.max_batch_size, self.inputs)
 
     @property
     def label(self) -> str:

@@ -74,14 +74,24 @@ def reconcile(parsed: Parsed[ModelConfig], signature: Signature, yaml_path: Path
 
     max_batch = config.max_batch_size
     everything = signature.inputs + signature.outputs
+    dynamic = bool(signature.inputs) and all(t.shape[:1] == (-1,) for t in everything)
+    fixed = _fixed_first_dim(signature)
     if max_batch is None:
-        batched = bool(signature.inputs) and all(t.shape[:1] == (-1,) for t in everything)
-        max_batch = DEFAULT_MAX_BATCH_SIZE if batched else 0
+        # A fixed batch dim is served as Triton serves a static-batch ONNX model: max_batch_size
+        # N, dims without the batch dim; clients and streams send rows, the batcher pads to N.
+        max_batch = DEFAULT_MAX_BATCH_SIZE if dynamic else (fixed or 0)
+    elif max_batch > 0 and fixed is not None:
+        if max_batch > fixed:
+            first = signature.inputs[0]
+            issue("max_batch_size", f"is {max_batch}, but {first.name} in {onnx_path.name} has "
+                  f"a fixed batch dim of {fixed} (shape {list(first.shape)}); use "
+                  f"max_batch_size: {fixed} or less, or 0 for no batch dim")
     elif max_batch > 0:
         for t in everything:
             if t.shape[:1] != (-1,):
                 issue("max_batch_size", f"is {max_batch}, but {t.name} in {onnx_path.name} has "
-                      f"no dynamic first dim (shape {list(t.shape)}); use max_batch_size: 0")
+                      f"no dynamic first dim (shape {list(t.shape)}), nor one fixed batch dim "
+                      f"shared by every input and output; use max_batch_size: 0")
     inputs = _merge("inputs", config.inputs, signature.inputs, max_batch, onnx_path, issue)
     outputs = _merge("outputs", config.outputs, signature.outputs, max_batch, onnx_path, issue)
     if issues:
@@ -120,9 +130,24 @@ def _merge(kind: str, declared: list[TensorConfig], actual: tuple[TensorSpec, ..
                         break
                 # A declared size narrows a dynamic ONNX dim; a fixed ONNX dim always wins.
                 dims = tuple(b if b != -1 else a for a, b in zip(d.shape, dims, strict=True))
-        overrides[t.name] = TensorSpec(t.name, t.dtype, (-1, *dims) if max_batch > 0 else dims)
-    # Undeclared tensors come from the graph as they are (a batched graph's first dim is -1).
+        # The batch dim stays as the graph has it: -1, or N when the graph's batch is fixed.
+        overrides[t.name] = TensorSpec(t.name, t.dtype,
+                                       (t.shape[0], *dims) if max_batch > 0 else dims)
+    # Undeclared tensors come from the graph as they are (a batched graph's first dim is -1,
+    # or its fixed batch size).
     return tuple(overrides.get(t.name, t) for t in actual)
+
+
+def _fixed_first_dim(signature: Signature) -> int | None:
+    """N when every input and output has the same fixed first dim N and at least one more dim;
+    None otherwise. A tensor whose only dim is fixed ([4]) holds data, not a batch of
+    scalars, so such a graph is read as having no batch dim."""
+    everything = signature.inputs + signature.outputs
+    firsts = {t.shape[0] if len(t.shape) >= 2 else -1 for t in everything}
+    if not signature.inputs or len(firsts) != 1:
+        return None
+    first = firsts.pop()
+    return first if first > 0 else None
 
 
 def _to_config(spec: TensorSpec, max_batch: int) -> TensorConfig:

@@ -63,7 +63,7 @@ class _UnixConnection(httplib.HTTPConnection):
             sock.connect(self._path)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
-            why = (exc.strerror or type(exc).__name__).lower()
+            why = exc.strerror or type(exc).__name__
             raise DaemonNotListening(
                 f"no edged daemon listens on {self._path} ({why}): start one with `edged run`, "
                 "or name its socket with --socket") from exc

@@ -159,8 +159,9 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 
 def read_inputs(client: EdgedClient, model: str, version: int | None,
                 given: list[str]) -> dict[str, np.ndarray]:
-    """`--input` values as tensors: .npy as they are, images preprocessed as the model's
-    `preprocess` says (its defaults when it says nothing)."""
+    """`--input` values as tensors: .npy as they are (one sample of a batched model given a
+    batch dim, as an image is), images preprocessed as the model's `preprocess` says (its
+    defaults when it says nothing)."""
     meta = client.model_config(model, version)
     batched = meta["max_batch_size"] > 0
     specs = {t["name"]: TensorSpec(t["name"], np.dtype(TRITON_TO_NUMPY[t["data_type"][5:]]),
@@ -179,8 +180,27 @@ def read_inputs(client: EdgedClient, model: str, version: int | None,
         if path.suffix.lower() in IMAGE_SUFFIXES:
             inputs[name] = _image_tensor(path, meta["edged"].get("preprocess"), specs[name])
         else:
-            inputs[name] = np.load(path, allow_pickle=False)
+            inputs[name] = _batched(path, np.load(path, allow_pickle=False), specs[name],
+                                    batched)
     return inputs
+
+
+def _batched(path: Path, array: np.ndarray, spec: TensorSpec, batched: bool) -> np.ndarray:
+    """An .npy array as the model takes it: one sample without the batch dim gets one (as an
+    image does); an array that is neither a sample nor a batch is an InvalidInput."""
+    dims = spec.shape[1:] if batched else spec.shape
+
+    def fits(shape: tuple[int, ...]) -> bool:
+        return len(shape) == len(dims) and all(d in (-1, n) for n, d in zip(shape, dims,
+                                                                          strict=True))
+
+    if batched and fits(array.shape):
+        return array[None]
+    if fits(array.shape[1:] if batched else array.shape):
+        return array
+    wanted = f"{[-1, *dims]} or one sample {list(dims)}" if batched else f"{list(dims)}"
+    raise InvalidInput(f"{path}: {spec.name} has shape {list(array.shape)}; the model takes "
+                       f"{wanted}")
 
 
 def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec) -> np.ndarray:

@@ -147,5 +147,5 @@ def test_status_when_no_daemon_listens_names_the_socket_and_says_so(
     sock = short_dir / "absent.sock"
     assert main(["status", "--socket", str(sock)]) == 1
     assert capsys.readouterr().err == (
-        f"edged: no edged daemon listens on {sock} (no such file or directory): start one "
+        f"edged: no edged daemon listens on {sock} (No such file or directory): start one "
         "with `edged run`, or name its socket with --socket\n")

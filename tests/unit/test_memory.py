@@ -164,3 +164,13 @@ def test_device_pool_when_cuda_refuses_memory_goes_on_in_host_memory(
     np.testing.assert_array_equal(batch, np.ones((2, 3)))
     assert locate(batch) is None and "batches use host memory" in caplog.text
     pool.close()
+
+
+def test_host_pool_when_padding_to_rows_fills_the_rest_with_zero_rows() -> None:
+    pool = HostBufferPool(4)
+    full = pool.concatenate("x", [np.ones((4, 3), np.float32)])
+    padded = pool.concatenate("x", [np.full((1, 3), 2, np.float32),
+                                    np.full((1, 3), 3, np.float32)], rows=4)
+    # The same buffer, written once: the earlier batch's rows must not show through.
+    assert padded.__array_interface__["data"][0] == full.__array_interface__["data"][0]
+    np.testing.assert_array_equal(padded, [[2, 2, 2], [3, 3, 3], [0, 0, 0], [0, 0, 0]])

@@ -30,9 +30,12 @@ class Sample:
     source: str = ""
 
     def batch(self, model: ModelVersion) -> dict[str, np.ndarray]:
-        """The sample as a batch of one when the model has a batch dim."""
+        """The sample as a batch of one when the model has a batch dim; repeated to fill a
+        fixed batch of N (copies of the sample, unlike zero rows, leave the calibration's
+        activation statistics as they are; row 0 is the sample's answer)."""
         if model.max_batch_size > 0:
-            return {k: v[None] for k, v in self.inputs.items()}
+            rows = model.fixed_batch or 1
+            return {k: np.repeat(v[None], rows, axis=0) for k, v in self.inputs.items()}
         return dict(self.inputs)
 
 
