@@ -13,7 +13,6 @@ Futures are completed outside the batcher's lock: a caller's done-callback may s
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -120,7 +119,7 @@ class Batcher:
 
     def stats_by_version(self) -> dict[int, BatcherStats]:
         with self._lock:
-            return {v: dataclasses.replace(s) for v, s in self._stats.items()}
+            return {v: s.copy() for v, s in self._stats.items()}
 
     def _counters(self, version: int | None = None) -> BatcherStats:
         """The counters of `version` (default: the version now served); lock held."""
@@ -335,12 +334,18 @@ class Batcher:
             s.inference_count += rows
             s.compute_ns += finished - started
             s.queue_ns += int(queued_s * 1e9)
-            s.request_ns += int(queued_s * 1e9) + (finished - started) * len(batch)
+            spent = int(queued_s * 1e9) + (finished - started) * len(batch)
+            s.request_ns += spent
             s.last_exec = self._clock()
+            s.last_inference_ms = int(time.time() * 1000)
+            count, ns = s.batch_sizes.get(rows, (0, 0))
+            s.batch_sizes[rows] = (count + 1, ns + finished - started)
             if failure is None:
                 s.success += len(batch)
+                s.success_ns += spent
             else:
                 s.failure += len(batch)
+                s.fail_ns += spent
             self._in_flight -= len(batch)
         if failure is not None:
             return partial(_fail_all, batch, failure)

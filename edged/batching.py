@@ -252,13 +252,28 @@ class BatcherStats:
     queue_ns: int = 0
     compute_ns: int = 0
     request_ns: int = 0  # per request: its queue wait + its batch's compute
+    success_ns: int = 0  # request_ns of the requests that succeeded
+    fail_ns: int = 0  # request_ns of the requests whose batch failed
     last_exec: float = 0.0  # clock time the last batch finished (the health tick reads it)
+    last_inference_ms: int = 0  # wall clock (ms since the epoch) of the same, for clients
+    # rows in a batch -> (batches of that size, their compute ns): Triton's batch_stats
+    batch_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def __add__(self, other: BatcherStats) -> BatcherStats:
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
-                  for f in dataclasses.fields(self)}
-        summed["last_exec"] = max(self.last_exec, other.last_exec)
-        return BatcherStats(**summed)
+                  for f in dataclasses.fields(self)
+                  if f.name not in ("last_exec", "last_inference_ms", "batch_sizes")}
+        sizes = dict(self.batch_sizes)
+        for rows, (count, ns) in other.batch_sizes.items():
+            held = sizes.get(rows, (0, 0))
+            sizes[rows] = (held[0] + count, held[1] + ns)
+        return BatcherStats(**summed, last_exec=max(self.last_exec, other.last_exec),
+                            last_inference_ms=max(self.last_inference_ms,
+                                                  other.last_inference_ms),
+                            batch_sizes=sizes)
+
+    def copy(self) -> BatcherStats:
+        return dataclasses.replace(self, batch_sizes=dict(self.batch_sizes))
 
 
 @dataclass(frozen=True)

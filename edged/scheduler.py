@@ -80,20 +80,25 @@ class Scheduler:
                                      "batches": batches}
         return queues
 
-    def counters(self) -> list[InferenceCounters]:
-        """Per model version, with what is queued now; the batchers of one model (by name, by
-        explicit version) summed, as Triton counts them."""
+    def statistics(self) -> dict[tuple[str, int], BatcherStats]:
+        """Per model version since start; the batchers of one model (by name, by explicit
+        version) summed, as Triton counts them."""
         stats: dict[tuple[str, int], BatcherStats] = {}
-        pending: dict[tuple[str, int], int] = {}
         for batcher in self.batchers():
             for version, s in batcher.stats_by_version().items():
                 key = (batcher.name, version)
                 stats[key] = stats.get(key, BatcherStats()) + s
+            stats.setdefault((batcher.name, batcher.serving_version), BatcherStats())
+        return stats
+
+    def counters(self) -> list[InferenceCounters]:
+        """Per model version, with what is queued now (/metrics, the stats message)."""
+        pending: dict[tuple[str, int], int] = {}
+        for batcher in self.batchers():
             key = (batcher.name, batcher.serving_version)
-            stats.setdefault(key, BatcherStats())
             pending[key] = pending.get(key, 0) + batcher.depth
         return [InferenceCounters.of(name, version, s, pending.get((name, version), 0))
-                for (name, version), s in sorted(stats.items())]
+                for (name, version), s in sorted(self.statistics().items())]
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop accepting everywhere at once; drain until the timeout; fail what is left."""

@@ -4,9 +4,11 @@ repository index entries, built from a `ModelVersion` and cache status. Pure fun
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from edged.api.protocol import triton_dtype
+from edged.batching import BatcherStats
 from edged.cache import ModelStatus
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec
@@ -95,3 +97,41 @@ def index_entry(status: ModelStatus) -> dict[str, Any]:
         entry["backend"] = status.backend
         entry["providers"] = list(status.providers)
     return entry
+
+
+def statistics(keys: list[tuple[str, int]],
+               stats: Mapping[tuple[str, int], BatcherStats]) -> dict[str, Any]:
+    """`GET /v2/models[/{m}[/versions/{v}]]/stats`: a version that has run nothing yet has
+    zero counts."""
+    return {"model_stats": [model_statistics(name, version,
+                                             stats.get((name, version), BatcherStats()))
+                            for name, version in keys]}
+
+
+def model_statistics(name: str, version: int, stats: BatcherStats) -> dict[str, Any]:
+    """One `model_stats` entry of Triton's statistics extension. edged times a batch as one
+    span (pooling the inputs, the inference, splitting the outputs), so it is all
+    `compute_infer`; `compute_input`/`compute_output` carry the counts with no time of their
+    own. A request is charged its batch's whole compute time, as Triton charges it."""
+    def stat(count: int, ns: int) -> dict[str, int]:
+        return {"count": count, "ns": ns}
+
+    executed = stats.success + stats.failure - stats.timeouts  # requests that reached a batch
+    request_compute_ns = stats.request_ns - stats.queue_ns
+    return {
+        "name": name, "version": str(version), "last_inference": stats.last_inference_ms,
+        "inference_count": stats.inference_count, "execution_count": stats.exec_count,
+        "inference_stats": {
+            "success": stat(stats.success, stats.success_ns),
+            "fail": stat(stats.failure, stats.fail_ns),
+            "queue": stat(executed, stats.queue_ns),
+            "compute_input": stat(executed, 0),
+            "compute_infer": stat(executed, request_compute_ns),
+            "compute_output": stat(executed, 0),
+            "cache_hit": stat(0, 0), "cache_miss": stat(0, 0),
+        },
+        "batch_stats": [{"batch_size": rows, "compute_input": stat(count, 0),
+                         "compute_infer": stat(count, ns), "compute_output": stat(count, 0)}
+                        for rows, (count, ns) in sorted(stats.batch_sizes.items())],
+        "memory_usage": [],
+    }

@@ -40,7 +40,7 @@ from edged.states import ModelState
 logger = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "system_shared_memory", "model_repository",
-              "model_configuration", "schedule_policy"]
+              "model_configuration", "schedule_policy", "statistics"]
 ALIGN = 64  # bytes; where tensor data in a request body starts
 DECODE_ON_THREAD_BYTES = 256 * 1024
 _VERSION = re.compile(r"^[0-9]{1,9}$")
@@ -80,6 +80,10 @@ class ApiServer:
             get("/v2", self.server_metadata),
             get("/v2/health/live", self.live),
             get("/v2/health/ready", self.ready),
+            # Before /v2/models/{model}: "stats" is not a model name here.
+            get("/v2/models/stats", self.statistics),
+            get(model + "/stats", self.statistics),
+            get(versioned + "/stats", self.statistics),
             *(route for base in (model, versioned) for route in (
                 get(base, self.model_metadata),
                 get(base + "/ready", self.model_ready),
@@ -227,6 +231,30 @@ class ApiServer:
 
         return web.json_response(await asyncio.to_thread(read))
 
+    async def statistics(self, request: web.Request) -> web.Response:
+        """Triton's statistics extension: every served version of every model, of one model,
+        or one version (404 for a model or version that is not served)."""
+        name = request.match_info.get("model")
+        _, version = _model_ref(request) if name is not None else (None, None)
+        keys = await asyncio.to_thread(self._served, name, version)
+        return web.json_response(describe.statistics(keys, self.scheduler.statistics()))
+
+    def _served(self, name: str | None, version: int | None) -> list[tuple[str, int]]:
+        """(model, version) served now: of `name` (ModelNotFound when it is not), or of every
+        model in the repository whose versions can be read."""
+        if name is not None:
+            self.cache.describe(name, version)
+            versions = [version] if version is not None else \
+                self.cache.repository.served_versions(name)
+            return [(name, v) for v in versions]
+        keys = []
+        for model in self.cache.repository.names():
+            try:
+                keys += [(model, v) for v in self.cache.repository.served_versions(model)]
+            except EdgedError:  # a broken model in the listing has no statistics
+                continue
+        return keys
+
     async def model_ready(self, request: web.Request) -> web.Response:
         name, version = _model_ref(request)
         await asyncio.to_thread(self.cache.describe, name, version)  # 404 for unknown models
@@ -240,6 +268,8 @@ class ApiServer:
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         name, version = _model_ref(request)
+        if not self.scheduler.has_batcher(name, version):  # an unknown model: 404, body unread
+            await asyncio.to_thread(self.scheduler.prepare, name, version)
         json_length = _json_length(request)
         body = await self._read_body(request, json_length)
         if json_length is None and len(body) > DECODE_ON_THREAD_BYTES:
@@ -247,8 +277,6 @@ class ApiServer:
             parsed = await asyncio.to_thread(decode_request, body, None, read_shm=self.shm.read)
         else:
             parsed = decode_request(body, json_length, read_shm=self.shm.read)
-        if not self.scheduler.has_batcher(name, version):
-            await asyncio.to_thread(self.scheduler.prepare, name, version)
         _check_outputs(self.scheduler.model(name, version), parsed)
         future = self.scheduler.submit(name, parsed.inputs, version=version,
                                        priority=parsed.priority, timeout_s=parsed.timeout_s)

@@ -213,3 +213,38 @@ def test_cli_when_daemon_is_not_running_says_so(
         short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models", "--socket", str(short_dir / "none.sock")]) == 1
     assert "No such file or directory" in capsys.readouterr().err
+
+
+def test_tritonclient_when_asking_statistics_gets_tritons_schema_with_real_counts(
+        triton_client: triton.InferenceServerClient, served: Served) -> None:
+    assert "statistics" in triton_client.get_server_metadata()["extensions"]
+    x = cls_input(3, rows=2)
+    given = triton.InferInput("x", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    for _ in range(3):
+        triton_client.infer("tiny_cls", [given])
+    (row,) = triton_client.get_inference_statistics("tiny_cls")["model_stats"]
+    assert (row["name"], row["version"]) == ("tiny_cls", "1")
+    assert row["inference_count"] == 6 and row["execution_count"] >= 3 - 1  # 2 may batch
+    stats = row["inference_stats"]
+    assert stats["success"]["count"] == 3 and stats["success"]["ns"] > 0
+    assert stats["fail"] == {"count": 0, "ns": 0}
+    assert stats["compute_infer"]["count"] == 3 and stats["queue"]["count"] == 3
+    assert sum(b["compute_infer"]["count"] for b in row["batch_stats"]) == \
+        row["execution_count"]
+    assert row["last_inference"] > 1_700_000_000_000  # ms since the epoch
+    every = triton_client.get_inference_statistics()["model_stats"]
+    assert {(r["name"], r["version"]) for r in every} >= {("tiny_cls", "1"), ("colors", "1")}
+    idle = next(r for r in every if r["name"] == "colors")
+    assert idle["inference_stats"]["success"]["count"] == 0  # served, not run yet
+    with pytest.raises(triton.InferenceServerException) as missing:
+        triton_client.get_inference_statistics("no_such_model")
+    assert missing.value.status() == "404"
+
+
+def test_infer_when_the_model_is_unknown_answers_404_before_reading_the_body(
+        served: Served) -> None:
+    with served.client() as client:
+        status, _headers, raw = client.request("POST", "/v2/models/no_such_model/infer",
+                                               [b"{not json"])
+    assert status == 404 and b"no_such_model" in raw
