@@ -124,6 +124,7 @@ class ModelCache:
         self._retired: set[Key] = set()  # swapped out: a late load of one unloads after use
         self._bytes = 0  # sum of nbytes over _entries, kept as they come and go
         self._counters: dict[str, ModelCounters] = {}  # name -> counts, under _lock
+        self._unpreloaded: dict[str, str] = {}  # name -> why preloading left it out
         self.evictions = 0
 
     @property
@@ -180,18 +181,44 @@ class ModelCache:
         key = (name, self.default_version(name) if version is None else version)
         return self._load_explicitly(key).model
 
-    def preload(self, names: Iterable[str], *, why: str = "preload") -> list[str]:
+    def preload(self, names: Iterable[str], *, why: str = "preload",
+                within_budget: bool = False) -> list[str]:
         """Load and warm each model named (its active version); a model that fails is logged
-        and left unavailable, the others still load. Returns the names that failed."""
-        failed = []
+        and left unavailable, the others still load. `within_budget`: a model whose file
+        would take the cache over its budget is left to load on first request (said in the
+        log and in its status row) instead of evicting one preloaded before it. Returns the
+        names that did not load."""
+        missed = []
         for name in names:
             try:
+                if within_budget and not self._fits(name):
+                    missed.append(name)
+                    continue
                 self.load(name)
             except EdgedError as exc:
-                failed.append(name)
+                missed.append(name)
                 logger.error("%s of %s failed: %s", why, name, exc,
                              extra={"model": name, "code": exc.code})
-        return failed
+        return missed
+
+    def _fits(self, name: str) -> bool:
+        """Whether `name`'s serving version would fit beside what is loaded (its file's size
+        estimates what a backend charges); when not, remembers why for its status row."""
+        if self.ready(name):
+            return True
+        model = self.repository.get(name, self.default_version(name))
+        size = model.onnx_path.stat().st_size
+        with self._lock:
+            fits = self._bytes + size <= self.budget_bytes
+            if not fits:
+                self._unpreloaded[name] = (
+                    f"not preloaded: the cache budget ({self.budget_bytes / 1e6:.0f} MB) is "
+                    f"full ({self._bytes / 1e6:.1f} MB loaded, {size / 1e6:.1f} MB more "
+                    "needed); loads on first request")
+        if not fits:
+            logger.warning("%s: %s", name, self._unpreloaded[name],
+                           extra={"model": name, "code": "model_not_preloaded"})
+        return fits
 
     def _load_explicitly(self, key: Key) -> Entry:
         with self._lock:
@@ -423,9 +450,9 @@ class ModelCache:
                 rows[(name, 0)] = ModelStatus(name, 0, ModelState.UNAVAILABLE, reason=str(exc))
                 continue
             for version in versions:
-                rows[(name, version)] = ModelStatus(name, version, ModelState.UNAVAILABLE,
-                                                    pinned=name in self.pinned,
-                                                    reason="unloaded; loads on first request")
+                rows[(name, version)] = ModelStatus(
+                    name, version, ModelState.UNAVAILABLE, pinned=name in self.pinned,
+                    reason=self._unpreloaded.get(name, "unloaded; loads on first request"))
         with self._lock:
             for key in self._loading:
                 rows[key] = ModelStatus(*key, ModelState.LOADING, pinned=key[0] in self.pinned)

@@ -97,8 +97,9 @@ def check_models(config: DaemonConfig) -> list[str]:
                 repository.get(name, version)
         except EdgedError as exc:
             problems.append(str(exc))
-    for key in ("preload", "pinned"):
-        for name in getattr(config.cache, key):
+    for key, wanted in (("preload", config.cache.preload_names(names)),
+                        ("pinned", config.cache.pinned)):
+        for name in wanted:
             if name not in names:
                 problems.append(f"cache.{key}: model {name!r} is not in {config.models_dir}")
     return problems

@@ -103,8 +103,14 @@ class BackendsConfig:
 class CacheConfig:
     dir: Path = setting(Path("/var/cache/edged"), "engines, timing caches, measurements")
     budget_mb: int = setting(2048, "memory budget for loaded models", check=at_least(1))
-    preload: list[str] = setting(factory=list, help="models loaded and warmed at start")
+    preload: list[str] | Literal["all"] = setting(
+        "all", "models loaded and warmed at start: all (every model in the repository, as "
+        "Triton does, while the budget holds them), a list, or [] to load on first request")
     pinned: list[str] = setting(factory=list, help="models never evicted")
+
+    def preload_names(self, available: list[str]) -> list[str]:
+        """The models to preload, given those in the repository."""
+        return list(available) if self.preload == "all" else list(self.preload)
 
 
 @dataclass(frozen=True)
@@ -267,7 +273,8 @@ def check_cache(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
     """Model names in preload/pinned are plain names (the repository rejects the rest anyway)."""
     issues = []
     for key in ("preload", "pinned"):
-        for i, name in enumerate(getattr(parsed.value.cache, key)):
+        names = getattr(parsed.value.cache, key)
+        for i, name in enumerate([] if names == "all" else names):
             message = _check_name(name)
             if message:
                 issues.append(parsed.issue(f"cache.{key}[{i}]", message))

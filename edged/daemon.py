@@ -120,7 +120,8 @@ class Daemon:
         that fails is reported and left unavailable; the others still come up."""
         self.config.cache.dir.mkdir(parents=True, exist_ok=True)
         self.updater.recover()
-        self.cache.preload(self.config.cache.preload)
+        self.cache.preload(self.config.cache.preload_names(self.repository.names()),
+                           within_budget=self.config.cache.preload == "all")
         for row in self.cache.status():
             logger.info("model %s:%d %s%s", row.name, row.version, row.state,
                         f" on {', '.join(row.providers)}" if row.providers else
@@ -182,7 +183,8 @@ class Daemon:
             if self.mqtt is not None:
                 self.mqtt.start()
             self.notifier.status("starting: loading and warming "
-                                 f"{len(self.config.cache.preload)} preloaded model(s)")
+                                 + ("every model" if self.config.cache.preload == "all" else
+                                    f"{len(self.config.cache.preload)} preloaded model(s)"))
             await asyncio.to_thread(self.warm_up)
             await asyncio.to_thread(self.streams.start, self.config.streams)
             if self.ota is not None:
@@ -305,7 +307,9 @@ class Daemon:
         logging.getLogger().setLevel(getattr(logging, config.logging.level.upper()))
         self.cache.pinned = set(config.cache.pinned)
         self.config = config
-        self.cache.preload(steps.preload, why="reload: preload")
+        self.cache.preload(config.cache.preload_names(self.repository.names())
+                           if steps.preload == "all" else steps.preload, why="reload: preload",
+                           within_budget=steps.preload == "all")
         self.streams.restart(steps.stop, steps.start)
 
     def request_stop(self) -> None:

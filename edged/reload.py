@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from edged.config import DaemonConfig, StreamConfig
 
@@ -27,7 +27,8 @@ class ReloadPlan:
     needs_restart: list[str] = field(default_factory=list)  # "api", "cache.budget_mb", ...
     stop: list[str] = field(default_factory=list)  # streams gone or changed
     start: list[StreamConfig] = field(default_factory=list)  # streams new or changed
-    preload: list[str] = field(default_factory=list)  # models newly in cache.preload
+    # models newly in cache.preload, or "all" when it became all
+    preload: list[str] | Literal["all"] = field(default_factory=list)
     trusted_keys_changed: bool = False
 
 
@@ -50,7 +51,11 @@ def plan(running: DaemonConfig, new: DaemonConfig, *,
             kept[section] = dataclasses.replace(new_part, **held)
     result.config = dataclasses.replace(new, **kept)
     result.trusted_keys_changed = new.ota.trusted_keys != running.ota.trusted_keys
-    result.preload = [n for n in new.cache.preload if n not in running.cache.preload]
+    if new.cache.preload == "all":
+        result.preload = "all" if running.cache.preload != "all" else []
+    else:
+        result.preload = [n for n in new.cache.preload if running.cache.preload != "all"
+                          and n not in running.cache.preload]
 
     alive = {s.name for s in running.streams} if streams_running is None else streams_running
     before = {s.name: s for s in running.streams if s.name in alive}

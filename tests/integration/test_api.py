@@ -248,3 +248,17 @@ def test_infer_when_the_model_is_unknown_answers_404_before_reading_the_body(
         status, _headers, raw = client.request("POST", "/v2/models/no_such_model/infer",
                                                [b"{not json"])
     assert status == 404 and b"no_such_model" in raw
+
+
+def test_tritonclient_when_the_config_names_no_preload_finds_every_model_ready_at_start(
+        make_served: ServeFactory) -> None:
+    served = make_served(cache="")  # cache.preload unset: `all`, as Triton loads everything
+    client = triton.InferenceServerClient(served.http, connection_timeout=30,
+                                          network_timeout=30)
+    try:
+        index = client.get_model_repository_index()
+        assert {m["name"] for m in index} == {"colors", "tiny_cls", "tiny_cnn", "tiny_nobatch",
+                                             "tiny_two_input"}
+        assert all(client.is_model_ready(m["name"]) for m in index)
+    finally:
+        client.close()

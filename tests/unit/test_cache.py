@@ -244,3 +244,18 @@ def test_cache_when_another_load_of_the_version_outlasts_the_wait_raises_timeout
     with cache.acquire("tiny_cls") as lease:  # the first load landed; nothing was lost
         assert lease.model.version == 1
     assert gate.loads == ["tiny_cls:1"]
+
+
+def test_cache_preload_within_budget_when_the_next_model_would_not_fit_leaves_it_and_says_why(
+        repo: ModelRepository, tmp_path: Path) -> None:
+    budget = size_of(repo, "tiny_cls") + size_of(repo, "colors") + 1
+    cache = ModelCache(repo, budget_bytes=budget, options=options(tmp_path))
+    missed = cache.preload(["tiny_cls", "colors", "tiny_cnn"], within_budget=True)
+    assert missed == ["tiny_cnn"]
+    assert cache.loaded() == ["colors:1", "tiny_cls:1"]  # nothing evicted to make room
+    row = next(r for r in cache.status() if r.name == "tiny_cnn")
+    assert row.state == "UNAVAILABLE" and row.reason is not None
+    assert row.reason.startswith("not preloaded: the cache budget") and \
+        row.reason.endswith("loads on first request")
+    with cache.acquire("tiny_cnn") as lease:  # a request still loads it (evicting an idle one)
+        assert lease.model.name == "tiny_cnn"

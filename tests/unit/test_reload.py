@@ -69,3 +69,12 @@ def test_reload_plan_when_trusted_keys_change_says_so() -> None:
                                                          "trusted_keys: [k.pub]"}))
     assert steps.trusted_keys_changed and steps.needs_restart == []
     assert [str(p) for p in steps.config.ota.trusted_keys] == ["k.pub"]
+
+
+def test_plan_when_preload_becomes_all_preloads_all_and_not_when_it_stays() -> None:
+    listed = parse_config("cache: {preload: [tiny_cls]}\n")
+    every = parse_config("{}\n")
+    assert every.cache.preload == "all"  # the default, as Triton loads every model
+    assert plan(listed, every).preload == "all"
+    assert plan(every, every).preload == []
+    assert plan(every, listed).preload == []  # already loaded under `all`
