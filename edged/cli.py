@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from edged.config import (
+    CHECKS,
     DEFAULT_CONFIG_PATH,
     DaemonConfig,
     builtin_config,
@@ -18,9 +19,10 @@ from edged.config import (
     load_config,
     with_overrides,
 )
+from edged.configcheck import check
 from edged.errors import ConfigError, EdgedError
-from edged.model.repository import ModelRepository
 from edged.ops.commands import Command, add_commands
+from edged.schema import Parsed, parse_file
 
 logger = logging.getLogger(__name__)
 
@@ -84,40 +86,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_models(config: DaemonConfig) -> list[str]:
-    """Every model in the repository read and validated; returns one line per problem."""
-    repository = ModelRepository(config.models_dir)
-    problems = []
-    if not config.models_dir.is_dir():
-        return [f"models_dir {config.models_dir} does not exist"]
-    names = repository.names()
-    for name in names:
-        try:
-            for version in repository.served_versions(name):
-                repository.get(name, version)
-        except EdgedError as exc:
-            problems.append(str(exc))
-    for key, wanted in (("preload", config.cache.preload_names(names)),
-                        ("pinned", config.cache.pinned)):
-        for name in wanted:
-            if name not in names:
-                problems.append(f"cache.{key}: model {name!r} is not in {config.models_dir}")
-    return problems
-
-
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """Exit 0 when `run` would take the file (warnings name what cannot be seen from here),
+    1 with every error."""
     try:
-        config = with_overrides(load_config(args.file), models_dir=args.models_dir)
+        parsed = parse_file(DaemonConfig, args.file, CHECKS)
+        config = with_overrides(parsed.value, models_dir=args.models_dir)
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue)
         return 1
-    problems = check_models(config)
-    for problem in problems:
+    found = check(Parsed(config, parsed.lines), models_dir_given=args.models_dir is not None)
+    for problem in found.errors:
         print(problem)
-    if problems:
+    for warning in found.warnings:
+        print(f"warning: {warning}")
+    if found.errors:
         return 1
-    print(f"{args.file}: ok ({len(config.streams)} streams, models in {config.models_dir})")
+    print(f"{args.file}: ok ({len(config.streams)} streams, models in {config.models_dir}"
+          + (f"; {len(found.warnings)} warning(s) above" if found.warnings else "") + ")")
     return 0
 
 

@@ -28,8 +28,7 @@ class ConfigIssue:
     file: str | None = None
 
     def __str__(self) -> str:
-        where = self.path or "(document)"
-        text = f"{where}: {self.message}"
+        text = f"{self.path}: {self.message}" if self.path else self.message
         if self.line is not None:
             text += f" (line {self.line})"
         if self.file:

@@ -85,7 +85,7 @@ def test_config_when_duplicate_stream_names_rejected() -> None:
 
 def test_config_when_yaml_is_malformed_reports_line() -> None:
     errors = errors_of("cache:\n  budget_mb: [1, 2\n")
-    assert len(errors) == 1 and errors[0].startswith("(document): invalid YAML")
+    assert len(errors) == 1 and errors[0].startswith("invalid YAML")  # no "(document):" prefix
     assert "(line" in errors[0]
 
 
@@ -171,3 +171,48 @@ def test_config_when_one_section_is_wrong_still_reports_the_others_cross_checks(
             "  - {name: a, source: 'rtmp://x', model: m}\n")
     assert errors_of(text) == ["mqtt.port: expected an integer, got 'x' (line 1)",
                                "streams[0].source: unsupported scheme 'rtmp' (line 3)"]
+
+
+def test_check_config_when_streams_name_models_not_in_the_repository_says_each(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], repo_dir: Path) -> None:
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {repo_dir}\n"
+                      "streams:\n"
+                      "  - name: door\n"
+                      "    source: 'file:///nowhere.avi'\n"
+                      "    model: detector\n"
+                      "    secondary: [{model: plates}]\n")
+    assert main(["check-config", str(config)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert f"streams[0].model: 'detector' is not in {repo_dir}; the stream would not start " \
+           "(line 5)" in out
+    assert f"streams[0].secondary[0].model: 'plates' is not in {repo_dir}; the stream would " \
+           "not start (line 6)" in out
+    assert "warning: streams[0].source: /nowhere.avi does not exist here (a file on the " \
+           "device?) (line 4)" in out
+
+
+def test_check_config_when_the_shipped_config_meets_a_dev_machine_warns_and_exits_zero(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    assert main(["check-config", str(ROOT / "deploy" / "edged.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "warning: models_dir: /var/lib/edged/models does not exist here" in out
+    assert "add --models-dir DIR to check them" in out
+    assert out.rstrip().endswith("warning(s) above)")
+
+
+def test_check_config_when_a_key_is_a_credential_outside_systemd_warns_that_run_refuses_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], repo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {repo_dir}\nota: {{trusted_keys: [release.pub]}}\n")
+    assert main(["check-config", str(config)]) == 0
+    assert "warning: ota.trusted_keys[0]: 'release.pub' is a systemd credential " \
+           "(LoadCredential=), read from $CREDENTIALS_DIRECTORY, which is not set here" \
+           in capsys.readouterr().out
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))  # as under systemd: it is not
+    assert main(["check-config", str(config)]) == 1
+    assert f"ota.trusted_keys[0]: {tmp_path / 'release.pub'} does not exist" in \
+        capsys.readouterr().out

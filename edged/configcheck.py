@@ -1,0 +1,104 @@
+"""`edged check-config`: a config file and what it names, checked the way `edged run` would use
+them, every problem at once. Errors stop `run` (a model file that is not ONNX, a stream or a
+secondary model that is not in the repository); warnings are paths that exist only where the
+service runs (a device's models folder, keys, a video file, a systemd credential), so a
+shipped config checks clean on a developer's machine and says what it could not see."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edged.config import DaemonConfig
+from edged.errors import EdgedError
+from edged.model.repository import ModelRepository
+from edged.schema import Parsed
+
+_Line = Callable[[str], str]  # a key path -> " (line N)" or ""
+
+
+@dataclass
+class Findings:
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check(parsed: Parsed[DaemonConfig], *, models_dir_given: bool = False) -> Findings:
+    """What `run` would refuse (errors) and what cannot be seen from here (warnings). The
+    models are checked where `models_dir` exists (or was given on the command line)."""
+    config, found = parsed.value, Findings()
+
+    def line(path: str) -> str:
+        number = parsed.lines.get(path)
+        return f" (line {number})" if number is not None else ""
+
+    if config.models_dir.is_dir():
+        _check_models(config, found, line)
+    elif models_dir_given:
+        found.errors.append(f"--models-dir {config.models_dir} does not exist")
+    else:
+        found.warnings.append(
+            f"models_dir: {config.models_dir} does not exist here (a path on the device?); "
+            "models, streams' models and cache names were not checked: add --models-dir DIR "
+            f"to check them{line('models_dir')}")
+    _check_secrets(config, found, line)
+    for i, stream in enumerate(config.streams):
+        if stream.source.startswith("file://"):
+            path = Path(stream.source.removeprefix("file://"))
+            if not path.is_file():
+                found.warnings.append(f"streams[{i}].source: {path} does not exist here (a "
+                                      f"file on the device?){line(f'streams[{i}].source')}")
+    return found
+
+
+def _check_models(config: DaemonConfig, found: Findings, line: _Line) -> None:
+    repository = ModelRepository(config.models_dir)
+    names = repository.names()
+    for name in names:
+        try:
+            for version in repository.served_versions(name):
+                repository.get(name, version)
+        except EdgedError as exc:
+            found.errors.append(str(exc))
+    for key, wanted in (("preload", config.cache.preload_names(names)),
+                        ("pinned", config.cache.pinned)):
+        for name in wanted:
+            if name not in names:
+                found.errors.append(f"cache.{key}: model {name!r} is not in "
+                                    f"{config.models_dir}{line(f'cache.{key}')}")
+    for i, stream in enumerate(config.streams):
+        if stream.model not in names:
+            found.errors.append(f"streams[{i}].model: {stream.model!r} is not in "
+                                f"{config.models_dir}; the stream would not start"
+                                f"{line(f'streams[{i}].model')}")
+        for j, secondary in enumerate(stream.secondary):
+            key = f"streams[{i}].secondary[{j}].model"
+            if secondary.model not in names:
+                found.errors.append(f"{key}: {secondary.model!r} is not in "
+                                    f"{config.models_dir}; the stream would not start"
+                                    f"{line(key)}")
+
+
+def _check_secrets(config: DaemonConfig, found: Findings, line: _Line) -> None:
+    """Keys and passwords: a relative path is a systemd credential, read from
+    $CREDENTIALS_DIRECTORY, which only the service has."""
+    secrets = [(f"ota.trusted_keys[{i}]", path) for i, path in enumerate(config.ota.trusted_keys)]
+    if config.mqtt.enabled and config.mqtt.password_file is not None:
+        secrets.append(("mqtt.password_file", config.mqtt.password_file))
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+    for key, path in secrets:
+        if not path.is_absolute():
+            where = Path(credentials) / path if credentials else None
+            if where is None:
+                found.warnings.append(
+                    f"{key}: {str(path)!r} is a systemd credential (LoadCredential=), read "
+                    "from $CREDENTIALS_DIRECTORY, which is not set here: `edged run` outside "
+                    f"the service refuses it; give an absolute path to run it by hand"
+                    f"{line(key)}")
+            elif not where.is_file():
+                found.errors.append(f"{key}: {where} does not exist{line(key)}")
+        elif not path.is_file():
+            found.warnings.append(f"{key}: {path} does not exist here (a file on the "
+                                  f"device?){line(key)}")
