@@ -20,7 +20,7 @@ import numpy as np
 from aiohttp import web
 
 from edged import __version__
-from edged.api import describe
+from edged.api import describe, logsettings
 from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
     HEADER_LENGTH,
@@ -40,7 +40,7 @@ from edged.states import ModelState
 logger = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "system_shared_memory", "model_repository",
-              "model_configuration", "schedule_policy", "statistics"]
+              "model_configuration", "schedule_policy", "statistics", "logging"]
 ALIGN = 64  # bytes; where tensor data in a request body starts
 DECODE_ON_THREAD_BYTES = 256 * 1024
 _VERSION = re.compile(r"^[0-9]{1,9}$")
@@ -100,6 +100,8 @@ class ApiServer:
             post(shm + "/unregister", self.shm_unregister),
             web.route("*", "/v2/cudasharedmemory{tail:.*}", self.cuda_shm),
             get("/metrics", self.prometheus),
+            get("/v2/logging", self.logging),
+            post("/v2/logging", self.logging),
             get("/v2/edged/status", self.daemon_status),
         ])
         return app
@@ -230,6 +232,13 @@ class ApiServer:
             return describe.model_metadata(model, versions)
 
         return web.json_response(await asyncio.to_thread(read))
+
+    async def logging(self, request: web.Request) -> web.Response:
+        """Triton's logging extension: read, or set, the daemon's log level."""
+        if request.method == "GET":
+            return web.json_response(logsettings.current())
+        body = await _json_body(request)
+        return web.json_response(logsettings.apply(body))
 
     async def statistics(self, request: web.Request) -> web.Response:
         """Triton's statistics extension: every served version of every model, of one model,

@@ -4,6 +4,7 @@ listener, `curl --unix-socket`, and edged's client over the Unix socket."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
@@ -262,3 +263,23 @@ def test_tritonclient_when_the_config_names_no_preload_finds_every_model_ready_a
         assert all(client.is_model_ready(m["name"]) for m in index)
     finally:
         client.close()
+
+
+def test_tritonclient_when_setting_log_settings_changes_the_daemons_level(
+        triton_client: triton.InferenceServerClient) -> None:
+    assert "logging" in triton_client.get_server_metadata()["extensions"]
+    root = logging.getLogger()
+    before = root.level
+    try:
+        settings = triton_client.update_log_settings({"log_verbose_level": 1})
+        assert settings["log_verbose_level"] == 1 and root.level == logging.DEBUG
+        settings = triton_client.update_log_settings({"log_verbose_level": 0,
+                                                      "log_info": False})
+        assert (settings["log_info"], settings["log_warning"]) == (False, True)
+        assert root.level == logging.WARNING
+        assert triton_client.get_log_settings() == settings
+        with pytest.raises(triton.InferenceServerException) as refused:
+            triton_client.update_log_settings({"log_file": "/tmp/x.log"})
+        assert refused.value.status() == "400" and "journal" in str(refused.value)
+    finally:
+        root.setLevel(before)
