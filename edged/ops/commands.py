@@ -177,6 +177,8 @@ def read_inputs(client: EdgedClient, model: str, version: int | None,
         if name not in specs:
             raise InvalidInput(f"{model} has no input {name!r} (inputs: {', '.join(specs)})")
         path = Path(file)
+        if not path.is_file():
+            raise InvalidInput(f"--input {file}: no such file")
         if path.suffix.lower() in IMAGE_SUFFIXES:
             inputs[name] = _image_tensor(path, meta["edged"].get("preprocess"), specs[name])
         else:

@@ -283,3 +283,10 @@ def test_tritonclient_when_setting_log_settings_changes_the_daemons_level(
         assert refused.value.status() == "400" and "journal" in str(refused.value)
     finally:
         root.setLevel(before)
+
+
+def test_cli_when_an_input_file_is_missing_names_it(
+        served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "gone.jpg"
+    assert main(["infer", "colors", "-i", str(missing), "--socket", str(served.socket)]) == 1
+    assert capsys.readouterr().err == f"edged: --input {missing}: no such file\n"
