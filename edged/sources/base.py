@@ -162,7 +162,7 @@ class Source(ABC):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seq = 0
-        self._last_offered = -1e18
+        self._next_offer = -1e18  # the clock time from which the next frame may be offered
         self._in_call_since: float | None = None  # inside open()/read(): the health tick's view
         self.state_changed = threading.Condition(self._lock)
 
@@ -297,11 +297,16 @@ class Source(ABC):
 
     def _offer(self, data: np.ndarray, now: float) -> None:
         self._seq += 1
-        if now - self._last_offered < self.min_interval_s:
+        if now < self._next_offer:
             with self._lock:
                 self.stats.skipped += 1
             return
-        self._last_offered = now
+        # The next slot is one interval after this one's, not after this frame: a 30 fps
+        # source limited to 10 fps then gives every third frame, where "an interval since the
+        # last frame" gave every fourth whenever a frame came a hair early (~8 fps). After a
+        # stall longer than an interval the schedule starts again from now (no burst).
+        on_time = now - self._next_offer < self.min_interval_s
+        self._next_offer = (self._next_offer if on_time else now) + self.min_interval_s
         frame = Frame(self.name, self._seq, time.time(), now, data)
         dropped = self.queue.put(frame)
         with self._lock:
