@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 DEMO   := var/demo
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run ota-demo test lint bench clean
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,20 @@ setup: $(STAMP)
 # ARGS reach `edged run`: make run ARGS="--http 127.0.0.1:8000" (Triton's clients).
 run: setup
 	@test -f $(DEMO)/colors.avi || (cd tools && ../$(BIN)/python make_demo.py ../$(DEMO))
+	@test -f $(DEMO)/keys/demo || $(BIN)/edged ota keygen $(DEMO)/keys/demo
 	$(BIN)/edged run --config deploy/edged.yaml --models-dir $(DEMO)/models \
 		--cache-dir $(DEMO)/cache --socket $(DEMO)/edged.sock \
-		--source demo=file://$(abspath $(DEMO))/colors.avi $(ARGS)
+		--source demo=file://$(abspath $(DEMO))/colors.avi \
+		--trusted-key $(DEMO)/keys/demo.pub $(ARGS)
+
+# With `make run` going in another terminal: push the next version of the demo model over
+# MQTT (the broker at 127.0.0.1:1883), signed with the demo's key, and follow it to active.
+ota-demo: setup
+	@test -f $(DEMO)/keys/demo || (echo "start the demo first: make run"; exit 1)
+	cd tools && ../$(BIN)/python make_demo.py --ota-update ../$(DEMO)
+	$(BIN)/edged ota push $(DEMO)/ota/manifest.json --key $(DEMO)/keys/demo \
+		--artifact $(DEMO)/ota/model.onnx --inline --broker 127.0.0.1:1883 \
+		--device edged/edge-01 --timeout 60
 
 lint: setup
 	$(BIN)/ruff check edged tools tests

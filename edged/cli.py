@@ -49,6 +49,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
     run.add_argument("--http", metavar="HOST:PORT", help="also listen on a loopback TCP port")
     run.add_argument("--source", action="append", default=[], metavar="STREAM=URI",
                      help="point a configured stream at another source (repeatable)")
+    run.add_argument("--trusted-key", action="append", default=[], type=Path, metavar="PEM",
+                     help="also trust this OTA public key (repeatable; the demo's own key)")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
     check = sub.add_parser("check-config", help="validate a config file and its models")
@@ -72,6 +74,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.cache_dir:
             config = dataclasses.replace(config, cache=dataclasses.replace(config.cache,
                                                                            dir=args.cache_dir))
+        if args.trusted_key:
+            config = dataclasses.replace(config, ota=dataclasses.replace(
+                config.ota, trusted_keys=[*config.ota.trusted_keys,
+                                          *(key.resolve() for key in args.trusted_key)]))
         if args.log_level:
             config = dataclasses.replace(config, logging=dataclasses.replace(
                 config.logging, level=args.log_level))

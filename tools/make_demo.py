@@ -41,10 +41,37 @@ def write_color_video(path: Path, *, fps: float = 30.0, frames_per_color: int = 
     return path
 
 
+def write_ota_update(out_dir: Path) -> Path:
+    """The next version of the demo's `colors` model, ready for `edged ota push`: its
+    model.onnx and an unsigned manifest (`push --key` fills in the artifact and signs it) in
+    `<out_dir>/ota/`. The version is one above the newest in `<out_dir>/models/colors/`, so
+    each push is a new version. Returns the manifest's path."""
+    import json
+
+    import make_test_models
+
+    versions = [int(p.name) for p in (out_dir / "models" / "colors").iterdir()
+                if p.name.isdigit()]
+    version = max(versions, default=0) + 1
+    folder = out_dir / "ota"
+    make_test_models.write_model(make_test_models.make_colors(), folder / "model.onnx")
+    manifest = {"model": "colors", "version": version, "format": "onnx", "artifact": {},
+                "note": "the demo classifier, published again as a new version"}
+    path = folder / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out_dir", type=Path, help="where models/ and colors.avi go")
+    parser.add_argument("--ota-update", action="store_true",
+                        help="write the next version of the demo model and its manifest "
+                             "into OUT_DIR/ota/ instead")
     args = parser.parse_args(argv)
+    if args.ota_update:
+        print(write_ota_update(args.out_dir))
+        return 0
     import make_test_models
 
     make_test_models.write_repository(args.out_dir / "models", names=["colors"])

@@ -24,6 +24,7 @@ def keygen(private_path: Path) -> tuple[Path, str]:
     )
 
     public_path = private_path.with_name(private_path.name + ".pub")
+    private_path.parent.mkdir(parents=True, exist_ok=True)
     for path in (private_path, public_path):
         if path.exists():
             raise ToolError(f"{path} exists; not overwriting a key")
