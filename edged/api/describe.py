@@ -68,7 +68,10 @@ def model_config(model: ModelVersion) -> dict[str, Any]:
     pre = dataclasses.asdict(cfg.preprocess) if cfg.preprocess is not None else None
     post = dataclasses.asdict(cfg.postprocess) if cfg.postprocess is not None else None
     out["edged"] = {"version": model.version, "precision": cfg.precision,
-                    "preprocess": pre, "postprocess": post}
+                    "preprocess": pre, "postprocess": post,
+                    # a detector's head, and why it and the pre/post-processing are so
+                    "head": model.head.describe() if model.head is not None else None,
+                    "reasons": dict(model.reasons)}
     return out
 
 
