@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from edged.errors import InvalidModel
@@ -127,6 +127,9 @@ class _Fit:
     format: Format
     transposed: bool
     why: str
+    # 2: confirmed (anchor grid, metadata); 1: the class count or the shape's own mark (a
+    # [K <= 1000, 6] table is end-to-end's); 0: a guess (more rows than columns)
+    strength: int
 
 
 def _table_head(spec: TensorSpec, ev: _Evidence) -> Head:
@@ -140,11 +143,12 @@ def _table_head(spec: TensorSpec, ev: _Evidence) -> Head:
                                    and ev.told("transposed")):
         return _said_yolo(spec, rows, cols, ev)
     fits = _filter(_fits(rows, cols, ev), ev)
-    formats = {f.format for f in fits}
-    if formats == {"end2end", "detr"}:  # [K, 6]: end-to-end rows, or a 2-class DETR
-        fits = [f for f in fits if f.format == "end2end"]
-        fits = [_Fit("end2end", False, fits[0].why + " (a 2-class DETR would need "
-                     "postprocess.format: detr)")]
+    if fits:  # the best-supported layouts; a guess never outvotes evidence
+        best = max(f.strength for f in fits)
+        fits = [f for f in fits if f.strength == best]
+    if {f.format for f in fits} == {"end2end", "detr"}:  # [K, 6]: or a 2-class DETR
+        fits = [replace(f, why=f.why + " (a 2-class DETR would need postprocess.format: "
+                        "detr)") for f in fits if f.format == "end2end"]
     if len(fits) == 1:
         return _table(spec, fits[0], ev)
     context = _context(ev)
@@ -174,7 +178,8 @@ def _fits(rows: int, cols: int, ev: _Evidence) -> list[_Fit]:
 
     fits: list[_Fit] = []
     if cols == 6 and rows != 0:
-        fits.append(_Fit("end2end", False, f"[{rows}, 6]: x1, y1, x2, y2, score, class"))
+        mark = 2 if ev.metadata.end2end else 1 if 0 < rows <= MAX_QUERIES else 0
+        fits.append(_Fit("end2end", False, f"[{rows}, 6]: x1, y1, x2, y2, score, class", mark))
     layouts: tuple[tuple[Format, bool, int, frozenset[int], str], ...] = (
         ("yolov8", True, 4, v8, "one per cell"), ("yolov8", False, 4, v8, "one per cell"),
         ("yolov5", False, 5, v5, "three per cell"), ("yolov5", True, 5, v5, "three per cell"))
@@ -186,11 +191,13 @@ def _fits(rows: int, cols: int, ev: _Evidence) -> list[_Fit]:
         why_width, why_anchors = width(k, extra), anchors(n, k, grid, per_cell)
         if why_width and why_anchors:
             shape = f"[{extra}+C, N]" if transposed else f"[N, {extra}+C]"
-            fits.append(_Fit(fmt, transposed, f"{shape}: {why_width}, {why_anchors}"))
+            mark = 2 if n in grid else 1 if c is not None else 0
+            fits.append(_Fit(fmt, transposed, f"{shape}: {why_width}, {why_anchors}", mark))
     why_width = width(cols, 4)
     if why_width and 0 < rows <= MAX_QUERIES and cols - 4 <= MAX_CLASSES \
             and rows not in v8 | v5:
-        fits.append(_Fit("detr", False, f"[Q, 4+C]: {rows} queries, {why_width}"))
+        mark = 2 if ev.metadata.rtdetr else 1 if c is not None or v8 else 0
+        fits.append(_Fit("detr", False, f"[Q, 4+C]: {rows} queries, {why_width}", mark))
     return fits
 
 

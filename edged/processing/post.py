@@ -86,13 +86,19 @@ def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
     boxes, scores, classes = found.boxes, found.scores, found.classes
     if geometry is not None:
         boxes = _to_frame(boxes, geometry, found.normalized)
+    seen = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    if not seen.all():  # boxes wholly in the letterbox bars (or inside out) show nothing
+        boxes, scores, classes = boxes[seen], scores[seen], classes[seen]
     if head.nms:
         chosen = nms(boxes, scores, classes, cfg.iou_threshold)[:cfg.max_detections]
     else:
         chosen = np.argsort(-scores, kind="stable")[:cfg.max_detections].tolist()
-    return [{"class": int(classes[i]), "label": _label(labels, int(classes[i])),
-             "score": round(float(scores[i]), 5),
-             "box": [round(float(v), 2) for v in boxes[i]]} for i in chosen]
+    # Python floats once for the lot: a numpy scalar at a time costs more than the NMS.
+    found_classes = classes[chosen].tolist()
+    return [{"class": c, "label": _label(labels, c), "score": round(score, 5),
+             "box": [round(v, 2) for v in box]}
+            for c, score, box in zip(found_classes, scores[chosen].tolist(),
+                                     boxes[chosen].tolist(), strict=True)]
 
 
 def specs_of(outputs: Mapping[str, np.ndarray]) -> tuple[TensorSpec, ...]:
@@ -125,9 +131,11 @@ def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray,
     rects = np.empty((len(boxes), 4), np.float64)  # OpenCV's boxes are x, y, width, height
     rects[:, :2] = boxes[:, :2]
     rects[:, 2:] = (boxes[:, 2:] - boxes[:, :2]).clip(0)
+    # OpenCV keeps scores above its threshold, which must be >= 0: the caller has thresholded
+    # already, so 0 with every score lifted above it (a score of 0 only where the threshold is).
+    lifted = np.maximum(np.asarray(scores, np.float32), np.finfo(np.float32).tiny)
     batched_nms: Any = cv2.dnn.NMSBoxesBatched  # its stubs take lists; arrays go straight in
-    kept = batched_nms(rects, np.asarray(scores, np.float32), np.asarray(classes, np.int32),
-                       -np.inf, float(iou_threshold))
+    kept = batched_nms(rects, lifted, np.asarray(classes, np.int32), 0.0, float(iou_threshold))
     return np.asarray(kept, np.int64).reshape(-1).tolist()
 
 
