@@ -55,7 +55,11 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
     head = None
     if post is not None and post.kind == "detect":
         try:
-            head = choose_head(outputs, metadata, post, said=said_post,
+            # A labels file's line count is no class count: files often carry a background
+            # line or a 91-line COCO list for 80 classes.
+            counted = post if "labels" not in said_post or "names" in said_post else \
+                dataclasses.replace(post, names=None)
+            head = choose_head(outputs, metadata, counted, said=said_post,
                                input_size=_input_size(pre, inputs),
                                producers=signature.producers,
                                batched=(config.max_batch_size or 0) > 0)

@@ -153,3 +153,15 @@ def test_model_config_api_shows_the_head_labels_and_why(detectors: Path) -> None
     assert described["preprocess"]["pad_value"] == 114.0
     assert "Ultralytics export" in described["reasons"]["preprocess"]
     assert PreprocessConfig(**described["preprocess"]).keep_ratio  # what `edged infer` rebuilds
+
+
+def test_model_yaml_labels_file_names_the_classes_but_does_not_count_them(
+        detectors: Path) -> None:
+    (detectors / "det_yolov8" / "labels.txt").write_text("background\nwalker\ncyclist\ncar\n")
+    write_yaml(detectors, "det_yolov8", "postprocess: {kind: detect, labels: labels.txt}\n")
+    model = ModelRepository(detectors).resolve("det_yolov8")  # 4 lines, 3 classes: still v8
+    assert model.head is not None and model.head.format == "yolov8"
+    assert model_config(model)["edged"]["postprocess"]["names"] == [
+        "background", "walker", "cyclist", "car"]  # the list the API (and edged infer) shows
+    results, _geometry = serve(model, lit_frame())
+    assert [d["label"] for d in results["detections"]] == ["walker"]
