@@ -207,7 +207,8 @@ class StreamPipeline:
         """Post-processing and backend name of the version that ran, worked out once per
         version (a new one brings its own config), not once per frame."""
         if self._version is None or self._version[0] is not model:
-            self._version = (model, Postprocessor(model.config.postprocess, model.dir.parent),
+            self._version = (model, Postprocessor(model.config.postprocess, model.dir.parent,
+                                                  model.head),
                              self.backend_of(model.name, model.version))
         return self._version[1], self._version[2]
 

@@ -202,6 +202,224 @@ def fix_first_dim(values: Iterable[onnx.ValueInfoProto], size: int) -> None:
         first.dim_value = size
 
 
+# -- detectors: stock head layouts around one real answer ------------------------------------
+# Each finds the pixels brighter than 0.5 in any channel (a lit square on a dark frame; the
+# letterbox's grey 114 stays under it) and reports their bounding box, scored by how bright the
+# peak is (0 on a dark frame) and classed by the channel that peaks: a model whose right answer
+# a test can compute. Heads that need NMS also carry a copy shifted by a pixel at 0.9 the score.
+DETECT_SIZE = 64  # fixed input side; YOLOv8's grid then has 8x8 + 4x4 + 2x2 = 84 cells
+DETECT_NAMES = ("person", "bicycle", "car")
+ULTRALYTICS = {"author": "Ultralytics", "stride": "32", "task": "detect", "batch": "1",
+               "names": str(dict(enumerate(DETECT_NAMES))),
+               "imgsz": f"[{DETECT_SIZE}, {DETECT_SIZE}]"}
+_N = helper.make_node
+Part = tuple[list[onnx.NodeProto], list[onnx.TensorProto]]  # nodes and their constants
+
+
+def _const(name: str, values: object, dtype: type = np.float32) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, dtype), name=name)
+
+
+def _bright_box() -> Part:
+    """x [B, 3, H, W] → xyxy [B, 4] (input pixels), cxcywh [B, 4], score [B, 1], onehot [B, 3]
+    (the peaking channel), cls [B, 1] (its index, as a float)."""
+    to_f = TensorProto.FLOAT
+    nodes = [
+        _N("ReduceMax", ["x"], ["bright"], axes=[1], keepdims=1),
+        _N("Greater", ["bright", "half"], ["lit"]), _N("Cast", ["lit"], ["mask"], to=to_f),
+        _N("ReduceMax", ["mask"], ["cols"], axes=[1, 2], keepdims=0),
+        _N("ReduceMax", ["mask"], ["rows"], axes=[1, 3], keepdims=0),
+        _N("ArgMax", ["cols"], ["x1"], axis=1, keepdims=1),
+        _N("ArgMax", ["cols"], ["x2"], axis=1, keepdims=1, select_last_index=1),
+        _N("ArgMax", ["rows"], ["y1"], axis=1, keepdims=1),
+        _N("ArgMax", ["rows"], ["y2"], axis=1, keepdims=1, select_last_index=1),
+        _N("Concat", ["x1", "y1", "x2", "y2"], ["corners_i"], axis=1),
+        _N("Cast", ["corners_i"], ["corners"], to=to_f),
+        _N("Add", ["corners", "to_end"], ["xyxy"]),  # the last lit pixel's far edge
+        _N("MatMul", ["xyxy", "xyxy_to_cxcywh"], ["cxcywh"]),
+        _N("ReduceMax", ["bright"], ["peak"], axes=[2, 3], keepdims=0),
+        _N("Sub", ["peak", "half"], ["over"]), _N("Relu", ["over"], ["over_0"]),
+        _N("Mul", ["over_0", "two"], ["score"]),
+        _N("ReduceMax", ["x"], ["channels"], axes=[2, 3], keepdims=0),
+        _N("ArgMax", ["channels"], ["cls_i"], axis=1, keepdims=1),
+        _N("Equal", ["cls_i", "class_ids"], ["is_cls"]), _N("Cast", ["is_cls"], ["onehot"],
+                                                           to=to_f),
+        _N("Cast", ["cls_i"], ["cls"], to=to_f),
+        _N("Mul", ["onehot", "score"], ["class_scores"]),
+        _N("Mul", ["score", "ninety"], ["score_dup"]),
+        _N("Mul", ["class_scores", "ninety"], ["class_scores_dup"]),
+        _N("Add", ["cxcywh", "shift"], ["cxcywh_dup"]),
+    ]
+    to_cxcywh = [[0.5, 0, -1, 0], [0, 0.5, 0, -1], [0.5, 0, 1, 0], [0, 0.5, 0, 1]]
+    return nodes, [_const("half", 0.5), _const("two", 2.0), _const("ninety", 0.9),
+                   _const("to_end", [0, 0, 1, 1]), _const("xyxy_to_cxcywh", to_cxcywh),
+                   _const("shift", [1, 1, 0, 0]),
+                   _const("class_ids", range(len(DETECT_NAMES)), np.int64)]
+
+
+def _rows(parts: list[list[str]], total: int, out: str, fill: float = 0.0,
+          transpose: bool = False) -> Part:
+    """Rows (each the Concat of [B, k] parts) stacked into [B, total, D], the rest `fill`."""
+    nodes, names = [], []
+    for i, row in enumerate(parts):
+        nodes += [_N("Concat", row, [f"{out}_r{i}"], axis=1),
+                  _N("Unsqueeze", [f"{out}_r{i}", "axis1"], [f"{out}_u{i}"])]
+        names.append(f"{out}_u{i}")
+    padded = f"{out}_t" if transpose else out
+    nodes += [_N("Concat", names, [f"{out}_stack"], axis=1),
+              _N("Pad", [f"{out}_stack", f"{out}_pads", f"{out}_fill"], [padded])]
+    if transpose:
+        nodes.append(_N("Transpose", [padded], [out], perm=[0, 2, 1]))
+    pads = [0, 0, 0, 0, total - len(parts), 0]
+    return nodes, [_const(f"{out}_pads", pads, np.int64), _const(f"{out}_fill", fill)]
+
+
+def _detector(name: str, heads: list[Part],
+              outputs: dict[str, list[Dim]], metadata: dict[str, str],
+              size: Sequence[Dim] = (DETECT_SIZE, DETECT_SIZE)) -> onnx.ModelProto:
+    nodes, inits = _bright_box()
+    inits += [_const("axis1", [1], np.int64), _const("side", DETECT_SIZE)]
+    nodes.append(_N("Div", ["xyxy", "side"], ["xyxy_n"]))
+    nodes.append(_N("Div", ["cxcywh", "side"], ["cxcywh_n"]))
+    for more_nodes, more_inits in heads:
+        nodes += more_nodes
+        inits += more_inits
+    model = build_model(name, nodes, [declare_float("x", ["batch", 3, *size])],
+                        [declare_float(k, ["batch", *v]) for k, v in outputs.items()], inits)
+    helper.set_model_props(model, metadata)
+    return model
+
+
+def make_det_yolov8(seed: int = 0) -> onnx.ModelProto:
+    """[B, 4+C, N] on an input of dynamic size, served at the metadata's imgsz (64 high, 96
+    wide): N = 126 anchors, the grid of that size (12x8 + 6x4 + 3x2)."""
+    del seed
+    rows = _rows([["cxcywh", "class_scores"], ["cxcywh_dup", "class_scores_dup"]], 126,
+                 "output0", transpose=True)
+    return _detector("det_yolov8", [rows], {"output0": [7, 126]},
+                     {**ULTRALYTICS, "imgsz": "[64, 96]",
+                      "description": "Ultralytics YOLOv8n model trained on coco.yaml"},
+                     size=("height", "width"))
+
+
+def make_det_yolov5(seed: int = 0) -> onnx.ModelProto:
+    """YOLOv5's [B, 3 x 84, 5+C] with objectness; metadata as YOLOv5's exporter writes it."""
+    del seed
+    rows = _rows([["cxcywh", "score", "onehot"], ["cxcywh_dup", "score_dup", "onehot"]], 252,
+                 "output0")
+    return _detector("det_yolov5", [rows], {"output0": [252, 8]},
+                     {"stride": "32", "names": ULTRALYTICS["names"]})
+
+
+def make_det_end2end(seed: int = 0) -> onnx.ModelProto:
+    """[B, 300, 6]: x1, y1, x2, y2, score, class, as YOLO26 and YOLOv10 export (no NMS)."""
+    del seed
+    rows = _rows([["xyxy", "score", "cls"]], 300, "output0")
+    return _detector("det_end2end", [rows], {"output0": [300, 6]},
+                     {**ULTRALYTICS, "end2end": "True",
+                      "description": "Ultralytics YOLO26n model trained on coco.yaml"})
+
+
+def make_det_ssd(seed: int = 0) -> onnx.ModelProto:
+    """boxes [B, 200, 4] (0..1 x1, y1, x2, y2) + scores [B, 200, C] from a Sigmoid."""
+    del seed
+    boxes = _rows([["xyxy_n"], ["xyxy_n"]], 200, "boxes")
+    logits = _rows([["logit"], ["logit_dup"]], 200, "logits", fill=-10.0)
+    scored = ([_N("Mul", ["class_scores", "sixteen"], ["logit_up"]),
+               _N("Sub", ["logit_up", "eight"], ["logit"]),
+               _N("Mul", ["class_scores_dup", "sixteen"], ["logit_up_dup"]),
+               _N("Sub", ["logit_up_dup", "eight"], ["logit_dup"])],
+              [_const("sixteen", 16.0), _const("eight", 8.0)])
+    squash: Part = ([_N("Sigmoid", ["logits"], ["scores"])], [])
+    return _detector("det_ssd", [scored, boxes, logits, squash],
+                     {"boxes": [200, 4], "scores": [200, 3]}, {"names": ULTRALYTICS["names"]})
+
+
+def make_det_ssd_background(seed: int = 0) -> onnx.ModelProto:
+    """boxes [B, 200, 4] + scores [B, 200, 1+C] from a Softmax, column 0 the background."""
+    del seed
+    boxes = _rows([["xyxy_n"], ["xyxy_n"]], 200, "boxes")
+    logits = _rows([["bg", "logit"], ["bg_dup", "logit_dup"]], 200, "logits_rows")
+    filler = np.zeros((200, 4), np.float32)
+    filler[2:, 0] = 10.0  # the rows that hold nothing are background
+    scored = ([_N("Mul", ["class_scores", "eight"], ["logit"]),
+               _N("Mul", ["class_scores_dup", "eight"], ["logit_dup"]),
+               _N("Sub", ["one", "score"], ["absent"]),
+               _N("Mul", ["absent", "eight"], ["bg"]),
+               _N("Sub", ["one", "score_dup"], ["absent_dup"]),
+               _N("Mul", ["absent_dup", "eight"], ["bg_dup"])],
+              [_const("eight", 8.0), _const("one", 1.0)])
+    squash = ([_N("Add", ["logits_rows", "filler"], ["logits"]),
+               _N("Softmax", ["logits"], ["scores"], axis=-1)], [_const("filler", filler)])
+    return _detector("det_ssd_background", [scored, boxes, logits, squash],
+                     {"boxes": [200, 4], "scores": [200, 4]}, {"names": ULTRALYTICS["names"]})
+
+
+def make_det_detr(seed: int = 0) -> onnx.ModelProto:
+    """RT-DETR as Ultralytics exports it: [B, 300, 4+C], 0..1 cx, cy, w, h, class scores."""
+    del seed
+    rows = _rows([["cxcywh_n", "class_scores"]], 300, "output0")
+    return _detector("det_detr", [rows], {"output0": [300, 7]},
+                     {**ULTRALYTICS,
+                      "description": "Ultralytics rtdetr-l model trained on coco.yaml"})
+
+
+def make_det_detr_pair(seed: int = 0) -> onnx.ModelProto:
+    """DETR's two outputs: pred_logits [B, 100, C] (logits) and pred_boxes [B, 100, 4] out of
+    a Sigmoid (0..1 cx, cy, w, h)."""
+    del seed
+    logits = _rows([["logit"]], 100, "pred_logits", fill=-10.0)
+    boxes = _rows([["box_logit"]], 100, "box_logits")
+    ops = ([_N("Mul", ["class_scores", "sixteen"], ["logit_up"]),
+            _N("Sub", ["logit_up", "eight"], ["logit"]),
+            _N("Clip", ["cxcywh_n", "tiny", "almost_one"], ["inside"]),
+            _N("Sub", ["almost_one_1", "inside"], ["outside"]),
+            _N("Div", ["inside", "outside"], ["odds"]), _N("Log", ["odds"], ["box_logit"])],
+           [_const("sixteen", 16.0), _const("eight", 8.0), _const("tiny", 1e-4),
+            _const("almost_one", 1 - 1e-4), _const("almost_one_1", 1.0)])
+    squash: Part = ([_N("Sigmoid", ["box_logits"], ["pred_boxes"])], [])
+    return _detector("det_detr_pair", [ops, logits, boxes, squash],
+                     {"pred_logits": [100, 3], "pred_boxes": [100, 4]},
+                     {"names": ULTRALYTICS["names"]})
+
+
+def make_det_ambiguous(seed: int = 0) -> onnx.ModelProto:
+    """[B, 84, 84] from a 64x64 input with 80 classes: YOLOv8's [4+80, 84 anchors] and its
+    rows [84 anchors, 4+80] alike; nothing tells which."""
+    rng = np.random.default_rng(seed)
+    nodes = [_N("GlobalAveragePool", ["x"], ["pool"]), _N("Flatten", ["pool"], ["flat"]),
+             _N("MatMul", ["flat", "w"], ["wide"]), _N("Reshape", ["wide", "shape"], ["output0"])]
+    model = build_model("det_ambiguous", nodes, [declare_float("x", ["batch", 3, 64, 64])],
+                        [declare_float("output0", ["batch", 84, 84])],
+                        [draw_weight(rng, "w", [3, 84 * 84]),
+                         _const("shape", [-1, 84, 84], np.int64)])
+    helper.set_model_props(model, {**ULTRALYTICS,
+                                   "names": str({i: f"class{i}" for i in range(80)})})
+    return model
+
+
+def make_cls_ultralytics(seed: int = 0) -> onnx.ModelProto:
+    """The colors classifier as an Ultralytics classify export: labels in the metadata."""
+    model = make_colors(seed)
+    helper.set_model_props(model, {**ULTRALYTICS, "task": "classify",
+                                   "names": str({0: "red", 1: "green", 2: "blue"})})
+    return model
+
+
+# Not in MODELS: `write_repository()` without names writes the tiny models only.
+DETECTORS: dict[str, Callable[[int], onnx.ModelProto]] = {
+    "det_yolov8": make_det_yolov8,
+    "det_yolov5": make_det_yolov5,
+    "det_end2end": make_det_end2end,
+    "det_ssd": make_det_ssd,
+    "det_ssd_background": make_det_ssd_background,
+    "det_detr": make_det_detr,
+    "det_detr_pair": make_det_detr_pair,
+    "det_ambiguous": make_det_ambiguous,
+    "cls_ultralytics": make_cls_ultralytics,
+}
+
+
 MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "tiny_cls": make_tiny_cls,
     "tiny_cnn": make_tiny_cnn,
@@ -278,19 +496,24 @@ def write_model(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
-def write_config(name: str, root: Path) -> Path:
+def write_config(name: str, root: Path) -> Path | None:
+    """model.yaml (and the files beside it) where the model has one; detectors have none."""
+    for file_name, text in MODEL_FILES.get(name, {}).items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        (root / name / file_name).write_text(text)
+    if name not in MODEL_YAML:
+        return None
     path = root / name / "model.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(MODEL_YAML[name])
-    for file_name, text in MODEL_FILES.get(name, {}).items():
-        (path.parent / file_name).write_text(text)
     return path
 
 
 def write_model_versions(name: str, root: Path, versions: int) -> list[Path]:
     # Version v uses seed v-1 so every version computes something different.
+    make = {**MODELS, **DETECTORS}[name]
     return [
-        write_model(MODELS[name](v - 1), root / name / str(v) / "model.onnx")
+        write_model(make(v - 1), root / name / str(v) / "model.onnx")
         for v in range(1, versions + 1)
     ]
 
@@ -299,12 +522,14 @@ def write_repository_files(
     root: Path, versions: int, names: Iterable[str] | None
 ) -> list[Path]:
     selected = list(DEFAULT_MODELS) if names is None else list(names)
-    unknown = sorted(set(selected) - set(MODELS))
+    unknown = sorted(set(selected) - set(MODELS) - set(DETECTORS))
     if unknown:
         raise ValueError(f"unknown test model(s): {', '.join(unknown)}")
     written: list[Path] = []
     for name in selected:
-        written.append(write_config(name, root))
+        config = write_config(name, root)
+        if config is not None:
+            written.append(config)
         written.extend(write_model_versions(name, root, versions))
     return written
 
@@ -327,9 +552,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=sorted(MODELS),
+        choices=sorted({*MODELS, *DETECTORS}),
         metavar="NAME",
-        help=f"models to write (default: {' '.join(DEFAULT_MODELS)})",
+        help=f"models to write (default: {' '.join(DEFAULT_MODELS)}; the others by name)",
     )
     args = parser.parse_args(argv)
     if args.versions < 1:

@@ -74,7 +74,10 @@ def model_config(model: ModelVersion) -> dict[str, Any]:
     # request may bring, this says the graph runs exactly that many (fewer are zero-padded).
     out["edged"] = {"version": model.version, "precision": cfg.precision,
                     "fixed_batch_size": model.fixed_batch, "preprocess": pre,
-                    "postprocess": post}
+                    "postprocess": post,
+                    # a detector's head, and why it and the pre/post-processing are so
+                    "head": model.head.describe() if model.head is not None else None,
+                    "reasons": dict(model.reasons)}
     return out
 
 

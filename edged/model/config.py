@@ -122,6 +122,10 @@ class TensorRTOverrides:
         "one such a model stays on ONNX Runtime", check=_check_ranges)
 
 
+# Candidates above the score threshold that go on to NMS, best first (tools/bench/post.py).
+PRE_NMS_TOP_K = 1000
+
+
 def _check_size(size: list[int]) -> str | None:
     return None if len(size) == 2 and min(size) > 0 else "resize must be [width, height] > 0"
 
@@ -150,26 +154,41 @@ class PreprocessConfig:
     layout: Literal["nchw", "nhwc"] = setting("nchw", "tensor layout")
 
 
+HeadFormat = Literal["auto", "yolo", "yolov5", "yolov8", "end2end", "ssd", "detr"]
+
+
 @dataclass(frozen=True)
 class PostprocessConfig:
     """What a stream publishes from the outputs: top-k classes, detections (boxes in frame
     pixels, after a score threshold and NMS), or the raw tensors (small ones in full)."""
 
     kind: Literal["classify", "detect", "raw"] = setting("raw", "classify | detect | raw")
-    output: str | None = setting(None, "output to read (classify); null = the first")
+    output: str | None = setting(None, "output to read (classify; detect: the one table); "
+                                 "null = the first")
     labels: str | None = setting(None, "labels file, one per line, beside model.yaml")
+    names: list[str] | None = setting(None, "class names in order; null = the labels file, "
+                                      "else the ONNX file's metadata")
     top_k: int = setting(1, "classes reported (classify)", check=at_least(1))
-    format: Literal["yolo", "ssd"] = setting(
-        "yolo", "detect: yolo = one [N, 4+C] or [4+C, N] tensor (box, class scores), "
-        "optionally with objectness ([N, 5+C]); ssd = boxes [N, 4] + scores [N, C] or "
-        "scores [N] + classes [N]")
+    format: HeadFormat = setting(
+        "auto", "detect head: auto = told by the output shapes and the ONNX metadata, at load; "
+        "yolov5 = [N, 5+C] (objectness); yolov8 = [4+C, N]; end2end = [K, 6] (x1, y1, x2, y2, "
+        "score, class; no NMS); ssd = boxes [N, 4] + scores [N, C] or scores [N] + classes "
+        "[N]; detr = [Q, 4+C] or logits [Q, C] + boxes [Q, 4] (0..1 cx, cy, w, h; no NMS); "
+        "yolo = yolov5 or yolov8 by `objectness` and `transposed`")
     objectness: bool = setting(False, "yolo: a 5th column scales the class scores")
     transposed: bool | None = setting(None, "yolo: the head is [4+C, N] (YOLOv8); null = "
                                       "guess: fewer rows than columns")
-    box: Literal["cxcywh", "xyxy", "yxyx"] = setting("cxcywh", "box encoding")
-    normalized: bool = setting(False, "boxes are 0..1 of the input size, not input pixels")
+    background: bool | None = setting(None, "ssd: column 0 of the scores is the background "
+                                      "class; null = guess (a Softmax, or one column more "
+                                      "than names)")
+    box: Literal["cxcywh", "xyxy", "yxyx"] = setting("cxcywh", "box encoding (when unset: "
+                                                     "the head's own)")
+    normalized: bool = setting(False, "boxes are 0..1 of the input size, not input pixels "
+                               "(when unset: the head's own)")
     score_threshold: float = setting(0.25, "detections below are dropped", check=between(0, 1))
     iou_threshold: float = setting(0.45, "NMS overlap threshold", check=between(0, 1))
+    pre_nms_top_k: int = setting(PRE_NMS_TOP_K, "best-scoring candidates kept for NMS",
+                                 check=at_least(1))
     max_detections: int = setting(100, "most detections kept", check=at_least(1))
     max_values: int = setting(64, "raw: tensors up to this many values go in full",
                               check=at_least(0))

@@ -14,12 +14,14 @@ import shutil
 import threading
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from edged.errors import ConfigError, InvalidModel, ModelNotFound
 from edged.fsutil import copy_synced, file_sha256, fsync_dir, write_atomically
 from edged.model.config import ModelConfig
+from edged.model.heads import Head
+from edged.model.resolve import resolve_processing
 from edged.model.signature import Signature, read_signature, reconcile
 from edged.model.tensor import TensorSpec, fixed_batch
 from edged.schema import parse, parse_file
@@ -49,9 +51,13 @@ class ModelVersion:
     name: str
     version: int
     dir: Path
-    config: ModelConfig  # max_batch_size resolved; inputs/outputs complete
+    # max_batch_size resolved; inputs/outputs complete; pre- and post-processing filled in
+    # from the ONNX file's metadata where model.yaml is silent
+    config: ModelConfig
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    head: Head | None = None  # a detector's head, chosen when the version is read
+    reasons: Mapping[str, str] = field(default_factory=dict)  # why pre/post-processing is so
 
     @property
     def onnx_path(self) -> Path:
@@ -200,7 +206,10 @@ class ModelRepository:
             parsed = parse(ModelConfig, "{}")
         signature: Signature = read_signature(vdir / MODEL_FILE)
         config, inputs, outputs = reconcile(parsed, signature, yaml_path, vdir / MODEL_FILE)
-        return ModelVersion(name, version, vdir, config, inputs, outputs)
+        resolved = resolve_processing(config, parsed.lines, signature, inputs, outputs,
+                                      vdir / MODEL_FILE, vdir.parent)
+        return ModelVersion(name, version, vdir, resolved.config, inputs, outputs,
+                            resolved.head, resolved.reasons)
 
     # -- writing -----------------------------------------------------------------------------
     def install(self, name: str, version: int, files: Mapping[str, bytes | Path]) -> ModelVersion:

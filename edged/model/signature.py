@@ -7,9 +7,10 @@ every disagreement is reported with the model.yaml line and the ONNX file's name
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,14 +19,23 @@ from edged.model.config import DTYPES, ModelConfig, TensorConfig
 from edged.model.tensor import TensorSpec
 from edged.schema import Parsed
 
+if TYPE_CHECKING:
+    import onnx
+
 # Triton's auto-complete uses 4; edge batches of camera frames are often a little larger.
 DEFAULT_MAX_BATCH_SIZE = 8
+
+
+# Ops that move values without computing them: an output's "producer" is looked for behind them.
+_PLUMBING = {"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Cast"}
 
 
 @dataclass(frozen=True)
 class Signature:
     inputs: tuple[TensorSpec, ...]  # full ONNX shapes, -1 for dynamic dims
     outputs: tuple[TensorSpec, ...]
+    metadata: Mapping[str, str] = field(default_factory=dict)  # the file's metadata_props
+    producers: Mapping[str, str] = field(default_factory=dict)  # output → op that computes it
 
 
 def read_signature(path: Path) -> Signature:
@@ -57,7 +67,25 @@ def read_signature(path: Path) -> Signature:
         return TensorSpec(value.name, dtype, dims)
 
     return Signature(tuple(spec(v) for v in graph.input if v.name not in weights),
-                     tuple(spec(v) for v in graph.output))
+                     tuple(spec(v) for v in graph.output),
+                     {p.key: p.value for p in model.metadata_props},
+                     _producers(graph))
+
+
+def _producers(graph: onnx.GraphProto) -> dict[str, str]:
+    """The op type that computes each output (a Sigmoid says "scores are probabilities"),
+    looking through reshapes and transposes."""
+    made_by = {name: node for node in graph.node for name in node.output}
+    found: dict[str, str] = {}
+    for value in graph.output:
+        node = made_by.get(value.name)
+        for _hop in range(16):
+            if node is None or node.op_type not in _PLUMBING or not node.input:
+                break
+            node = made_by.get(node.input[0])
+        if node is not None:
+            found[value.name] = node.op_type
+    return found
 
 
 Specs = tuple[TensorSpec, ...]

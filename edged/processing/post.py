@@ -1,6 +1,7 @@
-"""Outputs → results a subscriber can use: top-k classes with labels, detections (score
-threshold, per-class NMS, boxes mapped back to frame pixels), or raw tensors (small ones in
-full, larger ones summarised: a result message must not carry a 640x640 map)."""
+"""Outputs → results a subscriber can use: top-k classes with labels, detections (the head's
+candidates decoded by `decode.py`, per-class NMS where the head needs it, boxes mapped back to
+frame pixels), or raw tensors (small ones in full, larger ones summarised: a result message
+must not carry a 640x640 map)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from edged.errors import InvalidModel
 from edged.model.config import PostprocessConfig
+from edged.model.heads import Head, choose_head
+from edged.model.tensor import TensorSpec
+from edged.processing.decode import decode
 from edged.processing.pre import Geometry
 
 Results = dict[str, Any]
@@ -25,17 +30,26 @@ def load_labels(path: Path) -> list[str]:
 
 
 class Postprocessor:
-    """One model's post-processing, with its labels read once."""
+    """One model's post-processing, with its labels read once: `names` (from model.yaml or
+    the ONNX metadata), else the labels file. A detector's `head` comes with its version; a
+    Postprocessor made without one tells it from the first outputs it sees."""
 
-    def __init__(self, cfg: PostprocessConfig | None, model_dir: Path) -> None:
+    def __init__(self, cfg: PostprocessConfig | None, model_dir: Path,
+                 head: Head | None = None) -> None:
         self.cfg = cfg or PostprocessConfig()
-        self.labels = load_labels(model_dir / self.cfg.labels) if self.cfg.labels else []
+        if self.cfg.names is not None:
+            self.labels = list(self.cfg.names)
+        else:
+            self.labels = load_labels(model_dir / self.cfg.labels) if self.cfg.labels else []
+        self.head = head
 
     def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None) -> Results:
         if self.cfg.kind == "classify":
             return {"classes": classify(self._first(outputs), self.cfg.top_k, self.labels)}
         if self.cfg.kind == "detect":
-            return {"detections": detect(outputs, self.cfg, geometry, self.labels)}
+            if self.head is None:
+                self.head = choose_head(specs_of(outputs), None, self.cfg)
+            return {"detections": detect(outputs, self.cfg, geometry, self.labels, self.head)}
         return {"outputs": raw(outputs, self.cfg.max_values)}
 
     def _first(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -62,69 +76,35 @@ def classify(scores: np.ndarray, top_k: int, labels: Sequence[str]) -> list[dict
 
 
 def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
-           geometry: Geometry | None, labels: Sequence[str]) -> list[dict[str, Any]]:
-    boxes, scores, classes = (_yolo(outputs, cfg) if cfg.format == "yolo"
-                              else _ssd(outputs, cfg))
-    keep = scores >= cfg.score_threshold
-    boxes, scores, classes = _to_xyxy(boxes[keep], cfg.box), scores[keep], classes[keep]
+           geometry: Geometry | None, labels: Sequence[str],
+           head: Head | None = None) -> list[dict[str, Any]]:
+    """Detections of one frame: the head's candidates above the threshold, mapped into the
+    frame, suppressed per class (NMS-free heads skip that), best first. Without a `head` (as
+    the model's version carries one) it is told from the arrays' shapes and `cfg`."""
+    head = head or choose_head(specs_of(outputs), None, cfg)
+    found = decode(head, outputs, cfg.score_threshold, cfg.pre_nms_top_k)
+    boxes, scores, classes = found.boxes, found.scores, found.classes
     if geometry is not None:
-        boxes = _to_frame(boxes, geometry, cfg.normalized)
-    chosen = nms(boxes, scores, classes, cfg.iou_threshold)[:cfg.max_detections]
-    return [{"class": int(classes[i]), "label": _label(labels, int(classes[i])),
-             "score": round(float(scores[i]), 5),
-             "box": [round(float(v), 2) for v in boxes[i]]} for i in chosen]
+        boxes = _to_frame(boxes, geometry, found.normalized)
+    seen = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    if not seen.all():  # boxes wholly in the letterbox bars (or inside out) show nothing
+        boxes, scores, classes = boxes[seen], scores[seen], classes[seen]
+    if head.nms:
+        chosen = nms(boxes, scores, classes, cfg.iou_threshold)[:cfg.max_detections]
+    else:
+        chosen = np.argsort(-scores, kind="stable")[:cfg.max_detections].tolist()
+    # Python floats once for the lot: a numpy scalar at a time costs more than the NMS.
+    found_classes = classes[chosen].tolist()
+    return [{"class": c, "label": _label(labels, c), "score": round(score, 5),
+             "box": [round(v, 2) for v in box]}
+            for c, score, box in zip(found_classes, scores[chosen].tolist(),
+                                     boxes[chosen].tolist(), strict=True)]
 
 
-def _yolo(outputs: Mapping[str, np.ndarray],
-          cfg: PostprocessConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One tensor of rows (box, [objectness], class scores): [1, N, K] or, as YOLOv8 writes
-    it, [1, K, N] with K much smaller than N."""
-    table = np.asarray(next(iter(outputs.values())), np.float32)
-    table = table.reshape(table.shape[-2:]) if table.ndim == 3 else table
-    extra = 5 if cfg.objectness else 4
-    if table.ndim != 2:
-        raise InvalidModel(f"detect/yolo: expected [N, {extra}+classes], got {table.shape}")
-    transposed = cfg.transposed
-    if transposed is None:  # candidates (thousands) outnumber the columns
-        transposed = table.shape[0] < table.shape[1]
-    if transposed:
-        table = table.T
-    if table.shape[1] <= extra:
-        raise InvalidModel(f"detect/yolo: expected [N, {extra}+classes], got {table.shape}")
-    class_scores = table[:, extra:]
-    if cfg.objectness:
-        class_scores = class_scores * table[:, 4:5]
-    classes = class_scores.argmax(axis=1)
-    return table[:, :4], class_scores[np.arange(len(table)), classes], classes
-
-
-def _ssd(outputs: Mapping[str, np.ndarray],
-         cfg: PostprocessConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Boxes [N, 4] and either scores [N, C] or scores [N] plus classes [N]."""
-    arrays = [np.asarray(a) for a in outputs.values()]
-    arrays = [a.reshape(a.shape[1:]) if a.ndim >= 2 and a.shape[0] == 1 else a for a in arrays]
-    boxes = next((a for a in arrays if a.ndim == 2 and a.shape[1] == 4), None)
-    if boxes is None:
-        raise InvalidModel("detect/ssd: no [N, 4] boxes output")
-    rest = [a for a in arrays if a is not boxes]
-    matrix = next((a for a in rest if a.ndim == 2 and a.shape[0] == len(boxes)), None)
-    if matrix is not None:
-        classes = matrix.argmax(axis=1)
-        return boxes.astype(np.float32), matrix[np.arange(len(boxes)), classes], classes
-    vectors = [a.reshape(-1) for a in rest if a.size == len(boxes)]
-    if len(vectors) < 2:
-        raise InvalidModel("detect/ssd: expected scores [N, C], or scores [N] and classes [N]")
-    scores, classes = vectors[0].astype(np.float32), vectors[1].astype(np.int64)
-    return boxes.astype(np.float32), scores, classes
-
-
-def _to_xyxy(boxes: np.ndarray, encoding: str) -> np.ndarray:
-    if encoding == "cxcywh":
-        cx, cy, w, h = boxes.T
-        return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
-    if encoding == "yxyx":
-        return boxes[:, [1, 0, 3, 2]]
-    return boxes
+def specs_of(outputs: Mapping[str, np.ndarray]) -> tuple[TensorSpec, ...]:
+    """Arrays as the tensor specs a head is chosen from."""
+    return tuple(TensorSpec(name, np.asarray(a).dtype, tuple(np.shape(a)))
+                 for name, a in outputs.items())
 
 
 def _to_frame(boxes: np.ndarray, g: Geometry, normalized: bool) -> np.ndarray:
@@ -144,27 +124,19 @@ def _to_frame(boxes: np.ndarray, g: Geometry, normalized: bool) -> np.ndarray:
 
 def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray,
         iou_threshold: float) -> list[int]:
-    """Greedy non-maximum suppression per class; indices best first."""
-    order = np.argsort(-scores, kind="stable")
-    kept: list[int] = []
-    areas = (boxes[:, 2] - boxes[:, 0]).clip(0) * (boxes[:, 3] - boxes[:, 1]).clip(0)
-    suppressed = np.zeros(len(boxes), bool)
-    for position, i in enumerate(order):
-        if suppressed[i]:
-            continue
-        kept.append(int(i))
-        rest = order[position + 1:]
-        rest = rest[(classes[rest] == classes[i]) & ~suppressed[rest]]
-        if not len(rest):
-            continue
-        x1 = np.maximum(boxes[i, 0], boxes[rest, 0])
-        y1 = np.maximum(boxes[i, 1], boxes[rest, 1])
-        x2 = np.minimum(boxes[i, 2], boxes[rest, 2])
-        y2 = np.minimum(boxes[i, 3], boxes[rest, 3])
-        overlap = (x2 - x1).clip(0) * (y2 - y1).clip(0)
-        iou = overlap / np.maximum(areas[i] + areas[rest] - overlap, 1e-9)
-        suppressed[rest[iou > iou_threshold]] = True
-    return kept
+    """Greedy non-maximum suppression per class (OpenCV's batched NMS: a box goes when it
+    overlaps a better one of its class by more than `iou_threshold`); indices best first."""
+    if not len(boxes):
+        return []
+    rects = np.empty((len(boxes), 4), np.float64)  # OpenCV's boxes are x, y, width, height
+    rects[:, :2] = boxes[:, :2]
+    rects[:, 2:] = (boxes[:, 2:] - boxes[:, :2]).clip(0)
+    # OpenCV keeps scores above its threshold, which must be >= 0: the caller has thresholded
+    # already, so 0 with every score lifted above it (a score of 0 only where the threshold is).
+    lifted = np.maximum(np.asarray(scores, np.float32), np.finfo(np.float32).tiny)
+    batched_nms: Any = cv2.dnn.NMSBoxesBatched  # its stubs take lists; arrays go straight in
+    kept = batched_nms(rects, lifted, np.asarray(classes, np.int32), 0.0, float(iou_threshold))
+    return np.asarray(kept, np.int64).reshape(-1).tolist()
 
 
 def raw(outputs: Mapping[str, np.ndarray], max_values: int) -> dict[str, Any]:

@@ -64,3 +64,16 @@ def test_bench_ota_when_run_quick_updates_under_load_without_a_failed_request(
                    for p in ("before", "after"))
         assert update["during"]["failed"] == 0 and update["received_to_active_s"] > 0
         assert set(update["answers_by_version"]) == {"1", "2"}  # both served, under load
+
+
+def test_bench_post_when_run_quick_keeps_the_same_detections_before_and_after(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["post", "--quick", "--out", str(tmp_path)]) == 0
+    assert "NMS alone, crowd (numpy loop vs OpenCV)" in capsys.readouterr().out
+    results = json.loads((tmp_path / "post.json").read_text())
+    assert [c["scene"] for c in results["yolov8"]] == ["12 objects", "crowd of 100",
+                                                       "12 objects"]
+    for case in results["yolov8"]:
+        assert case["same_kept"] and case["before_ms"] > 0 and case["after_ms"] > 0
+        assert case["candidates"] > case["kept"] > 0  # NMS had candidates to suppress
+    assert results["nms"]["same_kept"] and results["end2end"]["kept"] > 0

@@ -101,8 +101,11 @@ def gather(model: ModelVersion, calibration: list[Path], held_out: list[Path], *
 
 
 def read_labels(model: ModelVersion) -> list[str]:
-    """The class names of `postprocess.labels`, beside model.yaml; [] when there are none."""
+    """The class names: `postprocess.names` (model.yaml's, or the ONNX metadata's), else the
+    `postprocess.labels` file beside model.yaml; [] when there are none."""
     post = model.config.postprocess
+    if post is not None and post.names is not None:
+        return list(post.names)
     if post is None or not post.labels:
         return []
     for folder in (model.dir, model.dir.parent):

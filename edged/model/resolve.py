@@ -1,0 +1,185 @@
+"""What model.yaml leaves unsaid about pre- and post-processing, filled in from the ONNX file
+itself, once, when a version is read.
+
+A stock export carries its own description: Ultralytics writes the class names, the input size
+and the task into `metadata_props`, and its pre-processing is always the same letterbox. Where
+model.yaml is silent (key by key: the parsed YAML's lines tell which keys it gave) that is the
+first source of truth; a model.yaml that speaks always wins. A detector's head is chosen here
+too (`edged.model.heads`), and every choice keeps a one-line reason for the model config API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edged.errors import InvalidModel
+from edged.model.config import ModelConfig, PostprocessConfig, PreprocessConfig
+from edged.model.heads import Head, choose_head
+from edged.model.metadata import ExportMetadata, read_metadata
+from edged.model.signature import Signature
+from edged.model.tensor import TensorSpec
+
+logger = logging.getLogger(__name__)
+
+# Ultralytics' LetterBox and its predictor: centred, grey 114, RGB, 0..1, no mean/std.
+ULTRALYTICS_DETECT = {"keep_ratio": True, "pad": "center", "pad_value": 114.0, "color": "rgb",
+                      "scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "nchw"}
+# Its classifiers centre-crop; edged has no crop, so the whole frame is resized.
+ULTRALYTICS_CLASSIFY = {**ULTRALYTICS_DETECT, "keep_ratio": False}
+BOX_NAMES = ("box", "bbox", "loc")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    config: ModelConfig  # preprocess and postprocess filled in where model.yaml was silent
+    head: Head | None  # for `postprocess.kind: detect`
+    reasons: Mapping[str, str] = field(default_factory=dict)  # "preprocess", "postprocess"
+
+
+def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature: Signature,
+                       inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+                       onnx_path: Path, labels_dir: Path) -> Resolved:
+    """`config` as reconciled with the signature; `lines` the parsed model.yaml's key paths;
+    `labels_dir` where a `postprocess.labels` file lives. Raises InvalidModel for a detector
+    whose head cannot be told."""
+    metadata = read_metadata(signature.metadata, onnx_path.name)
+    reasons: dict[str, str] = {}
+    pre = _preprocess(config.preprocess, _said(lines, "preprocess"), metadata, inputs, reasons)
+    said_post = _said(lines, "postprocess")
+    post = _postprocess(config.postprocess, said_post, metadata, outputs, labels_dir, reasons)
+    head = None
+    if post is not None and post.kind == "detect":
+        try:
+            # A labels file's line count is no class count: files often carry a background
+            # line or a 91-line COCO list for 80 classes.
+            counted = post if "labels" not in said_post or "names" in said_post else \
+                dataclasses.replace(post, names=None)
+            head = choose_head(outputs, metadata, counted, said=said_post,
+                               input_size=_input_size(pre, inputs),
+                               producers=signature.producers,
+                               batched=(config.max_batch_size or 0) > 0)
+        except InvalidModel as exc:
+            why = reasons.get("postprocess", "model.yaml")
+            if "kind" in said_post or metadata.task == "detect":
+                raise InvalidModel(f"{onnx_path}: {exc} (detect: {why})") from exc
+            # Only guessed from the outputs' look: serve the raw outputs, as before.
+            logger.warning("%s: %s; serving raw outputs", onnx_path, exc)
+            post = dataclasses.replace(post, kind="raw")
+            reasons["postprocess"] = f"raw: {why}, but {exc}"
+    resolved = dataclasses.replace(config, preprocess=pre, postprocess=post)
+    return Resolved(resolved, head, reasons)
+
+
+def _said(lines: Mapping[str, int], section: str) -> frozenset[str]:
+    """The keys of one model.yaml section that the file gave."""
+    prefix = section + "."
+    return frozenset(path[len(prefix):].split(".")[0].split("[")[0]
+                     for path in lines if path.startswith(prefix))
+
+
+def _given(said: frozenset[str]) -> str:
+    return f"; model.yaml: {', '.join(sorted(said))}" if said else ""
+
+
+# -- pre-processing ----------------------------------------------------------------------------
+
+def _preprocess(cfg: PreprocessConfig | None, said: frozenset[str], metadata: ExportMetadata,
+                inputs: tuple[TensorSpec, ...], reasons: dict[str, str]
+                ) -> PreprocessConfig | None:
+    derived: dict[str, Any] = {}
+    why: list[str] = []
+    if metadata.ultralytics:
+        classify = metadata.task == "classify"
+        derived.update(ULTRALYTICS_CLASSIFY if classify else ULTRALYTICS_DETECT)
+        why.append("Ultralytics export (metadata): " + (
+            "resize, RGB, 1/255" if classify else "letterbox centred, pad 114, RGB, 1/255"))
+    if metadata.imgsz is not None and inputs:
+        height, width = metadata.imgsz
+        layout = cfg.layout if cfg is not None and "layout" in said else \
+            derived.get("layout", "nchw")
+        own = _spatial(inputs[0], layout)
+        if own is None or own == (width, height):
+            derived["resize"] = [width, height]
+            why.append(f"resize {width}x{height} from imgsz {list(metadata.imgsz)}")
+        else:
+            logger.warning("%s: metadata imgsz %s disagrees with input %s; the input's own "
+                           "size is used", inputs[0].name, list(metadata.imgsz),
+                           list(inputs[0].shape))
+    chosen = {k: v for k, v in derived.items() if k not in said}
+    if not chosen:
+        if cfg is not None:
+            reasons["preprocess"] = "model.yaml"
+        return cfg
+    reasons["preprocess"] = "; ".join(why) + _given(said)
+    return dataclasses.replace(cfg or PreprocessConfig(), **chosen)
+
+
+def _spatial(spec: TensorSpec, layout: str) -> tuple[int, int] | None:
+    """The input's own (width, height) when both are fixed."""
+    if len(spec.shape) < 3:
+        return None
+    height, width = spec.shape[-2:] if layout == "nchw" else spec.shape[-3:-1]
+    return (width, height) if height > 0 and width > 0 else None
+
+
+def _input_size(pre: PreprocessConfig | None, inputs: tuple[TensorSpec, ...]
+                ) -> tuple[int, int] | None:
+    if pre is not None and pre.resize is not None:
+        return pre.resize[0], pre.resize[1]
+    return _spatial(inputs[0], pre.layout if pre else "nchw") if inputs else None
+
+
+# -- post-processing ---------------------------------------------------------------------------
+
+def _postprocess(cfg: PostprocessConfig | None, said: frozenset[str], metadata: ExportMetadata,
+                 outputs: tuple[TensorSpec, ...], labels_dir: Path, reasons: dict[str, str]
+                 ) -> PostprocessConfig | None:
+    derived: dict[str, Any] = {}
+    why: list[str] = []
+    if "kind" not in said:
+        kind, kind_why = _kind(metadata, outputs)
+        if kind is not None:
+            derived["kind"] = kind
+            why.append(kind_why)
+    if "names" not in said:
+        if "labels" in said and cfg is not None and cfg.labels:
+            names = _read_labels(labels_dir / cfg.labels)
+            if names is not None:
+                derived["names"] = names
+        elif metadata.names is not None:
+            derived["names"] = list(metadata.names)
+            why.append(f"{len(metadata.names)} class names from the metadata")
+    if not derived:
+        if cfg is not None:
+            reasons["postprocess"] = "model.yaml"
+        return cfg
+    reasons["postprocess"] = "; ".join(why or ["model.yaml"]) + (_given(said) if why else "")
+    return dataclasses.replace(cfg or PostprocessConfig(), **derived)
+
+
+def _kind(metadata: ExportMetadata, outputs: tuple[TensorSpec, ...]
+          ) -> tuple[str | None, str]:
+    if metadata.task in ("detect", "classify"):
+        return metadata.task, f"kind {metadata.task} from metadata task: {metadata.task}"
+    if metadata.task is not None:
+        return None, ""  # segment, pose, obb: their extra outputs are not decoded; raw
+    if metadata.ultralytics and metadata.names and len(outputs) == 1:
+        return "detect", "kind detect: a YOLO export (metadata stride and names)"
+    if len(outputs) > 1 and any(o.shape[-1:] == (4,) and any(
+            k in o.name.lower() for k in BOX_NAMES) for o in outputs):
+        return "detect", "kind detect: outputs of boxes [N, 4] beside other per-box outputs"
+    return None, ""
+
+
+def _read_labels(path: Path) -> list[str] | None:
+    """The labels file as a list for the model config API; None when it cannot be read (the
+    post-processing step reports that)."""
+    try:
+        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError):
+        return None

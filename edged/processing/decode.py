@@ -1,0 +1,174 @@
+"""A detector's outputs → candidate boxes, in the layout its `Head` names (chosen when the model
+was read), vectorised: the score threshold and the pre-NMS top-k cut the candidates before
+anything looks at one box at a time.
+
+Boxes come back as x1, y1, x2, y2 in input-tensor pixels, or 0..1 of the input when the head's
+boxes are normalised (`Candidates.normalized`); `post._to_frame` maps them into the frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from edged.errors import InvalidModel
+from edged.model.heads import Head
+
+# A box in pixels is more than a pixel and a half from the corner; 0..1 boxes never are.
+NORMALIZED_LIMIT = 1.5
+
+
+@dataclass(frozen=True)
+class Candidates:
+    boxes: np.ndarray  # [K, 4] float32 x1, y1, x2, y2
+    scores: np.ndarray  # [K] float32, all >= the threshold
+    classes: np.ndarray  # [K] int64
+    normalized: bool  # boxes are 0..1 of the input tensor
+
+
+def decode(head: Head, outputs: Mapping[str, np.ndarray], score_threshold: float,
+           top_k: int) -> Candidates:
+    """The candidates of one image (a batch of one) scoring at least `score_threshold`, at most
+    `top_k` of them (the best)."""
+    if head.format == "yolov8":
+        boxes, scores, classes = _yolov8(_table(head, outputs), head, score_threshold, top_k)
+    elif head.format == "yolov5":
+        boxes, scores, classes = _yolov5(_table(head, outputs), head, score_threshold, top_k)
+    elif head.format == "end2end":
+        boxes, scores, classes = _end2end(_table(head, outputs), score_threshold, top_k)
+    elif head.format == "detr":
+        boxes, scores, classes = _detr(head, outputs, score_threshold, top_k)
+    else:
+        boxes, scores, classes = _ssd(head, outputs, score_threshold, top_k)
+    boxes = _to_xyxy(boxes.astype(np.float32, copy=False), head.box)
+    normalized = head.normalized
+    if normalized is None:  # the head does not say: 0..1 boxes stay within the unit square
+        normalized = not boxes.size or float(np.abs(boxes).max()) <= NORMALIZED_LIMIT
+    return Candidates(boxes, scores.astype(np.float32, copy=False),
+                      classes.astype(np.int64, copy=False), normalized)
+
+
+Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes as encoded, scores, classes
+
+
+def _output(outputs: Mapping[str, np.ndarray], name: str | None) -> np.ndarray:
+    if name is None or name not in outputs:
+        raise InvalidModel(f"detect: output {name!r} is missing (got {', '.join(outputs)})")
+    return np.asarray(outputs[name])
+
+
+def _table(head: Head, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    table = _output(outputs, head.table)
+    while table.ndim > 2:  # the batch of one
+        table = table[0]
+    if table.ndim != 2:
+        raise InvalidModel(f"detect/{head.format}: {head.table} has shape {table.shape}")
+    return np.asarray(table, np.float32)
+
+
+def _best(keep: np.ndarray, scores: np.ndarray, top_k: int) -> np.ndarray:
+    """Positions in `keep` of the top_k best scores, still in index order (NMS breaks ties by
+    it)."""
+    if len(keep) <= top_k:
+        return keep
+    best = keep[np.argpartition(-scores[keep], top_k - 1)[:top_k]]
+    best.sort()
+    return best
+
+
+def _yolov8(table: np.ndarray, head: Head, threshold: float, top_k: int) -> Decoded:
+    """[4+C, N] (transposed) or [N, 4+C]: box, then class scores; no objectness."""
+    if (table.shape[0] if head.transposed else table.shape[1]) <= 4:
+        raise InvalidModel(f"detect/yolov8: expected [4+classes, N], got {table.shape}")
+    if head.transposed:  # reduce over the class rows: contiguous, no transposed copy
+        class_scores = table[4:]
+        best = class_scores.max(axis=0)
+        keep = _best(np.flatnonzero(best >= threshold), best, top_k)
+        return table[:4, keep].T, best[keep], class_scores[:, keep].argmax(axis=0)
+    class_scores = table[:, 4:]
+    best = class_scores.max(axis=1)
+    keep = _best(np.flatnonzero(best >= threshold), best, top_k)
+    return table[keep, :4], best[keep], class_scores[keep].argmax(axis=1)
+
+
+def _yolov5(table: np.ndarray, head: Head, threshold: float, top_k: int) -> Decoded:
+    """[N, 5+C]: box, objectness, class scores; the score is objectness x class score. Rows
+    whose objectness is under the threshold cannot score above it (class scores are <= 1)."""
+    rows = table.T if head.transposed else table
+    if rows.shape[1] <= 5:
+        raise InvalidModel(f"detect/yolov5: expected [N, 5+classes], got {table.shape}")
+    likely = rows[np.flatnonzero(rows[:, 4] >= threshold)]
+    class_scores = likely[:, 5:] * likely[:, 4:5]
+    classes = class_scores.argmax(axis=1)
+    scores = class_scores[np.arange(len(likely)), classes]
+    keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
+    return likely[keep, :4], scores[keep], classes[keep]
+
+
+def _end2end(table: np.ndarray, threshold: float, top_k: int) -> Decoded:
+    """[K, 6]: x1, y1, x2, y2, score, class, already suppressed."""
+    if table.shape[1] < 6:
+        raise InvalidModel(f"detect/end2end: expected [K, 6], got {table.shape}")
+    keep = _best(np.flatnonzero(table[:, 4] >= threshold), table[:, 4], top_k)
+    return table[keep, :4], table[keep, 4], np.rint(table[keep, 5])
+
+
+def _detr(head: Head, outputs: Mapping[str, np.ndarray], threshold: float,
+          top_k: int) -> Decoded:
+    """[Q, 4+C], or boxes [Q, 4] + class scores [Q, C]: one box per query, no NMS."""
+    if head.table is not None:
+        table = _table(head, outputs)
+        boxes, logits = table[:, :4], table[:, 4:]
+    else:
+        boxes = _output(outputs, head.boxes).reshape(-1, 4)
+        logits = _output(outputs, head.scores)
+        logits = np.asarray(logits.reshape(len(boxes), -1), np.float32)
+    if logits.shape[1] < 1:
+        raise InvalidModel(f"detect/detr: no class scores beside the boxes ({logits.shape})")
+    classes = logits.argmax(axis=1)
+    scores = logits[np.arange(len(logits)), classes]
+    sigmoid = head.activation == "sigmoid" or (
+        head.activation == "auto" and logits.size and (logits.min() < 0 or logits.max() > 1))
+    if sigmoid:  # monotonic: the best logit is the best probability
+        scores = 1 / (1 + np.exp(-scores))
+    keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
+    return boxes[keep], scores[keep], classes[keep]
+
+
+def _ssd(head: Head, outputs: Mapping[str, np.ndarray], threshold: float,
+         top_k: int) -> Decoded:
+    """Boxes [N, 4] and either scores [N, C] (maybe with a background column 0) or scores [N]
+    plus classes [N]; a TF-style count says how many rows are real."""
+    boxes = _output(outputs, head.boxes).reshape(-1, 4)
+    raw_scores = _output(outputs, head.scores)
+    if head.classes is not None:
+        scores = raw_scores.reshape(-1).astype(np.float32, copy=False)
+        classes = np.rint(_output(outputs, head.classes).reshape(-1))
+    else:
+        matrix = raw_scores.reshape(len(boxes), -1)
+        if head.background:
+            matrix = matrix[:, 1:]
+        if matrix.shape[1] < 1:
+            raise InvalidModel(f"detect/ssd: no class columns in {head.scores} "
+                               f"{raw_scores.shape}")
+        classes = matrix.argmax(axis=1)
+        scores = matrix[np.arange(len(matrix)), classes]
+    if len(scores) != len(boxes) or len(classes) != len(boxes):
+        raise InvalidModel(f"detect/ssd: {len(boxes)} boxes but {len(scores)} scores and "
+                           f"{len(classes)} classes")
+    if head.count is not None:
+        real = int(np.asarray(outputs.get(head.count, len(boxes))).reshape(-1)[0])
+        boxes, scores, classes = (a[:max(0, real)] for a in (boxes, scores, classes))
+    keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
+    return boxes[keep], scores[keep], classes[keep]
+
+
+def _to_xyxy(boxes: np.ndarray, encoding: str) -> np.ndarray:
+    if encoding == "cxcywh":
+        cx, cy, w, h = boxes.T
+        return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+    if encoding == "yxyx":
+        return boxes[:, [1, 0, 3, 2]]
+    return boxes
