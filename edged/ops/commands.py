@@ -9,16 +9,19 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edged.api.protocol import TRITON_TO_NUMPY
 from edged.config import DEFAULT_CONFIG_PATH, default_socket, load_config
 from edged.errors import InvalidInput
-from edged.model.config import PreprocessConfig
+from edged.model.config import PostprocessConfig, PreprocessConfig
+from edged.model.heads import Head
 from edged.model.tensor import TensorSpec
 from edged.ops.quantize.command import add_arguments as add_quantize_arguments
+from edged.processing.post import Postprocessor
+from edged.processing.pre import Geometry
 
 if TYPE_CHECKING:
     from edged.ops.client import EdgedClient
@@ -35,6 +38,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
                             "says); NAME= for models with several inputs")
     infer.add_argument("--version", type=int, help="model version (default: the active one)")
     infer.add_argument("--json", action="store_true", help="print the response as JSON")
+    infer.add_argument("--raw", action="store_true",
+                       help="print the output tensors, not what the model's postprocess makes "
+                            "of them (labels, boxes)")
+    infer.add_argument("--output", "-o", type=Path, metavar="IMAGE",
+                       help="write the input image with the detections drawn on it")
     _add_target(infer)
     models = sub.add_parser("models", help="list a running daemon's models")
     _add_target(models)
@@ -140,34 +148,83 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
+    """Print what the model means (top-k labels, boxes) when its postprocess says, else (or
+    with --raw) the tensors."""
     with _client(args) as client:
-        inputs = read_inputs(client, args.model, args.version, args.input)
+        meta = client.model_config(args.model, args.version)
+        inputs, images = read_inputs(meta, args.model, args.input)
         result = client.infer(args.model, inputs, version=args.version)
     if args.json:
         print(json.dumps({"model_name": result.model, "model_version": result.version,
                           "outputs": {k: v.tolist() for k, v in result.outputs.items()}}))
         return 0
     print(f"{result.model}:{result.version}")
-    with np.printoptions(precision=5, suppress=True, threshold=64, edgeitems=4):
-        for name, array in result.outputs.items():
-            print(f"{name} {array.dtype} {list(array.shape)}\n{array}")
+    image = next(iter(images.values()), None)
+    post = meta["edged"].get("postprocess") or {}
+    if args.raw or post.get("kind") not in ("classify", "detect"):
+        if args.output is not None:
+            raise InvalidInput("--output draws detections: the model is not a detector, or "
+                               "--raw was given")
+        with np.printoptions(precision=5, suppress=True, threshold=64, edgeitems=4):
+            for name, array in result.outputs.items():
+                print(f"{name} {array.dtype} {list(array.shape)}\n{array}")
+        return 0
+    head = meta["edged"].get("head")
+    postprocessor = Postprocessor(PostprocessConfig(**post), Path("."),
+                                  Head(**head) if head else None)
+    results = postprocessor(result.outputs, image[1] if image is not None else None)
+    for line in describe_results(results, framed=image is not None):
+        print(line)
+    if args.output is not None:
+        if image is None or "detections" not in results:
+            raise InvalidInput("--output draws detections on the input image: give an image "
+                               "to a detect model")
+        write_drawing(args.output, image[0], results["detections"])
+        print(f"drawn: {args.output}")
     return 0
+
+
+def describe_results(results: dict[str, Any], *, framed: bool) -> list[str]:
+    """A person's reading of post-processed results: one line a class or a detection."""
+    if "classes" in results:
+        return [f"  {c['label']:<20} {c['score']:.4f}" for c in results["classes"]]
+    detections = results["detections"]
+    where = "image pixels" if framed else "input-tensor pixels"
+    lines = [f"  {len(detections)} detection(s), boxes x1,y1,x2,y2 in {where}"]
+    for d in detections:
+        box = ", ".join(f"{v:.0f}" for v in d["box"])
+        lines.append(f"  {d['label']:<20} {d['score']:.3f}  [{box}]")
+    return lines
+
+
+def write_drawing(path: Path, frame: np.ndarray, detections: list[dict[str, Any]]) -> None:
+    import cv2
+
+    drawn = frame.copy()
+    for d in detections:
+        x1, y1, x2, y2 = (round(v) for v in d["box"])
+        cv2.rectangle(drawn, (x1, y1), (x2, y2), (0, 255, 0), 2)
+        cv2.putText(drawn, f"{d['label']} {d['score']:.2f}", (x1, max(y1 - 4, 12)),
+                    cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 255, 0), 1, cv2.LINE_AA)
+    if not cv2.imwrite(str(path), drawn):
+        raise InvalidInput(f"--output {path}: OpenCV cannot write that (its suffix names "
+                           "the format: .jpg, .png)")
 
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 
 
-def read_inputs(client: EdgedClient, model: str, version: int | None,
-                given: list[str]) -> dict[str, np.ndarray]:
+def read_inputs(meta: dict[str, Any], model: str, given: list[str]
+                ) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, Geometry]]]:
     """`--input` values as tensors: .npy as they are (one sample of a batched model given a
     batch dim, as an image is), images preprocessed as the model's `preprocess` says (its
-    defaults when it says nothing)."""
-    meta = client.model_config(model, version)
+    defaults when it says nothing). Also each image and where it landed in its tensor, by
+    input name, so results can be drawn on it."""
     batched = meta["max_batch_size"] > 0
     specs = {t["name"]: TensorSpec(t["name"], np.dtype(TRITON_TO_NUMPY[t["data_type"][5:]]),
                                    tuple(([1] if batched else []) + t["dims"]))
              for t in meta["input"]}
-    inputs = {}
+    inputs, images = {}, {}
     for item in given:
         name, sep, file = item.partition("=")
         if not sep:
@@ -180,11 +237,13 @@ def read_inputs(client: EdgedClient, model: str, version: int | None,
         if not path.is_file():
             raise InvalidInput(f"--input {file}: no such file")
         if path.suffix.lower() in IMAGE_SUFFIXES:
-            inputs[name] = _image_tensor(path, meta["edged"].get("preprocess"), specs[name])
+            frame, inputs[name], geometry = _image_tensor(path, meta["edged"].get("preprocess"),
+                                                          specs[name])
+            images[name] = (frame, geometry)
         else:
             inputs[name] = _batched(path, np.load(path, allow_pickle=False), specs[name],
                                     batched)
-    return inputs
+    return inputs, images
 
 
 def _batched(path: Path, array: np.ndarray, spec: TensorSpec, batched: bool) -> np.ndarray:
@@ -205,7 +264,8 @@ def _batched(path: Path, array: np.ndarray, spec: TensorSpec, batched: bool) -> 
                        f"{wanted}")
 
 
-def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec) -> np.ndarray:
+def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec
+                  ) -> tuple[np.ndarray, np.ndarray, Geometry]:
     try:
         import cv2
 
@@ -216,8 +276,8 @@ def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec) -
     if frame is None:
         raise InvalidInput(f"{path}: not an image OpenCV can read")
     config = PreprocessConfig(**(pre or {}))  # type: ignore[arg-type]
-    tensor, _geometry = preprocess(frame, config, spec)
-    return tensor
+    tensor, geometry = preprocess(frame, config, spec)
+    return frame, tensor, geometry
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
+import make_test_models
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -290,3 +291,38 @@ def test_cli_when_an_input_file_is_missing_names_it(
     missing = tmp_path / "gone.jpg"
     assert main(["infer", "colors", "-i", str(missing), "--socket", str(served.socket)]) == 1
     assert capsys.readouterr().err == f"edged: --input {missing}: no such file\n"
+
+
+def test_cli_when_inferring_an_image_on_a_classifier_prints_its_labels_and_raw_on_request(
+        served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    frame = np.zeros((48, 64, 3), np.uint8)
+    frame[:] = (255, 0, 0)  # BGR blue
+    cv2.imwrite(str(tmp_path / "blue.png"), frame)
+    target = ["-i", str(tmp_path / "blue.png"), "--socket", str(served.socket)]
+    assert main(["infer", "colors", *target]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "colors:1" and lines[1].split()[0] == "blue"  # top_k 1, the label
+    assert main(["infer", "colors", *target, "--raw"]) == 0
+    assert capsys.readouterr().out.startswith("colors:1\nprob float32 [1, 3]")
+
+
+def test_cli_when_inferring_an_image_on_a_stock_detector_prints_boxes_and_draws_them(
+        make_served: ServeFactory, repo_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    make_test_models.write_repository(repo_dir, names=["det_yolov8"])  # no model.yaml
+    served = make_served(cache="preload: [det_yolov8]")
+    frame = np.zeros((120, 160, 3), np.uint8)
+    frame[40:80, 60:100] = (0, 255, 0)  # a lit square: class 1 of the model's metadata
+    cv2.imwrite(str(tmp_path / "square.png"), frame)
+    drawn = tmp_path / "drawn.jpg"
+    assert main(["infer", "det_yolov8", "-i", str(tmp_path / "square.png"), "-o", str(drawn),
+                 "--socket", str(served.socket)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["det_yolov8:1",
+                         "  1 detection(s), boxes x1,y1,x2,y2 in image pixels"]
+    label, score, *box = lines[2].replace("[", "").replace("]", "").replace(",", "").split()
+    assert label == "bicycle" and float(score) > 0.5
+    assert np.allclose([float(v) for v in box], [60, 40, 100, 80], atol=3)
+    picture = cv2.imread(str(drawn))
+    assert picture.shape == frame.shape
+    assert frame[39, 80].max() == 0 and picture[39, 80, 1] > 150  # the box, drawn round it
