@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from edged.errors import ConfigError, ConfigIssue
-from edged.events.geometry import area, self_intersection
+from edged.events.geometry import self_intersection
 from edged.schema import Parsed, at_least, between, setting
 
 MAX_COORD = 100_000  # frame pixels: larger than any sensor, small enough to catch typos
@@ -47,9 +47,7 @@ def _check_polygon(points: list[list[float]]) -> str | None:
     crossing = self_intersection(points)
     if crossing is not None:
         return f"edges {crossing[0]} and {crossing[1]} cross: the polygon intersects itself"
-    if area(points) == 0:
-        return "the polygon has no area (its points are on one line)"
-    return None
+    return None  # (a simple polygon without repeated points has an area)
 
 
 def _check_line(points: list[list[float]]) -> str | None:

@@ -64,14 +64,6 @@ def _folds_back(shared: Point, u: Point, v: Point) -> bool:
     return (u[0] - shared[0]) * (v[0] - shared[0]) + (u[1] - shared[1]) * (v[1] - shared[1]) > 0
 
 
-def area(polygon: Sequence[Point]) -> float:
-    """Unsigned area (shoelace)."""
-    n = len(polygon)
-    twice = sum(polygon[i][0] * polygon[(i + 1) % n][1] - polygon[(i + 1) % n][0] * polygon[i][1]
-                for i in range(n))
-    return abs(twice) / 2
-
-
 def inside(points: np.ndarray, polygon: np.ndarray) -> np.ndarray:
     """[N, 2] points, [M, 2] polygon → [N] bool: inside by the even-odd rule (ray casting),
     every point against every edge at once."""

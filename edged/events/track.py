@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 Assign = Callable[[np.ndarray, float], list[tuple[int, int]]]
 LOW_SCORE_IOU = 0.5  # ByteTrack's second round: weak detections need a closer match
 VELOCITY_SMOOTHING = 0.5  # share of the newest measured speed in the smoothed one
+# A track seen once has no speed to predict with: its second match compares boxes grown by
+# this share of their size on every side (buffered IoU, C-BIoU), so an object that moved up to
+# about its own width between frames (a walker at 5 fps) is still found.
+FIRST_STEP_BUFFER = 0.5
 DROP_LOG_INTERVAL_S = 60.0  # stream seconds between two "objects dropped" warnings
 
 
@@ -130,6 +134,9 @@ class Tracker:
         predicted = (np.array([tr.box for tr in live])
                      + np.array([tr.velocity for tr in live]) * (t - last_seen)[:, None])
         similarity = iou_matrix(predicted, boxes)
+        fresh = np.array([tr.hits == 1 for tr in live])
+        if fresh.any():  # no speed known yet: compare grown boxes, so a fast one is found
+            similarity[fresh] = iou_matrix(_grown(predicted[fresh]), _grown(boxes))
         track_codes = np.array([self._code(tr.label) for tr in live])
         det_codes = np.array([self._code(label) for label in labels])
         similarity[track_codes[:, None] != det_codes[None, :]] = 0.0
@@ -185,6 +192,12 @@ class Tracker:
                            self._dropped, self.cfg.max_tracks)
             self._dropped = 0
             self._dropped_logged_at = t
+
+
+def _grown(boxes: np.ndarray) -> np.ndarray:
+    """Boxes grown by FIRST_STEP_BUFFER of their width and height on every side."""
+    size = np.concatenate([boxes[:, 2:] - boxes[:, :2]] * 2, axis=1) * FIRST_STEP_BUFFER
+    return boxes + size * np.array([-1, -1, 1, 1])
 
 
 def _follow(t: float, matched: list[tuple[Track, int]], boxes: np.ndarray,
