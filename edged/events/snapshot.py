@@ -90,7 +90,9 @@ class Snapshots:
         scale = min(1.0, limit / region.shape[0], 2 * limit / region.shape[1])
         if scale < 1.0:
             size = (max(1, round(region.shape[1] * scale)), max(1, round(region.shape[0] * scale)))
-            out = cv2.resize(region, size, interpolation=cv2.INTER_AREA)
+            # Linear, not INTER_AREA: 4-6x faster here (75 vs 308 µs for 375x150 → 360x144)
+            # on the frame loop, and a thumbnail's slight aliasing does not matter.
+            out = cv2.resize(region, size, interpolation=cv2.INTER_LINEAR)
         else:
             out = region.copy()
         if self.cfg.draw_box:
