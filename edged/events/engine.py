@@ -153,7 +153,8 @@ class StreamEvents:
                 logger.debug("stream %s: detection without label, score or box: %r",
                              self.stream, d)
                 continue
-            if ((self.labels and label not in self.labels) or not score >= self.min_score
+            if (not isinstance(label, str) or (self.labels and label not in self.labels)
+                    or not score >= self.min_score
                     or not (math.isfinite(x1 + y1 + x2 + y2) and x2 > x1 and y2 > y1)):
                 continue
             kept.append(d)

@@ -82,9 +82,10 @@ class Snapshots:
         left, top, right, bottom = 0, 0, width, height
         if self.cfg.crop:
             mx, my = CROP_MARGIN * (x2 - x1), CROP_MARGIN * (y2 - y1)
-            left, top = max(0, int(x1 - mx)), max(0, int(y1 - my))
-            right, bottom = min(width, math.ceil(x2 + mx)), min(height, math.ceil(y2 + my))
-            right, bottom = max(right, left + 1), max(bottom, top + 1)  # never empty
+            left = min(max(0, int(x1 - mx)), width - 1)
+            top = min(max(0, int(y1 - my)), height - 1)
+            right = max(min(width, math.ceil(x2 + mx)), left + 1)  # never empty, even for a
+            bottom = max(min(height, math.ceil(y2 + my)), top + 1)  # box off the picture
         region = frame[top:bottom, left:right]
         limit = self.cfg.max_height
         scale = min(1.0, limit / region.shape[0], 2 * limit / region.shape[1])

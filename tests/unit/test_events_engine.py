@@ -102,7 +102,8 @@ def test_events_when_labels_and_min_score_filter_only_those_become_objects() -> 
         track: {min_hits: 1}
     """))
     frames = [[det((0, 0, 40, 80), "car"), det((100, 0, 140, 80), score=0.55),
-               det((200, 0, 240, 80), score=0.7), {"label": "person", "score": 0.9}]]
+               det((200, 0, 240, 80), score=0.7), {"label": "person", "score": 0.9},
+               {"label": 7, "score": 0.9, "box": [0, 0, 9, 9]}, det((50, 50, 40, 90))]]
     (changes,) = run(events, frames)
     assert [e["after"]["box"] for e in changes.events] == [[200.0, 0.0, 240.0, 80.0]]
 

@@ -67,6 +67,13 @@ def test_snapshot_when_not_cropped_shows_the_whole_frame_scaled_to_fit() -> None
     assert image[180:, 240:].mean() > 235 and image[:100, :100].mean() < 20
 
 
+def test_snapshot_when_the_box_lies_off_the_picture_still_keeps_a_view() -> None:
+    snapshots, state = Snapshots(SnapshotsConfig()), SnapshotState()
+    box = np.array([700.0, 500.0, 760.0, 600.0])  # past a 640x480 frame's corner
+    assert snapshots.consider(state, frame(), box, 0.9)
+    assert decode(snapshots.encode(state, 0.0) or b"").shape[:2] == (5, 1)  # the corner
+
+
 def test_store_when_over_its_budget_removes_the_oldest_first(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snaps", budget_bytes=2500)
     for n in range(1, 4):
