@@ -46,7 +46,7 @@ test: lint
 
 bench: setup
 	$(BIN)/pip install --quiet -e '.[bench]'
-	for suite in core api streams ota quantize post; do $(BIN)/python -m tools.bench $$suite || exit 1; done
+	for suite in core api streams ota quantize post events; do $(BIN)/python -m tools.bench $$suite || exit 1; done
 
 clean:
 	rm -rf $(VENV) var bench-results

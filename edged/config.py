@@ -12,6 +12,14 @@ from pathlib import Path
 from typing import Literal
 
 from edged.errors import ConfigError, ConfigIssue
+from edged.events.config import (
+    LineConfig,
+    PublishConfig,
+    SnapshotsConfig,
+    TrackConfig,
+    ZoneConfig,
+    check_stream_events,
+)
 from edged.schema import Parsed, at_least, between, parse, parse_file, setting
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")  # what `edged run` reads without --config
@@ -200,6 +208,17 @@ class StreamConfig:
     log_results: bool = setting(False, "log one line per result (the demo shows them)")
     secondary: list[SecondaryConfig] = setting(
         factory=list, help="models run on crops of this detect stream's detections")
+    # Events (edged/events/): what a detect stream's detections become.
+    track: TrackConfig = setting(factory=TrackConfig, help="tracking: ids across frames")
+    labels: list[str] = setting(factory=list, help="only detections with these labels become "
+                                                   "objects; empty = every label")
+    min_score: float = setting(0.0, "detections scoring below this are ignored by tracking",
+                               check=between(0, 1))
+    zones: list[ZoneConfig] = setting(factory=list, help="polygons objects are in or not")
+    lines: list[LineConfig] = setting(factory=list, help="lines whose crossings are counted")
+    snapshots: SnapshotsConfig = setting(factory=SnapshotsConfig,
+                                         help="each object's best frame as a JPEG")
+    publish: PublishConfig = setting(factory=PublishConfig, help="what the stream publishes")
 
 
 @dataclass(frozen=True)
@@ -254,7 +273,8 @@ class DaemonConfig:
 
 
 def check_streams(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
-    """Stream names are unique and each source has a scheme edged can read."""
+    """Stream names are unique, each source has a scheme edged can read, and zone and line
+    names are unique within their stream."""
     issues = []
     seen: set[str] = set()
     for i, stream in enumerate(parsed.value.streams):
@@ -266,6 +286,7 @@ def check_streams(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
             issues.append(parsed.issue(f"streams[{i}].source", "expected a URI such as file://..."))
         elif scheme not in STREAM_SCHEMES:
             issues.append(parsed.issue(f"streams[{i}].source", f"unsupported scheme {scheme!r}"))
+        issues += check_stream_events(parsed, f"streams[{i}]", stream)
     return issues
 
 

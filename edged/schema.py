@@ -253,7 +253,10 @@ def _convert_dataclass(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> A
             message = check(value)
             if message:
                 value = ctx.fail(key_path, value_node, message)
-        ok = ok and value is not INVALID
+        # A list with an item that did not convert leaves its dataclass unconverted too, so no
+        # check ever meets a half-made value (the top level keeps the items that converted).
+        ok = ok and value is not INVALID and not (
+            isinstance(value, list) and any(v is INVALID for v in value))
         kwargs[name] = value
         if not path and value is not INVALID:  # items that did not convert are left out
             ctx.converted[name] = [v for v in value if v is not INVALID] \

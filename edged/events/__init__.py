@@ -1,0 +1,6 @@
+"""The events room: one stream's detections become objects with ids (`track.py`), which are in
+zones and cross lines (`zones.py`), live through new/update/end (`lifecycle.py`), keep their best
+frame as a JPEG (`snapshot.py`, stored by `store.py`), all driven frame by frame by
+`StreamEvents` (`engine.py`). It knows nothing of MQTT, the socket or the pipeline: it takes a
+frame's detections and returns what changed. (Kept import-free: `edged.config` imports
+`edged.events.config` without pulling in OpenCV.)"""

@@ -1,0 +1,120 @@
+"""The life of an object as subscribers see it: Frigate-shaped events.
+
+`{"type": "new" | "update" | "end", "before": obj | None, "after": obj}`, where `obj` is
+`TrackedObject.payload()`: id, stream, label, sub_label (+ its score), score, top_score, box,
+start_time, end_time, frame_time, current_zones, entered_zones, has_snapshot. `new` once the
+tracker confirmed the object; `update` only when something a subscriber acts on changed (its
+zones, a better top_score, its sub_label, a first snapshot), at most every
+`update_interval_s`; `end` when it is gone. `before` is the object as last published.
+
+Ids are `<start_time>-<stream>-<n>`, e.g. `1718000000.123-door-17`: the capture time (ms) of
+its first frame, the stream and a per-stream counter. They are unique per device (streams have
+unique names; a restart starts the counter again but not the clock), readable, sort by time
+within a stream, and are safe as file names (snapshot store) and topic levels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from edged.events.snapshot import SnapshotState
+from edged.events.track import Track
+from edged.events.zones import Crossing, LineState, ZoneState
+
+Event = dict[str, Any]
+Watched = tuple[tuple[str, ...], tuple[str, ...], float, str | None, bool]
+
+
+@dataclass(eq=False, slots=True)
+class TrackedObject:
+    """One track's public side: what its detections said, where it is, what was published."""
+
+    track: Track
+    stream: str
+    start_time: float  # capture time (Unix s) of its first frame
+    frame_time: float  # capture time of the last frame it was seen in
+    zones: ZoneState
+    lines: LineState
+    snapshot: SnapshotState = field(default_factory=SnapshotState)
+    id: str | None = None  # given when the tracker confirms it
+    score: float = 0.0
+    top_score: float = 0.0
+    box: list[float] = field(default_factory=list)
+    sub_label: str | None = None
+    sub_label_score: float | None = None
+    current_zones: list[str] = field(default_factory=list)
+    end_time: float | None = None
+    crossings: list[Crossing] = field(default_factory=list)  # made while still tentative
+    published: Event | None = None  # payload of the last new/update
+    published_watch: Watched | None = None
+    published_at: float = -math.inf  # stream clock
+
+    @property
+    def label(self) -> str:
+        return self.track.label
+
+    @property
+    def announced(self) -> bool:
+        return self.id is not None
+
+    def observe(self, frame_time: float, detection: dict[str, Any]) -> None:
+        """This frame's detection of the object (the track has its box and score)."""
+        self.frame_time = frame_time
+        self.score = score = self.track.score
+        if score > self.top_score:
+            self.top_score = score
+        self.box = self.track.box.tolist()
+        sub_label = detection.get("sub_label")
+        if isinstance(sub_label, str):
+            sub_score = detection.get("sub_label_score")
+            sub_score = float(sub_score) if isinstance(sub_score, (int, float)) else 0.0
+            # The most confident reading wins: a cascade on crops flickers frame to frame.
+            if self.sub_label_score is None or sub_score > self.sub_label_score:
+                self.sub_label, self.sub_label_score = sub_label, sub_score
+
+    def watched(self) -> Watched:
+        """What a subscriber acts on; an update is due when it changed."""
+        return (tuple(self.current_zones), tuple(self.zones.entered), self.top_score,
+                self.sub_label, self.snapshot.jpeg is not None)
+
+    def payload(self) -> Event:
+        return {"id": self.id, "stream": self.stream, "label": self.label,
+                "sub_label": self.sub_label, "sub_label_score": self.sub_label_score,
+                "score": round(self.score, 4), "top_score": round(self.top_score, 4),
+                "box": list(self.box), "start_time": self.start_time,
+                "end_time": self.end_time, "frame_time": self.frame_time,
+                "current_zones": list(self.current_zones),
+                "entered_zones": list(self.zones.entered),
+                "has_snapshot": self.snapshot.jpeg is not None}
+
+
+def object_id(start_time: float, stream: str, number: int) -> str:
+    return f"{start_time:.3f}-{stream}-{number}"
+
+
+def announce(obj: TrackedObject, object_id: str, t: float) -> Event:
+    """The `new` event of a confirmed object."""
+    obj.id = object_id
+    return _publish(obj, "new", t)
+
+
+def update_if_due(obj: TrackedObject, t: float, interval_s: float) -> Event | None:
+    """The `update` event when something watched changed and the last event is old enough."""
+    if t - obj.published_at < interval_s or obj.watched() == obj.published_watch:
+        return None
+    return _publish(obj, "update", t)
+
+
+def finish(obj: TrackedObject) -> Event:
+    """The `end` event: the object was last seen at its frame_time."""
+    obj.end_time = obj.frame_time
+    return {"type": "end", "before": obj.published, "after": obj.payload()}
+
+
+def _publish(obj: TrackedObject, kind: str, t: float) -> Event:
+    after = obj.payload()
+    event = {"type": kind, "before": obj.published, "after": after}
+    obj.published, obj.published_watch, obj.published_at = after, obj.watched(), t
+    return event

@@ -1,0 +1,119 @@
+"""Snapshots on disk: one `<object id>.jpg` per object in one folder, within a byte budget
+(the oldest written are removed first), listed and read by object id for the API.
+
+Writes are atomic (a reader never sees half a JPEG) but not fsynced: a snapshot lost in a power
+cut is not worth an SD card's write latency on the frame loop. One lock guards the index, so a
+stream's thread may write while the API's loop reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from edged.fsutil import write_atomically
+
+logger = logging.getLogger(__name__)
+
+_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,159}$")
+SUFFIX = ".jpg"
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    id: str
+    size: int
+    mtime: float
+
+
+def valid_id(object_id: str) -> bool:
+    """Object ids are file names here: letters, digits, `_`, `.`, `-`, no leading dot."""
+    return bool(_ID.match(object_id))
+
+
+class SnapshotStore:
+    def __init__(self, directory: Path, budget_bytes: int) -> None:
+        self.directory = directory
+        self.budget_bytes = budget_bytes
+        self._lock = threading.Lock()
+        self._index: OrderedDict[str, StoredSnapshot] = OrderedDict()  # oldest first
+        directory.mkdir(parents=True, exist_ok=True)
+        for tmp in directory.glob(f".*{SUFFIX}.*.tmp"):  # left by a crash mid-write
+            tmp.unlink(missing_ok=True)
+        found = []
+        for path in directory.glob(f"*{SUFFIX}"):
+            object_id = path.name[:-len(SUFFIX)]
+            if valid_id(object_id):
+                stat = path.stat()
+                found.append(StoredSnapshot(object_id, stat.st_size, stat.st_mtime))
+        for item in sorted(found, key=lambda s: (s.mtime, s.id)):
+            self._index[item.id] = item
+        self._used = sum(s.size for s in found)
+        with self._lock:
+            self._evict()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def put(self, object_id: str, jpeg: bytes) -> bool:
+        """Store (or replace) an object's snapshot, now its newest; False when it cannot be
+        kept (an id that is no file name, or larger than the whole budget)."""
+        if not valid_id(object_id):
+            logger.warning("snapshot not stored: %r is not a valid object id", object_id)
+            return False
+        if len(jpeg) > self.budget_bytes:
+            logger.warning("snapshot of %s not stored: %d bytes, over the whole budget of %d",
+                           object_id, len(jpeg), self.budget_bytes)
+            return False
+        path = self._path(object_id)
+        with self._lock:
+            write_atomically(path, jpeg, durable=False)
+            stat = path.stat()
+            old = self._index.pop(object_id, None)
+            self._used -= old.size if old else 0
+            item = StoredSnapshot(object_id, len(jpeg), stat.st_mtime)
+            self._index[object_id] = item
+            self._used += item.size
+            self._evict()
+        return True
+
+    def read(self, object_id: str) -> bytes | None:
+        with self._lock:
+            if object_id not in self._index:
+                return None
+            try:
+                return self._path(object_id).read_bytes()
+            except FileNotFoundError:  # removed behind our back
+                self._forget(object_id)
+                return None
+
+    def list(self) -> list[StoredSnapshot]:
+        """Every stored snapshot, newest first."""
+        with self._lock:
+            return list(reversed(self._index.values()))
+
+    def remove(self, object_id: str) -> bool:
+        with self._lock:
+            if object_id not in self._index:
+                return False
+            self._path(object_id).unlink(missing_ok=True)
+            self._forget(object_id)
+            return True
+
+    def _path(self, object_id: str) -> Path:
+        return self.directory / f"{object_id}{SUFFIX}"
+
+    def _forget(self, object_id: str) -> None:
+        item = self._index.pop(object_id)
+        self._used -= item.size
+
+    def _evict(self) -> None:
+        while self._used > self.budget_bytes and self._index:
+            oldest = next(iter(self._index))
+            self._path(oldest).unlink(missing_ok=True)
+            self._forget(oldest)
