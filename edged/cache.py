@@ -9,10 +9,10 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
 
@@ -20,6 +20,7 @@ from edged.backends import BackendOptions, Session
 from edged.errors import EdgedError, ModelLoadError, ModelNotFound, Timeout
 from edged.loader import Loaded, ModelLoader, journal_fields
 from edged.model.repository import ModelRepository, ModelVersion
+from edged.modelstatus import ModelCounters, ModelStatus
 from edged.states import ModelState
 
 logger = logging.getLogger(__name__)
@@ -46,34 +47,6 @@ class Entry:
     # Served on a fallback until the chosen backend is ready (an engine building): completes
     # when it is, and the cache then swaps this entry for one on that backend.
     upgrade: Future[None] | None = None
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    name: str
-    version: int
-    state: ModelState
-    backend: str | None = None
-    providers: tuple[str, ...] = ()
-    nbytes: int = 0
-    in_use: int = 0
-    pinned: bool = False
-    load_seconds: float | None = None
-    reason: str | None = None
-    precision: str | None = None  # of the loaded session
-
-
-@dataclass
-class ModelCounters:
-    """One model's counts since the cache was made (they only grow), and how long each
-    version's last load and warm-up took. Unloading a version by request (a swap, an unload
-    call) is not an eviction: evictions are what the byte budget forced."""
-
-    name: str
-    loads: int = 0
-    failed_loads: int = 0
-    evictions: int = 0
-    load_seconds: Mapping[int, float] = field(default_factory=dict)  # version -> seconds
 
 
 class Lease:

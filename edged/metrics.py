@@ -19,7 +19,7 @@ from edged.states import ModelState, SourceState
 
 if TYPE_CHECKING:
     from edged.batching import InferenceCounters
-    from edged.cache import ModelCounters, ModelStatus
+    from edged.modelstatus import ModelCounters, ModelStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

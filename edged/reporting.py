@@ -14,7 +14,7 @@ from typing import Any
 
 from edged import host
 from edged.batching import InferenceCounters
-from edged.cache import ModelCounters, ModelStatus
+from edged.modelstatus import ModelCounters, ModelStatus
 from edged.pipeline import StreamPipeline
 from edged.states import ModelState
 

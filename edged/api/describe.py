@@ -9,9 +9,9 @@ from typing import Any
 
 from edged.api.protocol import triton_dtype
 from edged.batching import BatcherStats
-from edged.cache import ModelStatus
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec
+from edged.modelstatus import ModelStatus
 
 PLATFORM = "onnxruntime_onnx"
 

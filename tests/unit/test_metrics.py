@@ -9,9 +9,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from edged.batching import InferenceCounters
-from edged.cache import ModelCounters, ModelStatus
 from edged.host import GpuStats
 from edged.metrics import Metrics
+from edged.modelstatus import ModelCounters, ModelStatus
 from edged.states import ModelState
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from edged.batching import InferenceCounters
-from edged.cache import ModelCounters, ModelStatus
 from edged.host import GpuStats
+from edged.modelstatus import ModelCounters, ModelStatus
 from edged.reporting import Reporter
 from edged.states import ModelState
 
