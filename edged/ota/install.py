@@ -208,6 +208,10 @@ class Updater:
         except (OSError, EdgedError) as exc:
             shutil.rmtree(files.parent, ignore_errors=True)
             self._undo(manifest, current, f"install failed: {exc}", "install_failed")
+        except Exception as exc:  # a bug: the repository may have changed, so undo all the same
+            logger.exception("OTA: installing %s:%d failed", name, version)
+            shutil.rmtree(files.parent, ignore_errors=True)
+            self._undo(manifest, current, f"{type(exc).__name__}: {exc}", "internal")
         shutil.rmtree(files.parent, ignore_errors=True)
         try:
             self._emit(manifest, OtaState.WARMING)
@@ -223,6 +227,9 @@ class Updater:
             self._undo(manifest, current, str(exc), exc.reason)
         except (OSError, EdgedError) as exc:
             self._undo(manifest, current, f"{type(exc).__name__}: {exc}", "warmup_failed")
+        except Exception as exc:  # a bug must not leave an unchecked version serving
+            logger.exception("OTA: warming %s:%d failed", name, version)
+            self._undo(manifest, current, f"{type(exc).__name__}: {exc}", "internal")
         self.journal.end(name)
         self._prune(name, keep={version, current})
         self._emit(manifest, OtaState.ACTIVE, f"serving version {version}"

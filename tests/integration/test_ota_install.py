@@ -173,6 +173,44 @@ def test_update_when_the_golden_check_fails_rolls_back_and_leaves_the_old_servin
     assert rig.cache.status()[-1].version == 1  # v2 is not loaded
 
 
+@pytest.mark.parametrize("tolerance", [b'{"rtol": "loose", "atol": 1e-6}', b'{"rtol": null}',
+                                       b'[1e-3, 1e-5]', b'{"rtol": 1e-3, "atol": "NaN"}'])
+def test_update_when_the_golden_tolerance_is_not_numbers_rolls_back(
+        rig: Rig, tolerance: bytes) -> None:
+    """A bundle that cannot say how close is close enough fails its golden check: it must
+    not go live (it used to end failed/internal with the new version serving)."""
+    rig.cache.load("tiny_cls")
+    before = rig.snapshot()
+    data = bundle({"model.onnx": v2_bytes(), "golden/inputs.npz": npz(x=X),
+                   "golden/outputs.npz": npz(prob=expected(1)),
+                   "golden/tolerance.json": tolerance})
+    with pytest.raises(Rejected) as info:
+        rig.apply(rig.manifest(data, fmt="bundle"))
+    assert info.value.reason == "golden_failed"
+    assert rig.states()[-2:] == ["failed", "rolled_back"]
+    np.testing.assert_allclose(rig.output(), expected(0), rtol=1e-5)
+    after = rig.snapshot()
+    assert after.pop("tiny_cls/active") == b"1\n"
+    assert after == before
+
+
+def test_update_when_an_unexpected_error_follows_the_install_rolls_back(rig: Rig) -> None:
+    """Past the point where files changed, any error (a bug included) must undo the install."""
+    def broken(step: str) -> None:
+        if step == "switched":
+            raise RuntimeError("a bug after the swap")
+
+    rig.cache.load("tiny_cls")
+    rig.updater.step_hook = broken
+    with pytest.raises(Rejected) as info:
+        rig.apply(rig.manifest(v2_bytes()))
+    assert info.value.reason == "internal"
+    assert rig.states()[-2:] == ["failed", "rolled_back"]
+    np.testing.assert_allclose(rig.output(), expected(0), rtol=1e-5)
+    assert rig.repo.versions_on_disk("tiny_cls") == [1]
+    assert rig.repo.default_version("tiny_cls") == 1
+
+
 def corrupt() -> bytes:
     return b"\x08\x07" + os.urandom(200)
 
