@@ -221,6 +221,10 @@ class StreamConfig:
     publish: PublishConfig = setting(factory=PublishConfig, help="what the stream publishes")
 
 
+def _positive_or_null(value: float | None) -> str | None:
+    return None if value is None or value > 0 else f"must be > 0 or null, got {value}"
+
+
 @dataclass(frozen=True)
 class OtaConfig:
     trusted_keys: list[Path] = setting(factory=list, help="Ed25519 public keys (PEM)")
@@ -231,6 +235,10 @@ class OtaConfig:
     ca_file: Path | None = setting(None, "CA bundle for https:// artifacts; null = the system's")
     chunk_timeout_s: float = setting(120.0, "inline (MQTT) artifacts: wait this long for all "
                                             "chunks", check=at_least(1))
+    download_timeout_s: float | None = setting(
+        None, "one artifact download, retries included, must finish within this many seconds; "
+              "null = 300 s plus the time the artifact takes at 32 KiB/s (a trickling server "
+              "must not hold the single OTA worker)", check=_positive_or_null)
     groups: list[str] = setting(factory=list, help="fleet groups this device takes updates "
                                                    "for: <fleet_prefix>/groups/<g>/ota/<model>",
                                 check=_check_names)

@@ -27,7 +27,7 @@ from edged.errors import EdgedError, InvalidModel, ModelNotFound
 from edged.model.repository import MODEL_FILE, ModelRepository
 from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
-from edged.ota.fetch import ChunkAssembler, Fetcher
+from edged.ota.fetch import ChunkAssembler, Fetcher, download_deadline_s
 from edged.ota.journal import InstallJournal
 from edged.ota.manifest import Manifest, Rejected, TrustStore
 from edged.ota.verify import check_io, golden_check, verify_artifact
@@ -164,7 +164,9 @@ class Updater:
             if chunks is not None:
                 chunks.wait(artifact, meter, self.stop)
             else:
-                self.fetcher.fetch(manifest.artifact, artifact, meter)
+                self.fetcher.fetch(manifest.artifact, artifact, meter,
+                                   deadline_s=download_deadline_s(manifest.artifact.size,
+                                                                  self.cfg.download_timeout_s))
             self._emit(manifest, OtaState.VERIFYING)
             self._step("verifying")
             verify_artifact(manifest, artifact)

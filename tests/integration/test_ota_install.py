@@ -9,7 +9,9 @@ import io
 import json
 import os
 import tarfile
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +317,69 @@ def test_update_when_the_download_is_cut_midway_resumes_with_range(rig: Rig) -> 
     rig.apply(rig.manifest(data))
     assert rig.server.ranges == [None, f"bytes={len(data) // 2}-"]
     assert rig.cache.default_version("tiny_cls") == 2
+
+
+class TricklingServer:
+    """An HTTP server on 127.0.0.1 that promises `size` bytes and sends one every 50 ms, as a
+    server that holds a download open without ever failing it."""
+
+    def __init__(self, size: int) -> None:
+        self.stop = threading.Event()
+        self.requests = 0
+        trickle = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                trickle.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                try:
+                    for _ in range(size):
+                        if trickle.stop.wait(0.05):
+                            return
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                except OSError:  # the client gave up: what the test wants
+                    return
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/model.onnx"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_update_when_the_server_trickles_gives_up_at_the_download_deadline(rig: Rig) -> None:
+    """One byte at a time never trips the socket timeout; the overall deadline frees the
+    single OTA worker (before, this download held it until the last byte, hours later)."""
+    rig.cache.load("tiny_cls")
+    before = rig.snapshot()
+    rig.updater.cfg = OtaConfig(download_timeout_s=1.0)
+    data = v2_bytes()
+    server = TricklingServer(len(data))
+    try:
+        doc = {"model": "tiny_cls", "version": 2, "format": "onnx",
+               "artifact": {"url": server.url, "size": len(data),
+                            "sha256": hashlib.sha256(data).hexdigest()}}
+        manifest = parse_manifest(json.dumps(sign_document(doc, rig.key)).encode())
+        with pytest.raises(Rejected) as info:
+            rig.apply(manifest)
+    finally:
+        server.close()
+    assert info.value.reason == "download_timeout"
+    assert server.requests >= 1
+    assert rig.snapshot() == before
+    assert not list(rig.repo.staging_dir().iterdir())
+    assert rig.cache.default_version("tiny_cls") == 1
 
 
 def test_update_when_chunks_arrive_out_of_order_assembles_them(rig: Rig) -> None:
