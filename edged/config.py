@@ -159,6 +159,10 @@ class MqttConfig:
     qos_results: int = setting(0, "QoS of result messages", check=between(0, 2))
     buffer_messages: int = setting(10000, "messages kept while offline", check=at_least(0))
     stats_interval_s: float = setting(10.0, "period of <prefix>/stats", check=at_least(0.1))
+    max_packet_mb: int = setting(
+        16, "largest MQTT packet taken in (MQTT 5: told to the broker at connect, which then "
+            "drops bigger ones for this client; 3.1.1 cannot say so: set the broker's "
+            "max_packet_size)", check=between(1, 256))
 
 
 @dataclass(frozen=True)

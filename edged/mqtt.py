@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from edged.config import MqttConfig
 from edged.credentials import credential
@@ -118,10 +120,20 @@ class MqttLink:
 
     def start(self) -> None:
         """Connect in the background; publishing works (into the buffer) right away."""
-        self._client.connect_async(self.config.host, self.config.port, keepalive=KEEPALIVE_S)
+        self._client.connect_async(self.config.host, self.config.port, keepalive=KEEPALIVE_S,
+                                   properties=self._connect_properties())
         self._client.loop_start()
         logger.info("MQTT: connecting to %s:%d (MQTT %s%s)", self.config.host, self.config.port,
                     self.config.protocol, ", TLS" if self.config.tls else "")
+
+    def _connect_properties(self) -> Properties | None:
+        """MQTT 5: the Maximum Packet Size, so the broker never sends us a payload (a 40 MB
+        "manifest") bigger than we take in; paho sends the same on every reconnect."""
+        if self.config.protocol != "5":
+            return None
+        properties = Properties(PacketTypes.CONNECT)
+        properties.MaximumPacketSize = self.config.max_packet_mb * 1024 * 1024
+        return properties
 
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)

@@ -23,6 +23,7 @@ from edged.model.repository import check_model_name
 from edged.states import OtaState
 
 MAX_MANIFEST_BYTES = 64 * 1024
+MAX_COMMAND_BYTES = 4 * 1024  # a rollback command is a few hundred bytes
 
 
 FINAL = frozenset({OtaState.ACTIVE, OtaState.FAILED, OtaState.ROLLED_BACK})

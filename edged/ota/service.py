@@ -17,7 +17,13 @@ from edged.model.repository import check_model_name
 from edged.mqtt import MqttLink
 from edged.ota.fetch import ChunkAssembler
 from edged.ota.install import Event, Updater
-from edged.ota.manifest import FINAL, Rejected, parse_manifest
+from edged.ota.manifest import (
+    FINAL,
+    MAX_COMMAND_BYTES,
+    MAX_MANIFEST_BYTES,
+    Rejected,
+    parse_manifest,
+)
 from edged.states import OtaState
 
 logger = logging.getLogger(__name__)
@@ -65,6 +71,11 @@ class OtaService:
     def _on_manifest(self, topic: str, payload: bytes) -> None:
         root, model = topic.rsplit("/ota/", 1)
         if not payload:  # a retained manifest being cleared
+            return
+        if len(payload) > MAX_MANIFEST_BYTES:  # refused unread: no parse of a 40 MB "manifest"
+            self.report(Event(model if _is_name(model) else "?", 0, OtaState.FAILED,
+                              f"the manifest is {len(payload)} bytes; the limit is "
+                              f"{MAX_MANIFEST_BYTES}", reason="bad_manifest"))
             return
         try:
             check_model_name(model)
@@ -120,6 +131,9 @@ class OtaService:
         model = topic.rsplit("/ota/", 1)[1].rsplit("/command", 1)[0]
         try:
             check_model_name(model)
+            if len(payload) > MAX_COMMAND_BYTES:  # refused unread
+                raise Rejected("bad_command", f"the command is {len(payload)} bytes; the limit "
+                                              f"is {MAX_COMMAND_BYTES}")
             command = json.loads(payload)
             if not isinstance(command, dict) or command.get("action") != "rollback" or \
                     command.get("model") != model or not _optional_version(command):

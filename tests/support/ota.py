@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,25 @@ def key(tmp_path: Path) -> tuple[Ed25519PrivateKey, Path]:
     public.write_bytes(private.public_key().public_bytes(Encoding.PEM,
                                                          PublicFormat.SubjectPublicKeyInfo))
     return private, public
+
+
+_last_seq = 0
+
+
+def next_seq() -> int:
+    """A seq greater than every one this test run signed: the clock in ms, as `edged ota push`
+    sets it, bumped when two messages are signed within the same ms."""
+    global _last_seq
+    _last_seq = max(_last_seq + 1, time.time_ns() // 1_000_000)
+    return _last_seq
+
+
+def command(private: Ed25519PrivateKey, target: str, model: str = "tiny_cls",
+            **extra: Any) -> dict[str, Any]:
+    """A signed rollback command for the devices under topic root `target`, fresh now."""
+    return sign_document({"model": model, "action": "rollback", "target": target,
+                          "seq": next_seq(), "expires": int(time.time()) + 3600, **extra},
+                         private)
 
 
 def statuses(sub: Subscriber, topic: str, until: str, timeout: float = 30) -> list[dict]:
