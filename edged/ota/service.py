@@ -8,25 +8,31 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from edged.errors import ModelNotFound
 from edged.model.repository import check_model_name
 from edged.mqtt import MqttLink
 from edged.ota.fetch import ChunkAssembler
+from edged.ota.freshness import Freshness, check_fresh
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import (
     FINAL,
-    MAX_COMMAND_BYTES,
     MAX_MANIFEST_BYTES,
     Rejected,
+    parse_command,
     parse_manifest,
 )
 from edged.states import OtaState
 
 logger = logging.getLogger(__name__)
+
+# Refusals that say nothing about the model's state (the update never started): published,
+# never retained, so a replayed or stray message cannot overwrite the retained final state.
+NOT_A_MODEL_STATE = frozenset({"busy", "stale", "replayed", "expired", "wrong_target"})
 
 
 class OtaService:
@@ -87,14 +93,22 @@ class OtaService:
             if manifest.model != model:
                 raise Rejected("bad_manifest", f"the manifest is for {manifest.model!r} but came "
                                                f"on the topic of {model!r}")
-            if not self.updater.claim(manifest):
+            fresh = self._fresh(manifest.raw, root, model, "bad_manifest", idempotent=True)
+            claimed = self.updater.claim(manifest)
+            try:
+                self._accept(model, fresh)
+            except Rejected:
+                if claimed:
+                    self.updater.release(manifest)
+                raise
+            if not claimed:
                 if self.updater.serving(model) == manifest.version:  # say so: a pusher waits
                     self.report(Event(model, manifest.version, OtaState.ACTIVE,
                                       f"already serving version {manifest.version}"))
                 return
         except Rejected as exc:
             self.report(Event(model, _version_in(payload), OtaState.FAILED, str(exc),
-                              reason=exc.reason, transient=exc.reason == "busy"))
+                              reason=exc.reason, transient=exc.reason in NOT_A_MODEL_STATE))
             return
         assembler = None
         if manifest.artifact.chunks is not None:
@@ -128,22 +142,18 @@ class OtaService:
         assembler.add(int(index), payload)
 
     def _on_command(self, topic: str, payload: bytes) -> None:
-        model = topic.rsplit("/ota/", 1)[1].rsplit("/command", 1)[0]
+        root, rest = topic.rsplit("/ota/", 1)
+        model = rest.rsplit("/command", 1)[0]
         try:
             check_model_name(model)
-            if len(payload) > MAX_COMMAND_BYTES:  # refused unread
-                raise Rejected("bad_command", f"the command is {len(payload)} bytes; the limit "
-                                              f"is {MAX_COMMAND_BYTES}")
-            command = json.loads(payload)
-            if not isinstance(command, dict) or command.get("action") != "rollback" or \
-                    command.get("model") != model or not _optional_version(command):
-                raise Rejected("bad_command", 'commands are {"model": "<model>", "action": '
-                                              '"rollback", optional "from_version": <int>}, '
-                                              "signed like manifests")
-            self.updater.trust.verify_document(command, allow_unsigned=self.updater.cfg
-                                               .allow_unsigned)
-        except (ValueError, RecursionError, ModelNotFound, Rejected) as exc:  # bad JSON, name
-            # or signature: reported, never raised into paho's thread
+            command = parse_command(payload)  # refused unread when oversized
+            if command.model != model:
+                raise Rejected("bad_command", f"the command is for {command.model!r} but came "
+                                              f"on the topic of {model!r}")
+            self._accept(model, self._fresh(command.raw, root, model, "bad_command",
+                                            idempotent=False))
+        except (ModelNotFound, Rejected) as exc:  # bad JSON, name, signature or freshness:
+            # reported, never raised into paho's thread
             reason = exc.reason if isinstance(exc, Rejected) else "bad_command"
             logger.warning("OTA: ignoring command on %s: %s", topic, exc)
             self.report(Event(model if _is_name(model) else "?", 0, OtaState.FAILED, str(exc),
@@ -152,7 +162,7 @@ class OtaService:
 
         def run() -> None:
             try:
-                self.updater.rollback(model, command.get("from_version"))
+                self.updater.rollback(model, command.from_version)
             except Rejected as exc:
                 if exc.reason == "not_active":  # not on that version: nothing to do is fine
                     self.report(Event(model, self.updater.serving(model) or 0, OtaState.ACTIVE,
@@ -162,6 +172,24 @@ class OtaService:
                                   transient=True))
 
         self._submit(run)
+
+    def _fresh(self, document: Mapping[str, Any], root: str, model: str, bad: str, *,
+               idempotent: bool) -> Freshness | None:
+        """Authentic (signed by a trusted key), then fresh (edged/ota/freshness.py): for this
+        root, not expired, and a seq above the last one accepted for `model`."""
+        allow_unsigned = self.updater.cfg.allow_unsigned
+        self.updater.trust.verify_document(document, allow_unsigned=allow_unsigned)
+        return check_fresh(document, root=root, accepted=self.updater.journal.accepted_seq(model),
+                           allow_unsigned=allow_unsigned, bad=bad, idempotent=idempotent)
+
+    def _accept(self, model: str, fresh: Freshness | None) -> None:
+        """Acted on: a message with this seq or a lower one is refused from now on."""
+        if fresh is None:
+            return
+        try:
+            self.updater.journal.accept_seq(model, fresh.seq, fresh.digest)
+        except OSError as exc:  # not recorded: not acted on (it could be replayed)
+            raise Rejected("internal", f"cannot record the message's seq: {exc}") from None
 
     def _submit(self, job: Callable[[], None]) -> None:
         try:
@@ -178,12 +206,6 @@ def _version_in(payload: bytes) -> int:
         return version if isinstance(version, int) and not isinstance(version, bool) else 0
     except (ValueError, AttributeError, RecursionError):
         return 0
-
-
-def _optional_version(command: dict[str, object]) -> bool:
-    version = command.get("from_version")
-    return version is None or (isinstance(version, int) and not isinstance(version, bool)
-                               and version > 0)
 
 
 def _is_name(name: str) -> bool:
