@@ -49,10 +49,25 @@ class OtaService:
         self.pending: list[Future[None]] = []
 
     def start(self) -> None:
+        """Subscribe the OTA topics: the link subscribes them again at every connect; the
+        device takes updates once the broker has confirmed them (`listening`)."""
         for root in self.roots:  # the device's, the fleet's and its groups'
             self.link.subscribe(f"{root}/ota/+", self._on_manifest)
             self.link.subscribe(f"{root}/ota/+/chunk/+", self._on_chunk)
             self.link.subscribe(f"{root}/ota/+/command", self._on_command)
+
+    @property
+    def filters(self) -> list[str]:
+        return [f"{root}/ota/{suffix}" for root in self.roots
+                for suffix in ("+", "+/chunk/+", "+/command")]
+
+    @property
+    def listening(self) -> bool:
+        """Whether the broker has confirmed every OTA subscription on this connection."""
+        return self.link.subscribed(self.filters)
+
+    def wait_listening(self, timeout_s: float) -> bool:
+        return self.link.wait_subscribed(self.filters, timeout_s)
 
     def stop(self, timeout_s: float) -> None:
         self.updater.stop.set()
