@@ -159,6 +159,10 @@ class MqttConfig:
     qos_results: int = setting(0, "QoS of result messages", check=between(0, 2))
     buffer_messages: int = setting(10000, "messages kept while offline", check=at_least(0))
     stats_interval_s: float = setting(10.0, "period of <prefix>/stats", check=at_least(0.1))
+    max_packet_mb: int = setting(
+        16, "largest MQTT packet taken in (MQTT 5: told to the broker at connect, which then "
+            "drops bigger ones for this client; 3.1.1 cannot say so: set the broker's "
+            "max_packet_size)", check=between(1, 256))
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,10 @@ class StreamConfig:
     publish: PublishConfig = setting(factory=PublishConfig, help="what the stream publishes")
 
 
+def _positive_or_null(value: float | None) -> str | None:
+    return None if value is None or value > 0 else f"must be > 0 or null, got {value}"
+
+
 @dataclass(frozen=True)
 class OtaConfig:
     trusted_keys: list[Path] = setting(factory=list, help="Ed25519 public keys (PEM)")
@@ -231,6 +239,10 @@ class OtaConfig:
     ca_file: Path | None = setting(None, "CA bundle for https:// artifacts; null = the system's")
     chunk_timeout_s: float = setting(120.0, "inline (MQTT) artifacts: wait this long for all "
                                             "chunks", check=at_least(1))
+    download_timeout_s: float | None = setting(
+        None, "one artifact download, retries included, must finish within this many seconds; "
+              "null = 300 s plus the time the artifact takes at 32 KiB/s (a trickling server "
+              "must not hold the single OTA worker)", check=_positive_or_null)
     groups: list[str] = setting(factory=list, help="fleet groups this device takes updates "
                                                    "for: <fleet_prefix>/groups/<g>/ota/<model>",
                                 check=_check_names)

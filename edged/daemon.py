@@ -252,6 +252,8 @@ class Daemon:
             "queues": self.scheduler.queues(),
             "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
+            # takes updates: every OTA subscription confirmed by the broker on this connection
+            "ota": {"listening": self.ota.listening} if self.ota is not None else None,
             "process": {"rss_bytes": host.rss_bytes()},
             "gpus": [dataclasses.asdict(gpu) for gpu in host.gpus()],
             "recent": self.recent.rows(),

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from edged.config import MqttConfig
 from edged.credentials import credential
@@ -79,6 +81,13 @@ class MqttLink:
         self._lock = threading.Lock()
         self._buffer: deque[_Message] = deque()
         self._handlers: dict[str, Handler] = {}
+        # Subscriptions (under _lock): `_session` is set where _on_connect reads the handlers,
+        # so a subscribe() racing with it is sent by exactly one of the two; `_confirmed`
+        # holds the filters this connection's broker has acknowledged (SUBACK).
+        self._session = False
+        self._pending: dict[int, list[str]] = {}  # SUBSCRIBE packet id -> its filters
+        self._confirmed: set[str] = set()
+        self._acked = threading.Condition(self._lock)
         self._stats = LinkStats()
         self._connected = threading.Event()
         self._stopping = False
@@ -114,14 +123,25 @@ class MqttLink:
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
         return client
 
     def start(self) -> None:
         """Connect in the background; publishing works (into the buffer) right away."""
-        self._client.connect_async(self.config.host, self.config.port, keepalive=KEEPALIVE_S)
+        self._client.connect_async(self.config.host, self.config.port, keepalive=KEEPALIVE_S,
+                                   properties=self._connect_properties())
         self._client.loop_start()
         logger.info("MQTT: connecting to %s:%d (MQTT %s%s)", self.config.host, self.config.port,
                     self.config.protocol, ", TLS" if self.config.tls else "")
+
+    def _connect_properties(self) -> Properties | None:
+        """MQTT 5: the Maximum Packet Size, so the broker never sends us a payload (a 40 MB
+        "manifest") bigger than we take in; paho sends the same on every reconnect."""
+        if self.config.protocol != "5":
+            return None
+        properties = Properties(PacketTypes.CONNECT)
+        properties.MaximumPacketSize = self.config.max_packet_mb * 1024 * 1024
+        return properties
 
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)
@@ -199,15 +219,45 @@ class MqttLink:
         an exception is logged and counted, never fatal."""
         with self._lock:
             self._handlers[topic_filter] = handler
-        if self._connected.is_set():
-            self._client.subscribe(topic_filter, qos=1)
+            if self._session:  # else _on_connect subscribes it, now or at the next connect
+                self._subscribe_locked([topic_filter])
+
+    def subscribed(self, filters: list[str]) -> bool:
+        """Whether the broker has confirmed (SUBACK) each of `filters` on this connection."""
+        with self._lock:
+            return set(filters) <= self._confirmed
+
+    def wait_subscribed(self, filters: list[str], timeout_s: float) -> bool:
+        """Wait until the broker has confirmed each of `filters` on the current connection."""
+        with self._acked:
+            return self._acked.wait_for(lambda: set(filters) <= self._confirmed, timeout_s)
 
     def unsubscribe(self, topic_filter: str) -> None:
         """Stop delivering `topic_filter` (a stream removed by a reload)."""
         with self._lock:
             known = self._handlers.pop(topic_filter, None) is not None
-        if known and self._connected.is_set():
-            self._client.unsubscribe(topic_filter)
+            self._confirmed.discard(topic_filter)
+            if known and self._session:
+                self._client.unsubscribe(topic_filter)
+
+    def _subscribe_locked(self, filters: list[str]) -> None:
+        """SUBSCRIBE, remembering its packet id (under _lock: the SUBACK, handled on paho's
+        thread, cannot come before it is remembered)."""
+        rc, mid = self._client.subscribe([(f, 1) for f in filters])
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+            self._pending[mid] = filters
+
+    def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int, reason_codes: Any,
+                      properties: Any) -> None:
+        with self._acked:
+            filters = self._pending.pop(mid, [])
+            for topic_filter, code in zip(filters, reason_codes, strict=False):
+                if code.is_failure:
+                    logger.warning("MQTT: the broker refused the subscription to %s: %s",
+                                   topic_filter, code, extra={"code": "mqtt_subscribe_refused"})
+                elif topic_filter in self._handlers:
+                    self._confirmed.add(topic_filter)
+            self._acked.notify_all()
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         with self._lock:
@@ -231,13 +281,15 @@ class MqttLink:
         with self._lock:
             self._stats.connects += 1
             self._stats.connected = True
-            filters = list(self._handlers)
             failures, self._failures, self._last_failure = self._failures, 0, None
+            # Every connect subscribes every filter again (a restarted broker kept nothing),
+            # in the same locked step that opens the session to subscribe() calls.
+            self._session, self._confirmed, self._pending = True, set(), {}
+            if self._handlers:
+                self._subscribe_locked(list(self._handlers))
         logger.info("MQTT: connected to %s:%d%s", self.config.host, self.config.port,
                     f" after {failures} failed attempt(s)" if failures else "")
         client.publish(self.status_topic, b"online", qos=1, retain=True)
-        for topic_filter in filters:
-            client.subscribe(topic_filter, qos=1)
         self._connected.set()
         self._flush()
 
@@ -272,6 +324,7 @@ class MqttLink:
                        properties: Any) -> None:
         self._connected.clear()
         with self._lock:
+            self._session, self._confirmed, self._pending = False, set(), {}
             was = self._stats.connected
             self._stats.connected = False
             if was:

@@ -58,6 +58,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     sign.add_argument("--key", type=Path, required=True, help="Ed25519 private key (PEM)")
     sign.add_argument("--artifact", type=Path, help="fill in artifact.size and sha256 from it")
     sign.add_argument("--out", "-o", type=Path, help="write here instead of stdout")
+    sign.add_argument("--target", metavar="PREFIX",
+                      help="the topic root it is for: a device prefix, the fleet prefix or "
+                           "<fleet>/groups/<group> (devices refuse it elsewhere)")
+    sign.add_argument("--seq", type=int, help="its sequence number (default: the time in ms)")
+    _add_ttl(sign)
     push = ota_sub.add_parser("push", help="publish a manifest and follow the devices' status")
     push.add_argument("manifest", type=Path)
     push.add_argument("--key", type=Path, help="sign it (filling in the artifact) before sending")
@@ -70,6 +75,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     push.add_argument("--retain", action="store_true",
                       help="retain the manifest: devices offline now get it when they connect")
     _add_ota_target(push, timeout=600.0)
+    _add_ttl(push)
     roll = ota_sub.add_parser("rollback", help="ask devices to serve the previous version")
     roll.add_argument("model")
     roll.add_argument("--key", type=Path, help="sign the command (devices require it unless "
@@ -77,11 +83,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     roll.add_argument("--from-version", type=int,
                       help="only devices serving this version roll back (fleet-wide use)")
     _add_ota_target(roll, timeout=120.0)
+    _add_ttl(roll)
     quantize = sub.add_parser("quantize", help="make a model's INT8 variant and gate it on "
                               "accuracy (exit 0 accepted, 1 refused, 2 usage, 3 failed)")
     add_quantize_arguments(quantize)
     return {"infer": cmd_infer, "models": cmd_models, "status": cmd_status, "ota": cmd_ota,
             "quantize": cmd_quantize}
+
+
+def _add_ttl(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ttl", type=float, default=86400.0, metavar="SECONDS",
+                        help="devices refuse the signed message after this long (default: a "
+                             "day; at most 31 days)")
 
 
 def _add_ota_target(parser: argparse.ArgumentParser, timeout: float) -> None:
@@ -302,11 +315,17 @@ def cmd_ota(args: argparse.Namespace) -> int:
         target = push.Target.of(args.device, args.fleet, args.group, args.watch, args.expect)
         if args.ota_command == "rollback":
             return push.rollback(args.model, broker, target, args.key,
-                                 from_version=args.from_version, timeout_s=args.timeout)
+                                 from_version=args.from_version, timeout_s=args.timeout,
+                                 ttl_s=args.ttl)
         return push.push(args.manifest, broker, target, key=args.key, artifact=args.artifact,
                          serve_at=args.serve, url_host=args.url_host, inline=args.inline,
-                         retain=args.retain, timeout_s=args.timeout)
-    text = json.dumps(keys.sign(args.manifest, args.key, args.artifact), indent=2) + "\n"
+                         retain=args.retain, timeout_s=args.timeout, ttl_s=args.ttl)
+    signed = keys.sign(args.manifest, args.key, args.artifact, target=args.target,
+                       ttl_s=args.ttl, seq=args.seq)
+    if "target" not in signed:
+        print("warning: signed without --target: devices refuse it as stale (no target, seq "
+              "and expires) unless ota.allow_unsigned", file=sys.stderr)
+    text = json.dumps(signed, indent=2) + "\n"
     if args.out:
         args.out.write_text(text)
     else:

@@ -1,14 +1,17 @@
-"""The operator's side of OTA: `edged ota keygen` and `edged ota sign`."""
+"""The operator's side of OTA: `edged ota keygen` and `edged ota sign`, and the freshness
+fields (target, seq, expires) every signed message carries."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from edged.errors import ToolError
 from edged.fsutil import file_sha256
+from edged.ota.freshness import MAX_LIFETIME_S
 from edged.ota.manifest import key_id_of, parse_manifest, sign_document
 
 
@@ -66,12 +69,35 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": file_sha256(path)}
 
 
-def sign(manifest_path: Path, key_path: Path, artifact: Path | None = None) -> dict[str, Any]:
-    """The manifest at `manifest_path`, signed; with `artifact`, its size and sha256 are
-    filled in first. The result is checked by parsing it as a device would."""
+DEFAULT_TTL_S = 86400.0  # a signed message is good for a day unless --ttl says otherwise
+
+
+def freshness(target: str, *, ttl_s: float = DEFAULT_TTL_S, seq: int | None = None,
+              now: float | None = None) -> dict[str, Any]:
+    """The fields that make a signed message act once, on `target` (a topic root: a device
+    prefix, the fleet prefix or <fleet>/groups/<group>), for `ttl_s` seconds: see
+    edged/ota/freshness.py. `seq` defaults to the signing time in ms, which grows from one
+    signing to the next (pass --seq when signing from machines whose clocks disagree)."""
+    now = time.time() if now is None else now
+    if not 0 < ttl_s <= MAX_LIFETIME_S:
+        raise ToolError(f"--ttl must be between 0 and {MAX_LIFETIME_S} s, got {ttl_s:g}")
+    return {"target": target.rstrip("/"), "seq": seq if seq is not None else int(now * 1000),
+            "expires": int(now + ttl_s)}
+
+
+def sign(manifest_path: Path, key_path: Path, artifact: Path | None = None, *,
+         target: str | None = None, ttl_s: float = DEFAULT_TTL_S,
+         seq: int | None = None) -> dict[str, Any]:
+    """The manifest at `manifest_path`, signed, with fresh target, seq and expires (target:
+    `target`, or the manifest's own; with neither, none of the three, and devices refuse it
+    as stale unless ota.allow_unsigned); with `artifact`, its size and sha256 are filled in
+    first. The result is checked by parsing it as a device would."""
     document = read_manifest(manifest_path)
     if artifact is not None:
         document["artifact"] = {**document.get("artifact", {}), **describe_artifact(artifact)}
+    target = target or document.get("target")
+    if isinstance(target, str) and target:
+        document.update(freshness(target, ttl_s=ttl_s, seq=seq))
     signed = sign_document(document, load_private_key(key_path))
     parse_manifest(json.dumps(signed).encode())  # refuse to sign what a device would refuse
     return signed

@@ -25,7 +25,13 @@ from typing import Any, TextIO
 
 from edged.config import split_host_port
 from edged.errors import ToolError
-from edged.ops.keys import describe_artifact, load_private_key, read_manifest
+from edged.ops.keys import (
+    DEFAULT_TTL_S,
+    describe_artifact,
+    freshness,
+    load_private_key,
+    read_manifest,
+)
 from edged.ota.manifest import FINAL, Rejected, parse_manifest, sign_document
 from edged.states import OtaState
 
@@ -85,8 +91,11 @@ class Outcome:
 
 
 def prepare(manifest_path: Path, *, key: Path | None, artifact: Path | None,
-            url: str | None, inline: bool) -> tuple[dict[str, Any], bytes | None]:
-    """The manifest to publish (signed when `key` is given) and the inline artifact bytes."""
+            url: str | None, inline: bool, target: str | None = None,
+            ttl_s: float = DEFAULT_TTL_S,
+            seq: int | None = None) -> tuple[dict[str, Any], bytes | None]:
+    """The manifest to publish (signed when `key` is given, fresh for topic root `target`, or
+    the manifest's own target) and the inline artifact bytes."""
     doc = read_manifest(manifest_path)
     given: dict[str, Any] = doc["artifact"] if isinstance(doc.get("artifact"), dict) else {}
     data = None
@@ -107,8 +116,11 @@ def prepare(manifest_path: Path, *, key: Path | None, artifact: Path | None,
     elif inline or url is not None:
         raise ToolError("--serve and --inline send the --artifact file: give it")
     if key is not None:
-        doc = sign_document({k: v for k, v in doc.items() if k not in ("signature", "key_id")},
-                            load_private_key(key))
+        body = {k: v for k, v in doc.items() if k not in ("signature", "key_id")}
+        fresh_for = target or body.get("target")
+        if isinstance(fresh_for, str) and fresh_for:  # push always names it
+            body.update(freshness(fresh_for, ttl_s=ttl_s, seq=seq))
+        doc = sign_document(body, load_private_key(key))
     try:
         parse_manifest(json.dumps(doc).encode())  # as a device will read it
     except Rejected as exc:
@@ -324,7 +336,7 @@ def summary(outcome: Outcome, target: Target, out: TextIO) -> int:
 def push(manifest_path: Path, broker: Broker, target: Target, *, key: Path | None = None,
          artifact: Path | None = None, serve_at: str | None = None, url_host: str | None = None,
          inline: bool = False, retain: bool = False, timeout_s: float = 600.0,
-         out: TextIO | None = None) -> int:
+         ttl_s: float = DEFAULT_TTL_S, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     if serve_at is not None and inline:
         raise ToolError("--serve and --inline are two ways to send the artifact: pick one")
@@ -334,21 +346,26 @@ def push(manifest_path: Path, broker: Broker, target: Target, *, key: Path | Non
         with serve(artifact, serve_at, url_host) as url:
             out.write(f"serving {artifact} at {url}\n")
             return _push(manifest_path, broker, target, key, artifact, url, inline, retain,
-                         timeout_s, out)
+                         timeout_s, ttl_s, out)
     return _push(manifest_path, broker, target, key, artifact, None, inline, retain, timeout_s,
-                 out)
+                 ttl_s, out)
 
 
 def _push(manifest_path: Path, broker: Broker, target: Target, key: Path | None,
           artifact: Path | None, url: str | None, inline: bool, retain: bool,
-          timeout_s: float, out: TextIO) -> int:
-    doc, data = prepare(manifest_path, key=key, artifact=artifact, url=url, inline=inline)
+          timeout_s: float, ttl_s: float, out: TextIO) -> int:
+    # One signed manifest per topic root: each carries the root it is for (its target).
+    docs, data = {}, None
+    for topic in target.topics:
+        docs[topic], data = prepare(manifest_path, key=key, artifact=artifact, url=url,
+                                    inline=inline, target=topic, ttl_s=ttl_s)
+    doc = docs[target.topics[0]]
     model, version = str(doc["model"]), int(doc["version"])
     session = Session(broker)
     try:
         session.follow([f"{w}/ota/{model}/status" for w in target.watch])
-        payload = json.dumps(doc, separators=(",", ":")).encode()
         for topic in target.topics:
+            payload = json.dumps(docs[topic], separators=(",", ":")).encode()
             session.publish(f"{topic}/ota/{model}", payload, retain=retain)
             if data is not None:
                 for index in range(0, len(data), CHUNK_BYTES):
@@ -364,15 +381,19 @@ def _push(manifest_path: Path, broker: Broker, target: Target, key: Path | None,
 
 def rollback(model: str, broker: Broker, target: Target, key: Path | None, *,
              from_version: int | None = None, timeout_s: float = 120.0,
-             out: TextIO | None = None) -> int:
-    """Signed rollback commands on `<target>/ota/<model>/command`; with `from_version`, only
-    devices serving that version roll back (the others answer that nothing was to do)."""
+             ttl_s: float = DEFAULT_TTL_S, out: TextIO | None = None) -> int:
+    """Signed rollback commands on `<target>/ota/<model>/command`, each fresh for its topic
+    root; with `from_version`, only devices serving that version roll back (the others answer
+    that nothing was to do)."""
     out = out or sys.stdout
-    command: dict[str, Any] = {"model": model, "action": "rollback"}
+    unsigned: dict[str, Any] = {"model": model, "action": "rollback"}
     if from_version is not None:
-        command["from_version"] = from_version
+        unsigned["from_version"] = from_version
+    commands = {topic: unsigned for topic in target.topics}
     if key is not None:
-        command = sign_document(command, load_private_key(key))
+        private = load_private_key(key)
+        commands = {topic: sign_document({**unsigned, **freshness(topic, ttl_s=ttl_s)}, private)
+                    for topic in target.topics}
     session = Session(broker)
     try:
         session.follow([f"{w}/ota/{model}/status" for w in target.watch])
@@ -380,7 +401,7 @@ def rollback(model: str, broker: Broker, target: Target, key: Path | None, *,
             # A retained manifest would bring the version back at the next reconnect.
             session.publish(f"{topic}/ota/{model}", b"", retain=True)
             session.publish(f"{topic}/ota/{model}/command",
-                            json.dumps(command, separators=(",", ":")).encode())
+                            json.dumps(commands[topic], separators=(",", ":")).encode())
         out.write(f"asked {', '.join(target.topics)} to roll {model} back (and cleared any "
                   "retained manifest there)\n")
         outcome = follow_status(session, target, model, None, timeout_s, out)

@@ -22,7 +22,15 @@ logger = logging.getLogger(__name__)
 
 BLOCK = 256 * 1024
 Progress = Callable[[int, int], None]  # (bytes so far, total)
+# The default overall deadline of a download: this much, plus the artifact at the minimum rate.
+DEADLINE_BASE_S = 300.0
+DEADLINE_MIN_RATE = 32 * 1024  # bytes/s
 
+
+def download_deadline_s(size: int, configured: float | None) -> float:
+    """How long one download (all its attempts) may take: `ota.download_timeout_s`, or sized
+    from the artifact when that is null."""
+    return configured if configured is not None else DEADLINE_BASE_S + size / DEADLINE_MIN_RATE
 
 
 class Fetcher:
@@ -46,19 +54,24 @@ class Fetcher:
             raise Rejected("oversize", f"artifact is {artifact.size} bytes; ota.max_artifact_mb "
                                        f"allows {self.max_bytes}")
 
-    def fetch(self, artifact: Artifact, dest: Path, progress: Progress) -> None:
-        """`artifact.url` into `dest` (resuming what is already there)."""
+    def fetch(self, artifact: Artifact, dest: Path, progress: Progress, *,
+              deadline_s: float | None = None) -> None:
+        """`artifact.url` into `dest` (resuming what is already there), all attempts within
+        `deadline_s` (default: sized from the artifact) or Rejected('download_timeout'). A
+        read in progress at the deadline ends within the socket timeout."""
         self.check_size(artifact)
         assert artifact.url is not None
         parsed = urllib.parse.urlsplit(artifact.url)
         if parsed.scheme == "file":
             self._copy(Path(urllib.parse.unquote(parsed.path)), artifact.size, dest, progress)
             return
+        limit = deadline_s if deadline_s is not None else download_deadline_s(artifact.size, None)
+        deadline = time.monotonic() + limit
         failures, delay = 0, self.backoff_initial_s
         while True:
             before = dest.stat().st_size if dest.exists() else 0
             try:
-                if self._attempt(artifact.url, artifact.size, dest, progress):
+                if self._attempt(artifact.url, artifact.size, dest, progress, deadline, limit):
                     return
             except Rejected:
                 raise
@@ -72,11 +85,15 @@ class Fetcher:
                     delay = self.backoff_initial_s
                 logger.warning("OTA download of %s stopped at %d/%d bytes (%s); retrying in "
                                "%.1f s", _redact(artifact.url), got, artifact.size, exc, delay)
+                if delay >= deadline - time.monotonic():
+                    raise Rejected("download_timeout", f"{_redact(artifact.url)}: not "
+                                   f"downloaded within {limit:g} s ({exc})") from None
                 if self.stop.wait(delay):
                     raise Rejected("download_failed", "the daemon is stopping") from None
                 delay = min(delay * 2, self.backoff_max_s)
 
-    def _attempt(self, url: str, size: int, dest: Path, progress: Progress) -> bool:
+    def _attempt(self, url: str, size: int, dest: Path, progress: Progress, deadline: float,
+                 limit: float) -> bool:
         have = dest.stat().st_size if dest.exists() else 0
         if have > size:  # not what the manifest describes: start again
             dest.unlink()
@@ -85,7 +102,13 @@ class Fetcher:
             return True
         request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
         try:
-            response = urllib.request.urlopen(request, timeout=self.timeout_s,
+            # Each blocking socket call ends by the deadline or the socket timeout, whichever
+            # is first; the deadline is checked between reads.
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Rejected("download_timeout", f"{_redact(url)}: not downloaded within "
+                                                   f"{limit:g} s")
+            response = urllib.request.urlopen(request, timeout=min(self.timeout_s, left),
                                               context=self._ssl_context(url))
         except urllib.error.HTTPError as exc:
             exc.close()
@@ -105,7 +128,9 @@ class Fetcher:
             else:  # 200: the server ignores Range; the whole body comes again
                 have, mode = 0, "wb"
             with dest.open(mode) as out:
-                while block := response.read(BLOCK):
+                # read1: one socket read at most, so a trickle of bytes cannot keep a call
+                # (waiting for a full block) going past the deadline.
+                while block := response.read1(BLOCK):
                     have += len(block)
                     if have > size:
                         raise Rejected("size_mismatch", f"the artifact is larger than the "
@@ -114,6 +139,9 @@ class Fetcher:
                     progress(have, size)
                     if self.stop.is_set():
                         raise Rejected("download_failed", "the daemon is stopping")
+                    if time.monotonic() > deadline:
+                        raise Rejected("download_timeout", f"{_redact(url)}: {have} of {size} "
+                                                           f"bytes in {limit:g} s; giving up")
         if have < size:
             raise OSError(f"connection closed at {have} of {size} bytes")
         return True

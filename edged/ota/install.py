@@ -27,7 +27,7 @@ from edged.errors import EdgedError, InvalidModel, ModelNotFound
 from edged.model.repository import MODEL_FILE, ModelRepository
 from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
-from edged.ota.fetch import ChunkAssembler, Fetcher
+from edged.ota.fetch import ChunkAssembler, Fetcher, download_deadline_s
 from edged.ota.journal import InstallJournal
 from edged.ota.manifest import Manifest, Rejected, TrustStore
 from edged.ota.verify import check_io, golden_check, verify_artifact
@@ -164,7 +164,9 @@ class Updater:
             if chunks is not None:
                 chunks.wait(artifact, meter, self.stop)
             else:
-                self.fetcher.fetch(manifest.artifact, artifact, meter)
+                self.fetcher.fetch(manifest.artifact, artifact, meter,
+                                   deadline_s=download_deadline_s(manifest.artifact.size,
+                                                                  self.cfg.download_timeout_s))
             self._emit(manifest, OtaState.VERIFYING)
             self._step("verifying")
             verify_artifact(manifest, artifact)
@@ -208,6 +210,10 @@ class Updater:
         except (OSError, EdgedError) as exc:
             shutil.rmtree(files.parent, ignore_errors=True)
             self._undo(manifest, current, f"install failed: {exc}", "install_failed")
+        except Exception as exc:  # a bug: the repository may have changed, so undo all the same
+            logger.exception("OTA: installing %s:%d failed", name, version)
+            shutil.rmtree(files.parent, ignore_errors=True)
+            self._undo(manifest, current, f"{type(exc).__name__}: {exc}", "internal")
         shutil.rmtree(files.parent, ignore_errors=True)
         try:
             self._emit(manifest, OtaState.WARMING)
@@ -223,6 +229,9 @@ class Updater:
             self._undo(manifest, current, str(exc), exc.reason)
         except (OSError, EdgedError) as exc:
             self._undo(manifest, current, f"{type(exc).__name__}: {exc}", "warmup_failed")
+        except Exception as exc:  # a bug must not leave an unchecked version serving
+            logger.exception("OTA: warming %s:%d failed", name, version)
+            self._undo(manifest, current, f"{type(exc).__name__}: {exc}", "internal")
         self.journal.end(name)
         self._prune(name, keep={version, current})
         self._emit(manifest, OtaState.ACTIVE, f"serving version {version}"

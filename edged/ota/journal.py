@@ -1,27 +1,63 @@
 """What OTA keeps on disk beside a model to make installs crash-safe: the journal of the
 install in progress (`<model>/.ota-pending`: "<version> <sha256>"), how often installing an
-artifact was cut by a restart (`<model>/.ota-crashes`), and the manifest that installed each
-version (`<model>/<version>/.ota.json`). The repository says where a model lives; this room
-says what OTA writes there, always atomically."""
+artifact was cut by a restart (`<model>/.ota-crashes`), the manifest that installed each
+version (`<model>/<version>/.ota.json`), and the highest OTA message seq accepted per model
+(`<models>/.ota-seq.json`: one file for the repository, so a model not yet installed needs no
+folder, and deleting a model's folder does not reopen it to replays). The repository says
+where a model lives; this room says what OTA writes there, always atomically."""
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from edged.fsutil import write_atomically
 from edged.model.repository import ModelRepository
+from edged.ota.manifest import Rejected
 
 PENDING = ".ota-pending"  # <models>/<name>/: "<version> <sha256>" of an unfinished install
 CRASHES = ".ota-crashes"  # <models>/<name>/: {sha256: installs of it cut by a restart}
 RECORD = ".ota.json"  # <models>/<name>/<version>/: the manifest that installed it
+SEQ = ".ota-seq.json"  # <models>/: {name: [highest seq accepted, digest of that message]}
 
 
 class InstallJournal:
     def __init__(self, repository: ModelRepository) -> None:
         self.repository = repository
+        self._seq_lock = threading.Lock()
+
+    # -- freshness: the highest seq accepted per model -----------------------------------------
+    def accepted_seq(self, name: str) -> tuple[int, str] | None:
+        """(seq, digest) of the last OTA message accepted for `name`; None: none yet."""
+        entry = self._seqs().get(name)
+        return (entry[0], entry[1]) if entry is not None else None
+
+    def accept_seq(self, name: str, seq: int, digest: str) -> None:
+        """Remember that a message with `seq` was acted on: from now on only greater ones are."""
+        with self._seq_lock:
+            seqs = self._seqs()
+            if name in seqs and seqs[name][0] > seq:
+                return
+            seqs[name] = (seq, digest)
+            self.repository.root.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.repository.root / SEQ,
+                             json.dumps({k: list(v) for k, v in sorted(seqs.items())}) + "\n")
+
+    def _seqs(self) -> dict[str, tuple[int, str]]:
+        try:
+            doc = json.loads((self.repository.root / SEQ).read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            # Unreadable must not reopen every model to replays: refuse until it is fixed.
+            raise Rejected("internal", f"cannot read {SEQ}: {exc}") from None
+        if not isinstance(doc, dict):
+            raise Rejected("internal", f"{SEQ} is not a JSON object")
+        return {k: (int(v[0]), str(v[1])) for k, v in doc.items()
+                if isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)}
 
     # -- the install in progress -------------------------------------------------------------
     def begin(self, name: str, version: int, sha256: str) -> None:

@@ -1,9 +1,12 @@
-"""OTA manifests: parsing with typed rejections, the canonical form the signature covers,
-Ed25519 signing and verification against the keys the device trusts.
+"""OTA manifests and rollback commands: parsing with typed rejections, the canonical form the
+signature covers, Ed25519 signing and verification against the keys the device trusts.
 
-The canonical manifest is every field but `signature`, serialised as JSON with sorted keys,
-`(",", ":")` separators and UTF-8. `key_id` is the first 16 hex digits of the sha256 of the
-raw 32-byte public key. docs/schemas/ota-manifest.schema.json documents the fields.
+The canonical form of a signed document is every field but `signature`, canonicalised by
+RFC 8785 (JSON Canonicalization Scheme: sorted keys, no whitespace, UTF-8, ECMAScript
+numbers), so that signers in other languages reproduce it with a JCS library. `key_id` is
+the first 16 hex digits of the sha256 of the raw 32-byte public key. The freshness fields
+(target, seq, expires) are checked by edged/ota/freshness.py.
+docs/schemas/ota-manifest.schema.json documents the fields.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from edged.model.repository import check_model_name
 from edged.states import OtaState
 
 MAX_MANIFEST_BYTES = 64 * 1024
+MAX_COMMAND_BYTES = 4 * 1024  # a rollback command is a few hundred bytes
 
 
 FINAL = frozenset({OtaState.ACTIVE, OtaState.FAILED, OtaState.ROLLED_BACK})
@@ -31,7 +35,10 @@ _KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 _DTYPES = {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
            "float16", "float32", "float64", "bfloat16", "string"}
 _FIELDS = {"model", "version", "format", "artifact", "precision", "force", "io",
-           "allow_io_change", "key_id", "signature", "group", "note"}
+           "allow_io_change", "key_id", "signature", "group", "note", "target", "seq", "expires"}
+_COMMAND_FIELDS = {"model", "action", "from_version", "target", "seq", "expires", "key_id",
+                   "signature"}
+_MAX_JSON_INT = 2 ** 53 - 1  # RFC 8785 numbers are IEEE doubles: larger ints do not survive
 
 
 class Rejected(UpdateRejected):
@@ -80,10 +87,15 @@ class Manifest:
 
 
 def canonical_bytes(document: Mapping[str, Any]) -> bytes:
-    """What the signature covers: the manifest without `signature`, in one exact form."""
+    """What the signature covers: the document without `signature`, in its RFC 8785 form.
+    Rejected('bad_manifest') for what JCS cannot represent (integers beyond 2^53, NaN)."""
+    import rfc8785
+
     body = {k: v for k, v in document.items() if k != "signature"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode()
+    try:
+        return rfc8785.dumps(body)
+    except rfc8785.CanonicalizationError as exc:
+        raise Rejected("bad_manifest", f"not canonicalisable (RFC 8785): {exc}") from None
 
 
 def parse_manifest(payload: bytes) -> Manifest:
@@ -124,9 +136,55 @@ def parse_manifest(payload: bytes) -> Manifest:
     group = doc.get("group")
     if group is not None and not isinstance(group, str):
         raise Rejected("bad_manifest", "group must be a string")
+    _freshness_types(doc, "bad_manifest")
     return Manifest(name, version, fmt, _artifact(doc.get("artifact")), precision,
                     _get(doc, "force", bool, False), _get(doc, "allow_io_change", bool, False),
                     _io(doc.get("io")), key_id, signature, group, doc)
+
+
+def _freshness_types(doc: Mapping[str, Any], bad: str) -> None:
+    """target, seq and expires, where given, have their types (the freshness rule itself is
+    checked where the topic is known: edged/ota/freshness.py)."""
+    target = doc.get("target")
+    if target is not None and (not isinstance(target, str) or not target):
+        raise Rejected(bad, "target must be a non-empty topic root")
+    for key in ("seq", "expires"):
+        value = doc.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 1 <= value <= _MAX_JSON_INT):
+            raise Rejected(bad, f"{key} must be an integer from 1 to 2^53-1, got {value!r:.40}")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A rollback command: serve the previous version of `model` (only if the active one is
+    `from_version`, when given)."""
+
+    model: str
+    from_version: int | None
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def parse_command(payload: bytes) -> Command:
+    """A command from its JSON bytes, or Rejected('bad_command', why)."""
+    if len(payload) > MAX_COMMAND_BYTES:
+        raise Rejected("bad_command", f"the command is {len(payload)} bytes; the limit is "
+                                      f"{MAX_COMMAND_BYTES}")
+    try:
+        doc = json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise Rejected("bad_command", f"not JSON: {exc}") from None
+    usage = ('commands are {"model": "<model>", "action": "rollback", optional '
+             '"from_version": <int>, "target", "seq", "expires"}, signed like manifests')
+    if not isinstance(doc, dict) or doc.get("action") != "rollback" or \
+            not isinstance(doc.get("model"), str) or set(doc) - _COMMAND_FIELDS:
+        raise Rejected("bad_command", usage)
+    version = doc.get("from_version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)
+                                or version < 1):
+        raise Rejected("bad_command", usage)
+    _freshness_types(doc, "bad_command")
+    return Command(doc["model"], version, doc)
 
 
 def _no_constant(name: str) -> None:

@@ -8,19 +8,31 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from edged.errors import ModelNotFound
 from edged.model.repository import check_model_name
 from edged.mqtt import MqttLink
 from edged.ota.fetch import ChunkAssembler
+from edged.ota.freshness import Freshness, check_fresh
 from edged.ota.install import Event, Updater
-from edged.ota.manifest import FINAL, Rejected, parse_manifest
+from edged.ota.manifest import (
+    FINAL,
+    MAX_MANIFEST_BYTES,
+    Rejected,
+    parse_command,
+    parse_manifest,
+)
 from edged.states import OtaState
 
 logger = logging.getLogger(__name__)
+
+# Refusals that say nothing about the model's state (the update never started): published,
+# never retained, so a replayed or stray message cannot overwrite the retained final state.
+NOT_A_MODEL_STATE = frozenset({"busy", "stale", "replayed", "expired", "wrong_target"})
 
 
 class OtaService:
@@ -37,10 +49,25 @@ class OtaService:
         self.pending: list[Future[None]] = []
 
     def start(self) -> None:
+        """Subscribe the OTA topics: the link subscribes them again at every connect; the
+        device takes updates once the broker has confirmed them (`listening`)."""
         for root in self.roots:  # the device's, the fleet's and its groups'
             self.link.subscribe(f"{root}/ota/+", self._on_manifest)
             self.link.subscribe(f"{root}/ota/+/chunk/+", self._on_chunk)
             self.link.subscribe(f"{root}/ota/+/command", self._on_command)
+
+    @property
+    def filters(self) -> list[str]:
+        return [f"{root}/ota/{suffix}" for root in self.roots
+                for suffix in ("+", "+/chunk/+", "+/command")]
+
+    @property
+    def listening(self) -> bool:
+        """Whether the broker has confirmed every OTA subscription on this connection."""
+        return self.link.subscribed(self.filters)
+
+    def wait_listening(self, timeout_s: float) -> bool:
+        return self.link.wait_subscribed(self.filters, timeout_s)
 
     def stop(self, timeout_s: float) -> None:
         self.updater.stop.set()
@@ -66,6 +93,11 @@ class OtaService:
         root, model = topic.rsplit("/ota/", 1)
         if not payload:  # a retained manifest being cleared
             return
+        if len(payload) > MAX_MANIFEST_BYTES:  # refused unread: no parse of a 40 MB "manifest"
+            self.report(Event(model if _is_name(model) else "?", 0, OtaState.FAILED,
+                              f"the manifest is {len(payload)} bytes; the limit is "
+                              f"{MAX_MANIFEST_BYTES}", reason="bad_manifest"))
+            return
         try:
             check_model_name(model)
         except ModelNotFound:
@@ -76,14 +108,22 @@ class OtaService:
             if manifest.model != model:
                 raise Rejected("bad_manifest", f"the manifest is for {manifest.model!r} but came "
                                                f"on the topic of {model!r}")
-            if not self.updater.claim(manifest):
+            fresh = self._fresh(manifest.raw, root, model, "bad_manifest", idempotent=True)
+            claimed = self.updater.claim(manifest)
+            try:
+                self._accept(model, fresh)
+            except Rejected:
+                if claimed:
+                    self.updater.release(manifest)
+                raise
+            if not claimed:
                 if self.updater.serving(model) == manifest.version:  # say so: a pusher waits
                     self.report(Event(model, manifest.version, OtaState.ACTIVE,
                                       f"already serving version {manifest.version}"))
                 return
         except Rejected as exc:
             self.report(Event(model, _version_in(payload), OtaState.FAILED, str(exc),
-                              reason=exc.reason, transient=exc.reason == "busy"))
+                              reason=exc.reason, transient=exc.reason in NOT_A_MODEL_STATE))
             return
         assembler = None
         if manifest.artifact.chunks is not None:
@@ -117,19 +157,18 @@ class OtaService:
         assembler.add(int(index), payload)
 
     def _on_command(self, topic: str, payload: bytes) -> None:
-        model = topic.rsplit("/ota/", 1)[1].rsplit("/command", 1)[0]
+        root, rest = topic.rsplit("/ota/", 1)
+        model = rest.rsplit("/command", 1)[0]
         try:
             check_model_name(model)
-            command = json.loads(payload)
-            if not isinstance(command, dict) or command.get("action") != "rollback" or \
-                    command.get("model") != model or not _optional_version(command):
-                raise Rejected("bad_command", 'commands are {"model": "<model>", "action": '
-                                              '"rollback", optional "from_version": <int>}, '
-                                              "signed like manifests")
-            self.updater.trust.verify_document(command, allow_unsigned=self.updater.cfg
-                                               .allow_unsigned)
-        except (ValueError, RecursionError, ModelNotFound, Rejected) as exc:  # bad JSON, name
-            # or signature: reported, never raised into paho's thread
+            command = parse_command(payload)  # refused unread when oversized
+            if command.model != model:
+                raise Rejected("bad_command", f"the command is for {command.model!r} but came "
+                                              f"on the topic of {model!r}")
+            self._accept(model, self._fresh(command.raw, root, model, "bad_command",
+                                            idempotent=False))
+        except (ModelNotFound, Rejected) as exc:  # bad JSON, name, signature or freshness:
+            # reported, never raised into paho's thread
             reason = exc.reason if isinstance(exc, Rejected) else "bad_command"
             logger.warning("OTA: ignoring command on %s: %s", topic, exc)
             self.report(Event(model if _is_name(model) else "?", 0, OtaState.FAILED, str(exc),
@@ -138,7 +177,7 @@ class OtaService:
 
         def run() -> None:
             try:
-                self.updater.rollback(model, command.get("from_version"))
+                self.updater.rollback(model, command.from_version)
             except Rejected as exc:
                 if exc.reason == "not_active":  # not on that version: nothing to do is fine
                     self.report(Event(model, self.updater.serving(model) or 0, OtaState.ACTIVE,
@@ -148,6 +187,24 @@ class OtaService:
                                   transient=True))
 
         self._submit(run)
+
+    def _fresh(self, document: Mapping[str, Any], root: str, model: str, bad: str, *,
+               idempotent: bool) -> Freshness | None:
+        """Authentic (signed by a trusted key), then fresh (edged/ota/freshness.py): for this
+        root, not expired, and a seq above the last one accepted for `model`."""
+        allow_unsigned = self.updater.cfg.allow_unsigned
+        self.updater.trust.verify_document(document, allow_unsigned=allow_unsigned)
+        return check_fresh(document, root=root, accepted=self.updater.journal.accepted_seq(model),
+                           allow_unsigned=allow_unsigned, bad=bad, idempotent=idempotent)
+
+    def _accept(self, model: str, fresh: Freshness | None) -> None:
+        """Acted on: a message with this seq or a lower one is refused from now on."""
+        if fresh is None:
+            return
+        try:
+            self.updater.journal.accept_seq(model, fresh.seq, fresh.digest)
+        except OSError as exc:  # not recorded: not acted on (it could be replayed)
+            raise Rejected("internal", f"cannot record the message's seq: {exc}") from None
 
     def _submit(self, job: Callable[[], None]) -> None:
         try:
@@ -164,12 +221,6 @@ def _version_in(payload: bytes) -> int:
         return version if isinstance(version, int) and not isinstance(version, bool) else 0
     except (ValueError, AttributeError, RecursionError):
         return 0
-
-
-def _optional_version(command: dict[str, object]) -> bool:
-    version = command.get("from_version")
-    return version is None or (isinstance(version, int) and not isinstance(version, bool)
-                               and version > 0)
 
 
 def _is_name(name: str) -> bool:

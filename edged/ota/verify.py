@@ -6,6 +6,7 @@ Each failure is a `Rejected` with the reason code the device reports."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def golden_check(folder: Path, infer: Infer) -> None:
     try:
         tolerance = dict(DEFAULT_TOLERANCE)
         if (folder / "tolerance.json").is_file():
-            tolerance.update(json.loads((folder / "tolerance.json").read_text()))
+            tolerance.update(_tolerance(json.loads((folder / "tolerance.json").read_text())))
         with np.load(folder / "inputs.npz") as f:
             inputs = {k: f[k] for k in f.files}
         with np.load(folder / "outputs.npz") as f:
@@ -75,12 +76,25 @@ def golden_check(folder: Path, infer: Infer) -> None:
     for key, want in expected.items():
         got = outputs.get(key)
         if got is None or got.shape != want.shape or not np.allclose(
-                got, want, rtol=float(tolerance["rtol"]), atol=float(tolerance["atol"])):
+                got, want, rtol=tolerance["rtol"], atol=tolerance["atol"]):
             worst = float(np.max(np.abs(got - want))) if got is not None and \
                 got.shape == want.shape else float("nan")
             raise Rejected("golden_failed", f"output {key!r} differs from the golden output "
                                             f"(max abs error {worst:.3g}, tolerance "
                                             f"{tolerance})")
+
+
+def _tolerance(document: object) -> dict[str, float]:
+    """`{"rtol": r, "atol": a}` (either may be left out): finite numbers >= 0. Anything else
+    is a bundle that cannot say how close is close enough, so it fails (never fails open)."""
+    if not isinstance(document, dict) or set(document) - set(DEFAULT_TOLERANCE):
+        raise ValueError('tolerance.json must be an object with "rtol" and/or "atol"')
+    for key, value in document.items():
+        if not isinstance(value, int | float) or isinstance(value, bool) or \
+                not math.isfinite(value) or value < 0:
+            raise ValueError(f"tolerance.json: {key} must be a finite number >= 0, got "
+                             f"{value!r:.40}")
+    return {key: float(value) for key, value in document.items()}
 
 
 def signature_of(model: ModelVersion) -> Signature:

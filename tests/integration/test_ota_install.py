@@ -9,7 +9,9 @@ import io
 import json
 import os
 import tarfile
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +175,44 @@ def test_update_when_the_golden_check_fails_rolls_back_and_leaves_the_old_servin
     assert rig.cache.status()[-1].version == 1  # v2 is not loaded
 
 
+@pytest.mark.parametrize("tolerance", [b'{"rtol": "loose", "atol": 1e-6}', b'{"rtol": null}',
+                                       b'[1e-3, 1e-5]', b'{"rtol": 1e-3, "atol": "NaN"}'])
+def test_update_when_the_golden_tolerance_is_not_numbers_rolls_back(
+        rig: Rig, tolerance: bytes) -> None:
+    """A bundle that cannot say how close is close enough fails its golden check: it must
+    not go live (it used to end failed/internal with the new version serving)."""
+    rig.cache.load("tiny_cls")
+    before = rig.snapshot()
+    data = bundle({"model.onnx": v2_bytes(), "golden/inputs.npz": npz(x=X),
+                   "golden/outputs.npz": npz(prob=expected(1)),
+                   "golden/tolerance.json": tolerance})
+    with pytest.raises(Rejected) as info:
+        rig.apply(rig.manifest(data, fmt="bundle"))
+    assert info.value.reason == "golden_failed"
+    assert rig.states()[-2:] == ["failed", "rolled_back"]
+    np.testing.assert_allclose(rig.output(), expected(0), rtol=1e-5)
+    after = rig.snapshot()
+    assert after.pop("tiny_cls/active") == b"1\n"
+    assert after == before
+
+
+def test_update_when_an_unexpected_error_follows_the_install_rolls_back(rig: Rig) -> None:
+    """Past the point where files changed, any error (a bug included) must undo the install."""
+    def broken(step: str) -> None:
+        if step == "switched":
+            raise RuntimeError("a bug after the swap")
+
+    rig.cache.load("tiny_cls")
+    rig.updater.step_hook = broken
+    with pytest.raises(Rejected) as info:
+        rig.apply(rig.manifest(v2_bytes()))
+    assert info.value.reason == "internal"
+    assert rig.states()[-2:] == ["failed", "rolled_back"]
+    np.testing.assert_allclose(rig.output(), expected(0), rtol=1e-5)
+    assert rig.repo.versions_on_disk("tiny_cls") == [1]
+    assert rig.repo.default_version("tiny_cls") == 1
+
+
 def corrupt() -> bytes:
     return b"\x08\x07" + os.urandom(200)
 
@@ -277,6 +317,69 @@ def test_update_when_the_download_is_cut_midway_resumes_with_range(rig: Rig) -> 
     rig.apply(rig.manifest(data))
     assert rig.server.ranges == [None, f"bytes={len(data) // 2}-"]
     assert rig.cache.default_version("tiny_cls") == 2
+
+
+class TricklingServer:
+    """An HTTP server on 127.0.0.1 that promises `size` bytes and sends one every 50 ms, as a
+    server that holds a download open without ever failing it."""
+
+    def __init__(self, size: int) -> None:
+        self.stop = threading.Event()
+        self.requests = 0
+        trickle = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                trickle.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                try:
+                    for _ in range(size):
+                        if trickle.stop.wait(0.05):
+                            return
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                except OSError:  # the client gave up: what the test wants
+                    return
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/model.onnx"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_update_when_the_server_trickles_gives_up_at_the_download_deadline(rig: Rig) -> None:
+    """One byte at a time never trips the socket timeout; the overall deadline frees the
+    single OTA worker (before, this download held it until the last byte, hours later)."""
+    rig.cache.load("tiny_cls")
+    before = rig.snapshot()
+    rig.updater.cfg = OtaConfig(download_timeout_s=1.0)
+    data = v2_bytes()
+    server = TricklingServer(len(data))
+    try:
+        doc = {"model": "tiny_cls", "version": 2, "format": "onnx",
+               "artifact": {"url": server.url, "size": len(data),
+                            "sha256": hashlib.sha256(data).hexdigest()}}
+        manifest = parse_manifest(json.dumps(sign_document(doc, rig.key)).encode())
+        with pytest.raises(Rejected) as info:
+            rig.apply(manifest)
+    finally:
+        server.close()
+    assert info.value.reason == "download_timeout"
+    assert server.requests >= 1
+    assert rig.snapshot() == before
+    assert not list(rig.repo.staging_dir().iterdir())
+    assert rig.cache.default_version("tiny_cls") == 1
 
 
 def test_update_when_chunks_arrive_out_of_order_assembles_them(rig: Rig) -> None:

@@ -16,10 +16,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.artifacts import ArtifactServer
 from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
-from support.ota import Pusher, X, expected, statuses, tiny_cls_bytes
+from support.ota import Pusher, X, command, expected, statuses, tiny_cls_bytes
 from support.polling import wait_until
-
-from edged.ota.manifest import sign_document
 
 
 def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
@@ -53,8 +51,8 @@ def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
         failed = statuses(sub, status, "failed")[-1]
         assert failed["reason"] == "downgrade" and failed["version"] == 1
 
-        command = sign_document({"model": "tiny_cls", "action": "rollback"}, private)
-        sub.client.publish(f"{prefix}/ota/tiny_cls/command", json.dumps(command).encode(),
+        rollback = command(private, prefix)  # signed, and fresh (target, seq, expires)
+        sub.client.publish(f"{prefix}/ota/tiny_cls/command", json.dumps(rollback).encode(),
                            qos=1).wait_for_publish(5)
         rolled = statuses(sub, status, "rolled_back")[-1]
         assert rolled["version"] == 2

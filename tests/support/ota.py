@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,30 @@ def key(tmp_path: Path) -> tuple[Ed25519PrivateKey, Path]:
     return private, public
 
 
+_last_seq = 0
+
+
+def next_seq() -> int:
+    """A seq greater than every one this test run signed: the clock in ms, as `edged ota push`
+    sets it, bumped when two messages are signed within the same ms."""
+    global _last_seq
+    _last_seq = max(_last_seq + 1, time.time_ns() // 1_000_000)
+    return _last_seq
+
+
+def fresh(target: str) -> dict[str, Any]:
+    """The freshness fields of a message for topic root `target`, signed now, good for an hour
+    (what `edged ota push` adds)."""
+    return {"target": target, "seq": next_seq(), "expires": int(time.time()) + 3600}
+
+
+def command(private: Ed25519PrivateKey, target: str, model: str = "tiny_cls",
+            **extra: Any) -> dict[str, Any]:
+    """A signed rollback command for the devices under topic root `target`, fresh now."""
+    return sign_document({"model": model, "action": "rollback", **fresh(target), **extra},
+                         private)
+
+
 def statuses(sub: Subscriber, topic: str, until: str, timeout: float = 30) -> list[dict]:
     """Status events on `topic` up to and including the first in state `until`."""
     messages = sub.collect(topic, until=lambda got: json.loads(got[-1].payload)["state"] == until,
@@ -55,22 +80,29 @@ def statuses(sub: Subscriber, topic: str, until: str, timeout: float = 30) -> li
 
 
 class Pusher:
-    """Publishes signed manifests for tiny_cls through `sub`'s connection."""
+    """Publishes signed manifests for tiny_cls through `sub`'s connection, fresh (target: the
+    topic's root, the next seq, an hour to expiry) unless `extra` says otherwise."""
 
     def __init__(self, sub: Subscriber, artifacts: ArtifactServer,
                  private: Ed25519PrivateKey) -> None:
         self.sub, self.artifacts, self.private = sub, artifacts, private
 
-    def push(self, topic: str, version: int, data: bytes, *, retain: bool = False,
-             **extra: Any) -> None:
+    def signed(self, topic: str, version: int, data: bytes, **extra: Any) -> bytes:
+        """The payload push() publishes: `data` served as the artifact, the manifest signed."""
         name = f"v{version}-{hashlib.sha256(data).hexdigest()[:8]}"
         (self.artifacts.root / name).write_bytes(data)
         doc = sign_document({"model": "tiny_cls", "version": version, "format": "onnx",
                              "artifact": {"url": self.artifacts.url(name), "size": len(data),
                                           "sha256": hashlib.sha256(data).hexdigest()},
-                             **extra}, self.private)
-        self.sub.client.publish(topic, json.dumps(doc).encode(), qos=1,
-                                retain=retain).wait_for_publish(5)
+                             **fresh(topic.rsplit("/ota/", 1)[0]), **extra}, self.private)
+        return json.dumps(doc).encode()
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self.sub.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
+
+    def push(self, topic: str, version: int, data: bytes, *, retain: bool = False,
+             **extra: Any) -> None:
+        self.publish(topic, self.signed(topic, version, data, **extra), retain=retain)
 
     def push_until_received(self, topic: str, status: str, version: int, data: bytes) -> dict:
         """Push until the device says `received`: its subscription may not be in place yet

@@ -48,6 +48,9 @@ GOOD = {
         {"name": "", "dtype": "string", "shape": [0], "doc": "ignored"}]}),
     "signed": sign_document(doc(format="bundle", io=IO, note="v2"),
                             Ed25519PrivateKey.generate()),
+    "signed-fresh": sign_document(doc(target="edged/fleet/groups/line-1", seq=2 ** 53 - 1,
+                                      expires=1_900_000_000), Ed25519PrivateKey.generate()),
+    "freshness-nulls": doc(target=None, seq=None, expires=None),
 }
 
 BAD = {
@@ -96,6 +99,12 @@ BAD = {
     "key-id-trailing-newline": doc(key_id="0123456789abcdef\n"),
     "signature-not-a-string": doc(signature=5),
     "group-not-a-string": doc(group=["line-1"]),
+    "target-empty": doc(target=""),
+    "target-not-a-string": doc(target=["edged/edge-01"]),
+    "seq-0": doc(seq=0),
+    "seq-beyond-2^53": doc(seq=2 ** 53),
+    "seq-string": doc(seq="17"),
+    "expires-bool": doc(expires=True),
 }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from edged.api.protocol import HEADER_LENGTH, encode_request
+from edged.ops.keys import freshness
 from edged.ops.push import serve
 from edged.ota.manifest import sign_document
 from tools.bench.api import THREADS, edged_config, run_edged
@@ -157,7 +158,8 @@ def update_round(workdir: Path, name: str, source: Path, target: Target, request
     with serve(artifact, "127.0.0.1:0", None) as url:
         doc = sign_document({"model": name, "version": version, "format": "onnx",
                              "artifact": {"url": url, "size": len(data),
-                                          "sha256": hashlib.sha256(data).hexdigest()}}, key)
+                                          "sha256": hashlib.sha256(data).hexdigest()},
+                             **freshness(prefix)}, key)
         load.start()
         try:
             time.sleep(window_s)
