@@ -146,8 +146,11 @@ def test_run_under_systemd_notifies_in_order_and_reloads_streams_on_sighup(
             assert set(streams) == {"b", "c"}
             # Same pipeline, still counting on from before: a restarted one would report a run
             # time shorter than the time since SIGHUP (and count from zero).
+            # Frames already queued can be processed with no new capture yet: wait for both.
             b_after = wait_until(lambda: (b := streams_of(client)["b"])["processed"]
-                                 > b_before["processed"] and b, timeout=30, interval=0.05,
+                                 > b_before["processed"]
+                                 and b["frames_in"] > b_before["frames_in"] and b,
+                                 timeout=30, interval=0.05,
                                  what="b still counting after the reload", alive=run.running,
                                  details=run.report)
             assert b_after["running_s"] > time.monotonic() - hup_sent
