@@ -112,9 +112,28 @@ class SnapshotsConfig:
 
 @dataclass(frozen=True)
 class PublishConfig:
-    frames: bool = setting(True, "each frame's results on streams/<stream>/results")
-    events: bool = setting(True, "detect streams: objects' events, counts, line counts and "
-                                 "snapshots")
+    frames: bool | None = setting(None, "each frame's results on streams/<stream>/results; "
+                                        "null = by kind: not for a detect stream that "
+                                        "publishes events, every frame for the others")
+    events: bool = setting(True, "detect streams: track objects and publish their events, "
+                                 "counts, line counts and snapshots")
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What a stream publishes once its model's kind is known."""
+
+    frames: bool  # each frame's results
+    events: bool  # tracking on: events, counts, lines, snapshots
+
+
+def outputs(publish: PublishConfig, kind: str) -> Outputs:
+    """A detect stream tracks and publishes events (unless `events: false`) and then no
+    per-frame results unless `frames: true` asks for them; classify and raw streams have no
+    objects to track and publish every frame's results (unless `frames: false`)."""
+    events = publish.events and kind == "detect"
+    frames = publish.frames if publish.frames is not None else not events
+    return Outputs(frames, events)
 
 
 class EventsSettings(Protocol):
