@@ -278,6 +278,15 @@ class Daemon:
             return
         self._reloading = asyncio.get_running_loop().create_task(self.reload())
 
+    def request_reload_threadsafe(self) -> None:
+        """From any thread (tools, tests): reload as SIGHUP does."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self.request_reload)
+        except RuntimeError:  # the loop has already closed: the daemon has stopped
+            pass
+
     async def reload(self) -> bool:
         """Read the config again and apply what a running daemon can: streams added, removed
         or changed, preloaded and pinned models, trusted OTA keys, log level, health limits.

@@ -161,7 +161,7 @@ class EventsHub:
         """The events stage of a stream whose model can produce `known_labels`, its discovery
         configs published. Raises ConfigError when `labels:` names one the model has not."""
         if known_labels:
-            check_labels(cfg.labels, known_labels, path="labels")
+            check_labels(cfg.labels, known_labels, path="")
         publish: Publish | None = self.link.publish if self.link is not None else None
         stage = EventsStage(cfg, EventPublisher(cfg.name, publish, self.store),
                             on_close=self._closed)

@@ -174,10 +174,12 @@ def check_stream_events(parsed: Parsed[Any], path: str,
 
 def check_labels(labels: Sequence[str], known: Sequence[str], *, path: str) -> None:
     """Raise ConfigError naming each of `labels` (a stream's `labels:`, at key path `path`,
-    e.g. `streams[0]`) that the model cannot produce; `known` is the model's label list."""
+    e.g. `streams[0]`, or "" for the stream itself) that the model cannot produce; `known` is
+    the model's label list."""
     names = set(known)
     some = ", ".join(list(known)[:20]) + (", ..." if len(known) > 20 else "")
-    issues = [ConfigIssue(f"{path}.labels[{j}]", f"the model has no label {label!r} ({some})")
+    key = f"{path}.labels" if path else "labels"
+    issues = [ConfigIssue(f"{key}[{j}]", f"the model has no label {label!r} ({some})")
               for j, label in enumerate(labels) if label not in names]
     if issues:
         raise ConfigError(issues)
