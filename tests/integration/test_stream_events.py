@@ -8,6 +8,7 @@ socket, and a reload that drops the stream removes its Home Assistant entities."
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_detect_stream_when_squares_cross_publishes_each_object_life_counts_line
         assert len(ids) == 1, f"{label}: one object, kept through its hidden frame: {ids}"
         kinds = [e["type"] for e in lives]
         assert kinds[0] == "new" and kinds[-1] == "end" and set(kinds[1:-1]) <= {"update"}
-        assert all(e["before"] == prev["after"] for prev, e in zip(lives, lives[1:])
+        assert all(e["before"] == prev["after"] for prev, e in itertools.pairwise(lives)
                    if e["type"] == "update")
         assert lives[-1]["after"]["has_snapshot"] and lives[-1]["after"]["end_time"]
     assert "right" in by_label["blue"][-1]["after"]["entered_zones"]
