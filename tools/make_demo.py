@@ -29,7 +29,7 @@ def write_color_video(path: Path, *, fps: float = 30.0, frames_per_color: int = 
 
     path.parent.mkdir(parents=True, exist_ok=True)
     width, height = size
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (width, height))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), fps, (width, height))
     if not writer.isOpened():
         raise RuntimeError(f"OpenCV cannot write {path}")
     try:
@@ -75,7 +75,7 @@ def write_crossing_video(path: Path, passes: Sequence[Pass] = DEMO_PASSES, *,
 
     path.parent.mkdir(parents=True, exist_ok=True)
     side = CELLS * cell
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (side, side))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), fps, (side, side))
     if not writer.isOpened():
         raise RuntimeError(f"OpenCV cannot write {path}")
     black = np.zeros((side, side, 3), np.uint8)
