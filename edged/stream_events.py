@@ -127,7 +127,7 @@ class EventsStage:
             count = self.failed
         if worth_logging(count):
             logger.error("stream %s: the events stage failed (#%d)", self.cfg.name, count,
-                             exc_info=exc, extra={"stream": self.cfg.name, "code": "events_failed"})
+                         exc_info=exc, extra={"stream": self.cfg.name, "code": "events_failed"})
 
     def _report(self, changes: Changes) -> None:
         if not changes:

@@ -7,6 +7,7 @@ health tick read it through immutable snapshots, never through a list they could
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -103,7 +104,10 @@ class StreamSet:
             spec = model.inputs[0]
             sample = spec.shape[1:] if model.max_batch_size > 0 else spec.shape
             cascades = self._cascades(cfg, model)
-            output = outputs(cfg.publish, (model.config.postprocess or PostprocessConfig()).kind)
+            # Without a hub nothing tracks: every frame's results, as before events.
+            publish = cfg.publish if self.events is not None else \
+                dataclasses.replace(cfg.publish, events=False)
+            output = outputs(publish, (model.config.postprocess or PostprocessConfig()).kind)
             source = open_source(cfg, SensorLink(self.subscribe, self.unsubscribe, sample,
                                                  spec.dtype))  # (started by the pipeline)
             events = self._events(cfg, model) if output.events else None  # the last check
@@ -117,11 +121,10 @@ class StreamSet:
         pipeline.start()
         return pipeline
 
-    def _events(self, cfg: StreamConfig, model: ModelVersion) -> EventsStage | None:
+    def _events(self, cfg: StreamConfig, model: ModelVersion) -> EventsStage:
         """The stream's events stage, its `labels:` checked against the model's (ConfigError
         names those it cannot produce: the stream is then not started)."""
-        if self.events is None:
-            return None
+        assert self.events is not None  # (output.events is false without a hub)
         known = Postprocessor(model.config.postprocess, model.dir.parent, model.head).labels
         return self.events.stage(cfg, known)
 
