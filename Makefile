@@ -17,15 +17,17 @@ $(STAMP):
 
 setup: $(STAMP)
 
-# The daemon on the default config: the demo video through the demo model, results in the
-# terminal and on MQTT at 127.0.0.1:1883 when a broker is there. State stays under var/.
+# The daemon on the default config: the demo videos through the demo models (a classifier's
+# results, and a detector's tracked objects: their events, counts, zone and line counts),
+# in the terminal and on MQTT at 127.0.0.1:1883 when a broker is there. State stays under var/.
 # ARGS reach `edged run`: make run ARGS="--http 127.0.0.1:8000" (Triton's clients).
 run: setup
-	@test -f $(DEMO)/colors.avi || (cd tools && ../$(BIN)/python make_demo.py ../$(DEMO))
+	@test -f $(DEMO)/crossing.avi || (cd tools && ../$(BIN)/python make_demo.py ../$(DEMO))
 	@test -f $(DEMO)/keys/demo || $(BIN)/edged ota keygen $(DEMO)/keys/demo
 	$(BIN)/edged run --config deploy/edged.yaml --models-dir $(DEMO)/models \
 		--cache-dir $(DEMO)/cache --socket $(DEMO)/edged.sock \
 		--source demo=file://$(abspath $(DEMO))/colors.avi \
+		--source crossing=file://$(abspath $(DEMO))/crossing.avi \
 		--trusted-key $(DEMO)/keys/demo.pub $(ARGS)
 
 # With `make run` going in another terminal: push the next version of the demo model over

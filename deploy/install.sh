@@ -407,26 +407,32 @@ for other in dgpu jetson; do
 done
 
 # -- demo ------------------------------------------------------------------------------------
-# The default config streams file:///var/lib/edged/demo/colors.avi through the model colors.
-# Installed once: an OTA update of colors, or the operator's own video, is never replaced.
+# The default config streams file:///var/lib/edged/demo/colors.avi through the model colors
+# and demo/crossing.avi through the detector grid_det. Installed once: an OTA update of a demo
+# model, or the operator's own video, is never replaced.
 if ((demo)); then
-    if [[ -e $root$STATE/models/colors && -e $root$STATE/demo/colors.avi ]]; then
-        say "demo: model and video present"
+    if [[ -e $root$STATE/models/colors && -e $root$STATE/demo/colors.avi &&
+          -e $root$STATE/models/grid_det && -e $root$STATE/demo/crossing.avi ]]; then
+        say "demo: models and videos present"
     elif PYTHONDONTWRITEBYTECODE=1 "$root$VENV/bin/python" "$SRC/tools/make_demo.py" \
         "$workdir/demo" >/dev/null; then
-        if [[ ! -e $root$STATE/models/colors ]]; then
-            cp -r "$workdir/demo/models/colors" "$root$STATE/models/colors"
-            say "demo: installed the model $STATE/models/colors"
-        fi
-        if [[ ! -e $root$STATE/demo/colors.avi ]]; then
-            ensure_dir "$STATE/demo" 0750
-            install_file "$workdir/demo/colors.avi" "$STATE/demo/colors.avi" 0640 || true
-        fi
+        for model in colors grid_det; do
+            if [[ ! -e $root$STATE/models/$model ]]; then
+                cp -r "$workdir/demo/models/$model" "$root$STATE/models/$model"
+                say "demo: installed the model $STATE/models/$model"
+            fi
+        done
+        for video in colors.avi crossing.avi; do
+            if [[ ! -e $root$STATE/demo/$video ]]; then
+                ensure_dir "$STATE/demo" 0750
+                install_file "$workdir/demo/$video" "$STATE/demo/$video" 0640 || true
+            fi
+        done
         chown_tree "$STATE"
         changed=$((changed + 1))
     else
-        warn "demo assets could not be made: the default config's stream 'demo' and model" \
-            "'colors' will be missing; edit $ETC/edged.yaml"
+        warn "demo assets could not be made: the default config's streams 'demo' and" \
+            "'crossing' and models 'colors' and 'grid_det' will be missing; edit $ETC/edged.yaml"
     fi
 fi
 

@@ -115,6 +115,9 @@ class CacheConfig:
         "all", "models loaded and warmed at start: all (every model in the repository, as "
         "Triton does, while the budget holds them), a list, or [] to load on first request")
     pinned: list[str] = setting(factory=list, help="models never evicted")
+    snapshots_mb: int = setting(256, "disk budget of the objects' snapshots kept under "
+                                     "<dir>/snapshots (the oldest go first); 0 = none kept",
+                                check=at_least(0))
 
     def preload_names(self, available: list[str]) -> list[str]:
         """The models to preload, given those in the repository."""
@@ -145,6 +148,20 @@ class TlsConfig:
     insecure: bool = setting(False, "skip hostname checks (testing only)")
 
 
+def _check_topic_prefix(value: str) -> str | None:
+    if not value or value.startswith("/") or value.endswith("/") or set(value) & set("#+"):
+        return f"{value!r} is not a topic prefix (no wildcards, no leading or trailing /)"
+    return None
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    enabled: bool = setting(True, "announce detect streams' counts, occupancy and snapshots "
+                                  "to Home Assistant (MQTT discovery, retained)")
+    prefix: str = setting("homeassistant", "Home Assistant's discovery prefix",
+                          check=_check_topic_prefix)
+
+
 @dataclass(frozen=True)
 class MqttConfig:
     enabled: bool = setting(True, "connect to a broker at all")
@@ -157,12 +174,17 @@ class MqttConfig:
     prefix: str | None = setting(None, "topic prefix; null = edged/<device_id>")
     fleet_prefix: str = setting("edged/fleet", "fleet-wide topic prefix")
     qos_results: int = setting(0, "QoS of result messages", check=between(0, 2))
+    qos_events: int = setting(1, "QoS of events, counts, line counts and snapshots (a lost "
+                                 "`end` leaves a subscriber with an object that is gone)",
+                              check=between(0, 2))
     buffer_messages: int = setting(10000, "messages kept while offline", check=at_least(0))
     stats_interval_s: float = setting(10.0, "period of <prefix>/stats", check=at_least(0.1))
     max_packet_mb: int = setting(
         16, "largest MQTT packet taken in (MQTT 5: told to the broker at connect, which then "
             "drops bigger ones for this client; 3.1.1 cannot say so: set the broker's "
             "max_packet_size)", check=between(1, 256))
+    discovery: DiscoveryConfig = setting(factory=DiscoveryConfig,
+                                         help="Home Assistant MQTT discovery")
 
 
 @dataclass(frozen=True)
@@ -209,7 +231,9 @@ class StreamConfig:
                                      check=_check_size)
     payload: Literal["json", "raw"] = setting(
         "json", "mqtt:// sensors: JSON arrays, or raw little-endian tensors")
-    log_results: bool = setting(False, "log one line per result (the demo shows them)")
+    log_results: bool = setting(False, "log one line per result (the demo shows them); a "
+                                       "detect stream with events and no per-frame results: "
+                                       "one per object that appears or ends")
     secondary: list[SecondaryConfig] = setting(
         factory=list, help="models run on crops of this detect stream's detections")
     # Events (edged/events/): what a detect stream's detections become.

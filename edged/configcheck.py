@@ -1,6 +1,7 @@
 """`edged check-config`: a config file and what it names, checked the way `edged run` would use
 them, every problem at once. Errors stop `run` (a model file that is not ONNX, a stream or a
-secondary model that is not in the repository); warnings are paths that exist only where the
+secondary model that is not in the repository, a stream's `labels:` its model cannot
+produce); warnings are paths that exist only where the
 service runs (a device's models folder, keys, a video file, a systemd credential), so a
 shipped config checks clean on a developer's machine and says what it could not see."""
 
@@ -11,9 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edged.config import DaemonConfig
-from edged.errors import EdgedError
+from edged.config import DaemonConfig, StreamConfig
+from edged.errors import ConfigError, EdgedError
+from edged.events.config import check_labels, outputs
+from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelRepository
+from edged.processing.post import Postprocessor
 from edged.schema import Parsed
 
 _Line = Callable[[str], str]  # a key path -> " (line N)" or ""
@@ -73,12 +77,35 @@ def _check_models(config: DaemonConfig, found: Findings, line: _Line) -> None:
             found.errors.append(f"streams[{i}].model: {stream.model!r} is not in "
                                 f"{config.models_dir}; the stream would not start"
                                 f"{line(f'streams[{i}].model')}")
+        else:
+            _check_labels(repository, stream, i, found, line)
         for j, secondary in enumerate(stream.secondary):
             key = f"streams[{i}].secondary[{j}].model"
             if secondary.model not in names:
                 found.errors.append(f"{key}: {secondary.model!r} is not in "
                                     f"{config.models_dir}; the stream would not start"
                                     f"{line(key)}")
+
+
+def _check_labels(repository: ModelRepository, stream: StreamConfig, i: int,
+                  found: Findings, line: _Line) -> None:
+    """A detect stream's `labels:` against those its model names (a model that names none
+    cannot be checked; one that does not load was reported above)."""
+    if not stream.labels:
+        return
+    try:
+        model = repository.get(stream.model, repository.default_version(stream.model))
+        known = Postprocessor(model.config.postprocess, model.dir.parent, model.head).labels
+    except EdgedError:
+        return
+    if not known or not outputs(stream.publish, (model.config.postprocess
+                                                 or PostprocessConfig()).kind).events:
+        return
+    try:
+        check_labels(stream.labels, known, path=f"streams[{i}]")
+    except ConfigError as exc:
+        found.errors += [f"{issue}; the stream would not start{line(issue.path)}"
+                         for issue in exc.issues]
 
 
 def _check_secrets(config: DaemonConfig, found: Findings, line: _Line) -> None:

@@ -22,6 +22,7 @@ from edged.api.shm import ShmRegistry
 from edged.cache import ModelCache
 from edged.config import DaemonConfig
 from edged.errors import ConfigError
+from edged.events.discovery import DeviceInfo
 from edged.health import HealthMonitor, RecentErrors
 from edged.metrics import Metrics
 from edged.model.loadspec import backend_options
@@ -34,6 +35,7 @@ from edged.pipeline import StreamPipeline
 from edged.reload import plan as reload_plan
 from edged.reporting import Reporter
 from edged.scheduler import Scheduler
+from edged.stream_events import EventsHub, open_store
 from edged.streams import StreamSet
 from edged.systemd import Notifier, activated_unix_socket, listen_fds
 
@@ -69,11 +71,19 @@ class Daemon:
         self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
                               client_id=f"edged-{config.device_id}")
                      if config.mqtt.enabled else None)
+        discovery = config.mqtt.discovery
+        self.events = EventsHub(self.mqtt, device=DeviceInfo(
+            config.device_id, config.mqtt_prefix, discovery.prefix, __version__)
+            if self.mqtt is not None and discovery.enabled else None)
+        if self.mqtt is not None:
+            self.mqtt.on_connected(self.events.republish)
+            if discovery.enabled:
+                self.mqtt.subscribe(f"{discovery.prefix}/status", self.events.rediscover)
         self.streams = StreamSet(
             self.scheduler, self._publish_result,
             subscribe=self.mqtt.subscribe if self.mqtt else None,
             unsubscribe=self.mqtt.unsubscribe if self.mqtt else None,
-            backend_of=self.cache.serving_on)
+            backend_of=self.cache.serving_on, events=self.events)
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
             self.scheduler.counters, self.cache.status, loads=self.cache.counters,
             streams=self.streams.snapshots,
@@ -84,7 +94,8 @@ class Daemon:
         self.recent = RecentErrors()
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
-                             is_live=self.is_live, status=self.status_report)
+                             is_live=self.is_live, status=self.status_report,
+                             snapshots=lambda: self.events.store)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
@@ -119,6 +130,8 @@ class Daemon:
         """Undo interrupted installs (OTA recovery), then load and warm the preload list. A model
         that fails is reported and left unavailable; the others still come up."""
         self.config.cache.dir.mkdir(parents=True, exist_ok=True)
+        self.events.store = open_store(self.config.cache.dir / "snapshots",
+                                       self.config.cache.snapshots_mb)
         self.updater.recover()
         self.cache.preload(self.config.cache.preload_names(self.repository.names()),
                            within_budget=self.config.cache.preload == "all")
@@ -266,6 +279,15 @@ class Daemon:
             self._reload_again = True
             return
         self._reloading = asyncio.get_running_loop().create_task(self.reload())
+
+    def request_reload_threadsafe(self) -> None:
+        """From any thread (tools, tests): reload as SIGHUP does."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self.request_reload)
+        except RuntimeError:  # the loop has already closed: the daemon has stopped
+            pass
 
     async def reload(self) -> bool:
         """Read the config again and apply what a running daemon can: streams added, removed

@@ -60,6 +60,11 @@ class ModelNotFound(EdgedError):
     http_status = 404
 
 
+class SnapshotNotFound(EdgedError):
+    code = "snapshot_not_found"
+    http_status = 404
+
+
 class InvalidModel(EdgedError):
     """A model on disk is unusable: corrupt ONNX, bad model.yaml, signature mismatch."""
 

@@ -32,7 +32,7 @@ from edged.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-TopicClass = Literal["results", "state", "stats", "status", "ota"]
+TopicClass = Literal["results", "events", "discovery", "state", "stats", "status", "ota"]
 Handler = Callable[[str, bytes], None]
 KEEPALIVE_S = 30
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 30
@@ -76,8 +76,9 @@ class MqttLink:
         self.config = config
         self.prefix = prefix.rstrip("/")
         self.status_topic = f"{self.prefix}/status"
-        self._qos: dict[str, int] = {"results": config.qos_results, "state": 1, "stats": 0,
-                                     "status": 1, "ota": 1}
+        self._qos: dict[str, int] = {"results": config.qos_results,
+                                     "events": config.qos_events, "discovery": 1, "state": 1,
+                                     "stats": 0, "status": 1, "ota": 1}
         self._lock = threading.Lock()
         self._buffer: deque[_Message] = deque()
         self._handlers: dict[str, Handler] = {}
@@ -88,6 +89,7 @@ class MqttLink:
         self._pending: dict[int, list[str]] = {}  # SUBSCRIBE packet id -> its filters
         self._confirmed: set[str] = set()
         self._acked = threading.Condition(self._lock)
+        self._on_connected: list[Callable[[], None]] = []
         self._stats = LinkStats()
         self._connected = threading.Event()
         self._stopping = False
@@ -170,7 +172,13 @@ class MqttLink:
 
     def publish(self, kind: TopicClass, suffix: str, payload: bytes, *,
                 retain: bool = False) -> None:
-        message = _Message(self.topic(suffix), payload, self._qos[kind], retain, kind)
+        self.publish_to(kind, self.topic(suffix), payload, retain=retain)
+
+    def publish_to(self, kind: TopicClass, topic: str, payload: bytes, *,
+                   retain: bool = False) -> None:
+        """`publish` on a whole topic, outside the device's prefix (Home Assistant's
+        discovery topics)."""
+        message = _Message(topic, payload, self._qos[kind], retain, kind)
         with self._lock:
             if self._stopping:
                 return
@@ -273,6 +281,13 @@ class MqttLink:
                 logger.exception("MQTT handler for %s failed", message.topic)
 
     # -- connection events (paho's thread) ---------------------------------------------------
+    def on_connected(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` after each connection, once the buffered messages went out (to
+        publish retained state again: a broker restarted without persistence lost it). It
+        runs on paho's thread: it must be quick, and must not raise."""
+        with self._lock:
+            self._on_connected.append(callback)
+
     def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
                     properties: Any) -> None:
         if reason.is_failure:
@@ -292,6 +307,13 @@ class MqttLink:
         client.publish(self.status_topic, b"online", qos=1, retain=True)
         self._connected.set()
         self._flush()
+        with self._lock:
+            callbacks = list(self._on_connected)
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a callback's bug must not kill paho's network thread
+                logger.exception("MQTT: a connection callback failed")
 
     def _flush(self) -> None:
         while self._connected.is_set():

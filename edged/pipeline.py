@@ -1,10 +1,13 @@
-"""One stream: source → pre → scheduler → post → publish, on a thread of its own.
+"""One stream: source → pre → scheduler → post → (cascades, events) → publish, on a thread of
+its own.
 
 Capture never waits for the model: the source's bounded queue sits between them (its policy
 drops frames and counts them). At most `in_flight` frames of the stream are inside the model,
 each in an input buffer of the stream's own small pool, so pre-processing the next frame
 overlaps inference of the last and memory stays flat whatever the model's speed. Publishing
-hands a message to the MQTT link, which never blocks either.
+hands a message to the MQTT link, which never blocks either. A detect stream's events stage
+(`edged/stream_events.py`) sees each frame's detections after the cascades added their
+sub_labels, on this same thread and outside the stats lock.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from edged.processing.post import Postprocessor
 from edged.processing.pre import Geometry, preprocess
 from edged.scheduler import Outputs, Scheduler
 from edged.sources import Frame, Source, worth_logging
+from edged.stream_events import EventsStage
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +63,12 @@ class PipelineStats:
 class StreamPipeline:
     def __init__(self, cfg: StreamConfig, source: Source, scheduler: Scheduler,
                  publish: Publish | None, *, backend_of: Callable[[str, int], str] | None = None,
-                 cascades: Sequence[Cascade] = (),
+                 cascades: Sequence[Cascade] = (), events: EventsStage | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """`publish` takes each frame's results (None: the stream publishes none); `events`
+        tracks a detect stream's detections."""
         self.cfg = cfg
+        self.events = events
         self.cascades = list(cascades)
         self.source = source
         self.scheduler = scheduler
@@ -105,12 +112,26 @@ class StreamPipeline:
         except Exception:  # a bug: the beat is left to go stale, so the health tick reports it
             logger.exception("stream %s: the processing loop died", self.cfg.name,
                              extra={"stream": self.cfg.name, "code": "pipeline_died"})
+            self._close_events()
             return
+        self._close_events()
         self._beat = None
+
+    def _close_events(self) -> None:
+        """The stream stops: its objects end and their counts go to 0 (published)."""
+        if self.events is None:
+            return
+        try:
+            self.events.close()
+        except Exception:
+            logger.exception("stream %s: ending its objects failed", self.cfg.name,
+                             extra={"stream": self.cfg.name})
 
     def _loop(self, window: deque[_InFlight]) -> None:
         while not (self._stop.is_set() and not window):
             self._beat = self.clock()
+            if self.events is not None:
+                self.events.tick(idle=not window)
             while len(window) < self.cfg.in_flight and not self._stop.is_set():
                 frame = self.source.queue.get(0.0 if window else 0.2)
                 if frame is None:
@@ -166,6 +187,9 @@ class StreamPipeline:
         if self.cascades and item.geometry is not None:
             self._run_cascades(item.frame, results)
         frame = item.frame
+        if self.events is not None:
+            self.events.frame(frame.captured, results.get("detections", ()),
+                              frame.data if item.geometry is not None else None)
         now = self.clock()
         latency_ms = (now - frame.captured_mono) * 1000
         message: dict[str, Any] = {
@@ -181,7 +205,7 @@ class StreamPipeline:
         with self._lock:
             self.stats.processed += 1
             self._latencies.append(latency_ms)
-        if self.cfg.log_results:
+        if self.cfg.log_results and (self.publish is not None or self.events is None):
             logger.info("stream %s #%d: %s (%.1f ms)", self.cfg.name, frame.seq,
                         summarize(results), latency_ms,
                         extra={"stream": self.cfg.name, "model": item.model.name,
@@ -244,6 +268,8 @@ class StreamPipeline:
                                    "secondary_failed": self.stats.secondary_failed,
                                    "last_error": self.stats.last_error}
         row.update(self.source.snapshot())
+        if self.events is not None:
+            row.update(self.events.snapshot())
         if latencies is not None:
             row["latency_ms"] = {"p50": round(float(np.percentile(latencies, 50)), 3),
                                  "p99": round(float(np.percentile(latencies, 99)), 3)}

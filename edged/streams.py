@@ -1,10 +1,13 @@
 """The daemon's streams as one set: a pipeline per configured stream, started together,
 stopped in order (captures first, then the frames in the model), and restarted by name on a
-reload while the others keep flowing. Status, metrics, stats and the health tick read it
-through immutable snapshots, never through a list they could change."""
+reload while the others keep flowing. What a stream publishes is settled when it starts, by
+its model's kind: a detect stream gets an events stage (and then, by default, publishes no
+per-frame results), the others publish every frame's results. Status, metrics, stats and the
+health tick read it through immutable snapshots, never through a list they could change."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -13,14 +16,17 @@ from typing import Any
 from edged.cascade import Cascade
 from edged.config import StreamConfig
 from edged.errors import EdgedError, InvalidModel
+from edged.events.config import outputs
 from edged.health import Beating
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
 from edged.pipeline import Publish, StreamPipeline
+from edged.processing.post import Postprocessor
 from edged.scheduler import Scheduler
 from edged.sources import SensorLink, open_source
 from edged.sources.sensor import Subscribe
 from edged.states import SourceState
+from edged.stream_events import EventsHub, EventsStage
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +38,13 @@ class StreamSet:
     def __init__(self, scheduler: Scheduler, publish: Publish | None, *,
                  subscribe: Subscribe | None = None,
                  unsubscribe: Callable[[str], None] | None = None,
-                 backend_of: Callable[[str, int], str] | None = None) -> None:
+                 backend_of: Callable[[str, int], str] | None = None,
+                 events: EventsHub | None = None) -> None:
         """`publish` takes each result; `subscribe`/`unsubscribe` are the MQTT link's, for
-        sensor streams (None while MQTT is off); `backend_of` names what runs a version."""
+        sensor streams (None while MQTT is off); `backend_of` names what runs a version;
+        `events` makes detect streams' events stages (None: no events)."""
         self.scheduler = scheduler
+        self.events = events
         self.publish = publish
         self.subscribe = subscribe
         self.unsubscribe = unsubscribe
@@ -69,6 +78,10 @@ class StreamSet:
             if self.start([cfg]):
                 logger.info("reload: stream %s started (%s → %s)", cfg.name, cfg.source,
                             cfg.model, extra={"stream": cfg.name})
+        running = {p.cfg.name for p in self._pipelines}
+        if self.events is not None:  # gone, or failed to start again: out of Home Assistant
+            for name in names - running:
+                self.events.withdraw(name)
 
     def stop(self) -> None:
         """Stop every stream: captures first, then the frames already in the model finish."""
@@ -91,16 +104,29 @@ class StreamSet:
             spec = model.inputs[0]
             sample = spec.shape[1:] if model.max_batch_size > 0 else spec.shape
             cascades = self._cascades(cfg, model)
+            # Without a hub nothing tracks: every frame's results, as before events.
+            publish = cfg.publish if self.events is not None else \
+                dataclasses.replace(cfg.publish, events=False)
+            output = outputs(publish, (model.config.postprocess or PostprocessConfig()).kind)
             source = open_source(cfg, SensorLink(self.subscribe, self.unsubscribe, sample,
-                                                 spec.dtype))
+                                                 spec.dtype))  # (started by the pipeline)
+            events = self._events(cfg, model) if output.events else None  # the last check
         except EdgedError as exc:
             logger.error("stream %s is not started: %s", cfg.name, exc,
                          extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
             return None
-        pipeline = StreamPipeline(cfg, source, self.scheduler, self.publish,
-                                  backend_of=self.backend_of, cascades=cascades)
+        pipeline = StreamPipeline(cfg, source, self.scheduler,
+                                  self.publish if output.frames else None,
+                                  backend_of=self.backend_of, cascades=cascades, events=events)
         pipeline.start()
         return pipeline
+
+    def _events(self, cfg: StreamConfig, model: ModelVersion) -> EventsStage:
+        """The stream's events stage, its `labels:` checked against the model's (ConfigError
+        names those it cannot produce: the stream is then not started)."""
+        assert self.events is not None  # (output.events is false without a hub)
+        known = Postprocessor(model.config.postprocess, model.dir.parent, model.head).labels
+        return self.events.stage(cfg, known)
 
     def _cascades(self, cfg: StreamConfig, model: ModelVersion) -> list[Cascade]:
         """The stream's secondary models, each checked (EdgedError names the first that

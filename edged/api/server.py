@@ -29,9 +29,11 @@ from edged.api.protocol import (
     encode_response,
 )
 from edged.api.shm import ShmRegistry
+from edged.api.snapshots import SnapshotRoutes
 from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
 from edged.errors import EdgedError, Forbidden, InvalidInput, ModelNotFound
+from edged.events.store import SnapshotStore
 from edged.metrics import CONTENT_TYPE, Metrics
 from edged.model.repository import ModelVersion
 from edged.scheduler import Scheduler
@@ -52,7 +54,8 @@ class ApiServer:
     def __init__(self, config: ApiConfig, *, scheduler: Scheduler, cache: ModelCache,
                  shm: ShmRegistry, metrics: Metrics, is_ready: Callable[[], bool],
                  is_live: Liveness | None = None,
-                 status: Callable[[], dict[str, Any]] | None = None) -> None:
+                 status: Callable[[], dict[str, Any]] | None = None,
+                 snapshots: Callable[[], SnapshotStore | None] = lambda: None) -> None:
         self.config = config
         self.scheduler = scheduler
         self.cache = cache
@@ -61,6 +64,7 @@ class ApiServer:
         self.is_ready = is_ready
         self.is_live: Liveness = is_live or (lambda: (True, []))
         self.status = status
+        self.snapshots = SnapshotRoutes(snapshots)
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
         self._allowed_gids = frozenset(config.allowed_gids)
@@ -103,6 +107,7 @@ class ApiServer:
             get("/v2/logging", self.logging),
             post("/v2/logging", self.logging),
             get("/v2/edged/status", self.daemon_status),
+            *self.snapshots.routes(),
         ])
         return app
 

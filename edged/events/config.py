@@ -112,9 +112,28 @@ class SnapshotsConfig:
 
 @dataclass(frozen=True)
 class PublishConfig:
-    frames: bool = setting(True, "each frame's results on streams/<stream>/results")
-    events: bool = setting(True, "detect streams: objects' events, counts, line counts and "
-                                 "snapshots")
+    frames: bool | None = setting(None, "each frame's results on streams/<stream>/results; "
+                                        "null = by kind: not for a detect stream that "
+                                        "publishes events, every frame for the others")
+    events: bool = setting(True, "detect streams: track objects and publish their events, "
+                                 "counts, line counts and snapshots")
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What a stream publishes once its model's kind is known."""
+
+    frames: bool  # each frame's results
+    events: bool  # tracking on: events, counts, lines, snapshots
+
+
+def outputs(publish: PublishConfig, kind: str) -> Outputs:
+    """A detect stream tracks and publishes events (unless `events: false`) and then no
+    per-frame results unless `frames: true` asks for them; classify and raw streams have no
+    objects to track and publish every frame's results (unless `frames: false`)."""
+    events = publish.events and kind == "detect"
+    frames = publish.frames if publish.frames is not None else not events
+    return Outputs(frames, events)
 
 
 class EventsSettings(Protocol):
@@ -155,10 +174,12 @@ def check_stream_events(parsed: Parsed[Any], path: str,
 
 def check_labels(labels: Sequence[str], known: Sequence[str], *, path: str) -> None:
     """Raise ConfigError naming each of `labels` (a stream's `labels:`, at key path `path`,
-    e.g. `streams[0]`) that the model cannot produce; `known` is the model's label list."""
+    e.g. `streams[0]`, or "" for the stream itself) that the model cannot produce; `known` is
+    the model's label list."""
     names = set(known)
     some = ", ".join(list(known)[:20]) + (", ..." if len(known) > 20 else "")
-    issues = [ConfigIssue(f"{path}.labels[{j}]", f"the model has no label {label!r} ({some})")
+    key = f"{path}.labels" if path else "labels"
+    issues = [ConfigIssue(f"{key}[{j}]", f"the model has no label {label!r} ({some})")
               for j, label in enumerate(labels) if label not in names]
     if issues:
         raise ConfigError(issues)

@@ -1,5 +1,7 @@
 """Snapshots on disk: one `<object id>.jpg` per object in one folder, within a byte budget
-(the oldest written are removed first), listed and read by object id for the API.
+(the oldest written are removed first), listed and read by object id for the API. The object's
+label travels in the file itself, as a JPEG comment (`edged label=<label>`), so a restart (or a
+file copied elsewhere) still says what it shows, without an index file to keep in step.
 
 Writes are atomic (a reader never sees half a JPEG) but not fsynced: a snapshot lost in a power
 cut is not worth an SD card's write latency on the frame loop. One lock guards the index, so a
@@ -20,7 +22,11 @@ from edged.fsutil import write_atomically
 logger = logging.getLogger(__name__)
 
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,159}$")
+_STREAM_OF_ID = re.compile(r"^[0-9]+\.[0-9]{3}-(.+)-[0-9]+$")  # lifecycle.object_id's layout
 SUFFIX = ".jpg"
+SOI, COM = b"\xff\xd8", b"\xff\xfe"  # JPEG start of image, comment segment
+LABEL_COMMENT = b"edged label="
+HEAD_BYTES = 512  # enough of a file to hold the comment
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,31 @@ class StoredSnapshot:
     id: str
     size: int
     mtime: float
+    label: str | None = None
+
+    @property
+    def stream(self) -> str | None:
+        """The stream named in the object id (None for an id of another shape)."""
+        found = _STREAM_OF_ID.match(self.id)
+        return found.group(1) if found else None
+
+
+def with_label(jpeg: bytes, label: str) -> bytes:
+    """The JPEG with a comment segment naming the label, right after its start marker."""
+    text = LABEL_COMMENT + label.encode()[:200]
+    if not jpeg.startswith(SOI):
+        return jpeg
+    return SOI + COM + (len(text) + 2).to_bytes(2, "big") + text + jpeg[len(SOI):]
+
+
+def label_in(head: bytes) -> str | None:
+    """The label `with_label` wrote into a JPEG, from its first bytes; None without one."""
+    if not head.startswith(SOI + COM) or len(head) < 6:
+        return None
+    text = head[6:4 + int.from_bytes(head[4:6], "big")]
+    if not text.startswith(LABEL_COMMENT):
+        return None
+    return text[len(LABEL_COMMENT):].decode(errors="replace")
 
 
 def valid_id(object_id: str) -> bool:
@@ -48,8 +79,13 @@ class SnapshotStore:
         for path in directory.glob(f"*{SUFFIX}"):
             object_id = path.name[:-len(SUFFIX)]
             if valid_id(object_id):
-                stat = path.stat()
-                found.append(StoredSnapshot(object_id, stat.st_size, stat.st_mtime))
+                try:
+                    stat = path.stat()
+                    with path.open("rb") as file:
+                        label = label_in(file.read(HEAD_BYTES))
+                except OSError:  # removed meanwhile, or unreadable: not ours to serve
+                    continue
+                found.append(StoredSnapshot(object_id, stat.st_size, stat.st_mtime, label))
         for item in sorted(found, key=lambda s: (s.mtime, s.id)):
             self._index[item.id] = item
         self._used = sum(s.size for s in found)
@@ -60,12 +96,14 @@ class SnapshotStore:
     def used_bytes(self) -> int:
         return self._used
 
-    def put(self, object_id: str, jpeg: bytes) -> bool:
+    def put(self, object_id: str, jpeg: bytes, label: str | None = None) -> bool:
         """Store (or replace) an object's snapshot, now its newest; False when it cannot be
         kept (an id that is no file name, or larger than the whole budget)."""
         if not valid_id(object_id):
             logger.warning("snapshot not stored: %r is not a valid object id", object_id)
             return False
+        if label is not None:
+            jpeg = with_label(jpeg, label)
         if len(jpeg) > self.budget_bytes:
             logger.warning("snapshot of %s not stored: %d bytes, over the whole budget of %d",
                            object_id, len(jpeg), self.budget_bytes)
@@ -76,7 +114,7 @@ class SnapshotStore:
             stat = path.stat()
             old = self._index.pop(object_id, None)
             self._used -= old.size if old else 0
-            item = StoredSnapshot(object_id, len(jpeg), stat.st_mtime)
+            item = StoredSnapshot(object_id, len(jpeg), stat.st_mtime, label)
             self._index[object_id] = item
             self._used += item.size
             self._evict()

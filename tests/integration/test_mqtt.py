@@ -132,6 +132,37 @@ def test_mqtt_link_when_broker_restarts_delivers_the_buffer_and_counts_what_over
             broker.start()
 
 
+def test_mqtt_link_when_it_connects_again_calls_back_once_the_buffer_went_out(
+        broker: Broker, links: list[MqttLink], quick_retries: None) -> None:
+    sub = Subscriber(broker, "t/again/#", client_id="again-sub", persistent=True)
+    link = MqttLink(plain(broker, qos_events=1), prefix="t/again", client_id="edged-t-again")
+    links.append(link)
+    buffered_then: list[int] = []
+
+    def republish() -> None:  # what the events hub does: the retained state again
+        buffered_then.append(link.stats()["buffered"])
+        link.publish("events", "streams/door/person", b"1", retain=True)
+
+    link.on_connected(lambda: 1 / 0)  # a failing callback is logged; the others still run
+    link.on_connected(republish)
+    link.start()
+    try:
+        assert sub.wait_for("t/again/streams/door/person").payload == b"1"
+        broker.stop()
+        wait_until(lambda: not link.connected, timeout=10, interval=0.05,
+                   what="the link noticed the broker is gone")
+        link.publish("events", "events", b"while away")
+        broker.start()
+        assert sub.wait_for("t/again/events", timeout=20).payload == b"while away"
+        assert sub.wait_for("t/again/streams/door/person", timeout=20).payload == b"1"
+        assert buffered_then == [0, 0]  # after the buffered message went out, each time
+        assert link.stats()["published_by_class"]["events"] == 3
+    finally:
+        sub.close()
+        if broker.process is None:
+            broker.start()
+
+
 def test_mqtt_link_when_a_handler_raises_counts_it_and_keeps_dispatching(
         broker: Broker, links: list[MqttLink]) -> None:
     got: list[bytes] = []

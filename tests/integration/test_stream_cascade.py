@@ -47,7 +47,8 @@ def test_stream_with_a_secondary_model_publishes_sub_labels_for_the_chosen_label
             cache="preload: [grid_det, colors]",
             mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: t/cascade, qos_results: 1",
             streams=f"[{{name: door, source: 'file://{video}', model: grid_det, "
-                    "backpressure: block, secondary: [{model: colors, labels: [green], "
+                    "backpressure: block, publish: {frames: true}, "
+                    "secondary: [{model: colors, labels: [green], "
                     "as: sub_label, crop_margin: 0.0}]}]")
         messages = sub.collect(topic, until=lambda got: len(got) >= 10, timeout=30,
                                what="10 results")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import make_test_models
 import pytest
 
 from edged import config as config_module
@@ -190,6 +191,27 @@ def test_check_config_when_streams_name_models_not_in_the_repository_says_each(
            "not start (line 6)" in out
     assert "warning: streams[0].source: /nowhere.avi does not exist here (a file on the " \
            "device?) (line 4)" in out
+
+
+def test_check_config_when_a_detect_stream_names_labels_its_model_lacks_says_each(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], repo_dir: Path) -> None:
+    make_test_models.write_repository(repo_dir, names=["grid_det"])
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {repo_dir}\n"
+                      "streams:\n"
+                      "  - name: door\n"
+                      "    source: 'file:///nowhere.avi'\n"
+                      "    model: grid_det\n"
+                      "    labels: [red, cat]\n"
+                      "  - name: hall\n"
+                      "    source: 'file:///nowhere.avi'\n"
+                      "    model: colors\n"
+                      "    labels: [cat]\n")  # a classify stream tracks nothing: not checked
+    assert main(["check-config", str(config)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "streams[0].labels[1]: the model has no label 'cat' (red, green, blue); the stream " \
+           "would not start (line 6)" in out
+    assert not any("streams[1].labels" in line for line in out)
 
 
 def test_check_config_when_the_shipped_config_meets_a_dev_machine_warns_and_exits_zero(

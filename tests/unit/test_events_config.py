@@ -31,7 +31,7 @@ def test_events_config_when_absent_uses_the_defaults() -> None:
     assert (cfg.labels, cfg.min_score, cfg.zones, cfg.lines) == ([], 0.0, [], [])
     assert cfg.snapshots == SnapshotsConfig(enabled=True, jpeg_quality=80, crop=True,
                                             draw_box=True, max_height=360)
-    assert cfg.publish == PublishConfig(frames=True, events=True)
+    assert cfg.publish == PublishConfig(frames=None, events=True)  # frames: by model kind
 
 
 def test_events_config_when_written_as_the_design_shows_reads_every_key() -> None:

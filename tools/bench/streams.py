@@ -13,6 +13,10 @@ mosquitto; the bench process is the MQTT subscriber. For each stream count it re
 The videos offer 2x the model-bound rate in total, so the model is the bottleneck and the
 sources drop (drop_oldest) what it cannot take; achieved / model-bound says how much of the
 model's time the rest of the pipeline (decode, pre/post, MQTT) costs on this machine.
+
+Then, on the same broker, what events save: MQTT messages per second from 4 detect streams
+publishing per-frame results against publishing events, and the events stage's CPU per frame
+at 5 and 50 objects (tools/bench/streams_events.py).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from tools.bench.api import THREADS, direct_session, edged_config, run_edged
 from tools.bench.assets import PPOCR_DET, ppocr_model, run_and_report
 from tools.bench.broker import loopback_broker
 from tools.bench.core import Latency
+from tools.bench.streams_events import format_events, run_events
 
 WIDTH, HEIGHT = 640, 480
 # (streams, in_flight per stream): the default of 2 keeps the model busy while a result is
@@ -211,9 +216,10 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
             case["offered_fps"] = fps * count
             case["model_bound"] = case["offered_fps"] >= 1.2 * case["model_bound_fps"]
             cases.append(case)
+        events = run_events(workdir / "events", port, quick=quick)
     return {"model": "PP-OCR det (ch_PP-OCRv4_det) 1x3x480x640, ORT CPU, "
                      f"{THREADS} intra-op threads",
-            "broker": broker, "timing": timing.__dict__, "cases": cases}
+            "broker": broker, "timing": timing.__dict__, "cases": cases, "events": events}
 
 
 def format_table(r: dict[str, Any]) -> str:
@@ -229,7 +235,7 @@ def format_table(r: dict[str, Any]) -> str:
         if not case["model_bound"]:
             lines.append(f"\nwarning: the {case['streams']}-stream case offered less than 1.2x "
                          "the model-bound rate (the machine sped up): it was not model-bound")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n" + format_events(r["events"])
 
 
 def main(*, out_dir: Path, quick: bool = False) -> int:

@@ -1,0 +1,72 @@
+"""edged's own extension of the socket API: the objects' snapshots the daemon keeps on disk
+(`cache.snapshots_mb`, `edged/events/store.py`).
+
+- `GET /v2/edged/snapshots[?stream=S&label=L&limit=N]`: `{"snapshots": [{id, stream, label,
+  size, time}], "used_bytes", "budget_bytes"}`, newest first (`time`: when it was written,
+  Unix s; `limit` 100 unless given, at most 10000);
+- `GET /v2/edged/snapshots/{id}`: the JPEG (`image/jpeg`); 400 for an id that is not one
+  (checked before it comes near the filesystem), 404 for one not kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from edged.errors import InvalidInput, SnapshotNotFound
+from edged.events.store import SnapshotStore, StoredSnapshot, valid_id
+
+DEFAULT_LIMIT, MAX_LIMIT = 100, 10_000
+
+
+class SnapshotRoutes:
+    def __init__(self, store: Callable[[], SnapshotStore | None]) -> None:
+        """`store` gives the daemon's store (None: it keeps no snapshots)."""
+        self.store = store
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/v2/edged/snapshots", self.index),
+                web.get("/v2/edged/snapshots/{id}", self.image)]
+
+    def _store(self) -> SnapshotStore:
+        store = self.store()
+        if store is None:
+            raise SnapshotNotFound("this daemon keeps no snapshots (cache.snapshots_mb: 0, or "
+                                   "its folder could not be used: see the log)")
+        return store
+
+    async def index(self, request: web.Request) -> web.Response:
+        store = self._store()
+        stream, label = request.query.get("stream"), request.query.get("label")
+        limit = _limit(request.query.get("limit"))
+        rows = [_row(item) for item in store.list()
+                if (stream is None or item.stream == stream)
+                and (label is None or item.label == label)][:limit]
+        return web.json_response({"snapshots": rows, "used_bytes": store.used_bytes,
+                                  "budget_bytes": store.budget_bytes})
+
+    async def image(self, request: web.Request) -> web.Response:
+        object_id = request.match_info["id"]
+        if not valid_id(object_id):
+            raise InvalidInput(f"{object_id[:64]!r} is not a snapshot id")
+        store = self._store()
+        jpeg = await asyncio.to_thread(store.read, object_id)
+        if jpeg is None:
+            raise SnapshotNotFound(f"no snapshot {object_id!r} is kept")
+        return web.Response(body=jpeg, content_type="image/jpeg")
+
+
+def _row(item: StoredSnapshot) -> dict[str, Any]:
+    return {"id": item.id, "stream": item.stream, "label": item.label, "size": item.size,
+            "time": round(item.mtime, 3)}
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_LIMIT
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        raise InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}, got {raw[:16]!r}")
+    return int(raw)

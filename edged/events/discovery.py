@@ -1,0 +1,88 @@
+"""Home Assistant MQTT discovery for a detect stream: the retained configs that make its
+counts, occupancy, line counters and snapshots entities of one device, without YAML on the
+Home Assistant side.
+
+Per stream and label: a count sensor and, with snapshots on, a camera showing the label's
+newest snapshot. Per zone and label: a count sensor and an occupancy binary sensor (on while
+the count is above 0). Per line, label and direction: a total_increasing sensor. Each is
+`<discovery prefix>/<component>/<device>_<stream>_<thing>/config` (ids reduced to
+`[A-Za-z0-9_-]`, as Home Assistant wants them), available while `<prefix>/status` says online.
+An empty retained payload on the same topic removes the entity.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edged.events.publish import count_topic, line_topic, snapshot_topic, zone_topic
+
+_NOT_ID = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What every entity shares: the device, where its topics live, where discovery goes."""
+
+    device_id: str
+    prefix: str  # the device's topic prefix, e.g. edged/edge-01
+    discovery_prefix: str  # Home Assistant's, e.g. homeassistant
+    version: str
+
+    def device(self) -> dict[str, Any]:
+        return {"identifiers": [f"edged_{self.device_id}"], "name": f"edged {self.device_id}",
+                "manufacturer": "edged", "model": "edged inference daemon",
+                "sw_version": self.version}
+
+
+def slug(text: str) -> str:
+    """Text as a Home Assistant id: runs of other characters become one `_`."""
+    return _NOT_ID.sub("_", text).strip("_") or "_"
+
+
+def stream_configs(info: DeviceInfo, stream: str, labels: Sequence[str],
+                   zones: Sequence[str], lines: Sequence[str],
+                   snapshots: bool) -> dict[str, bytes]:
+    """Discovery topic → retained config (compact JSON) for every entity of the stream."""
+    configs: dict[str, dict[str, Any]] = {}
+
+    def entity(component: str, thing: str, name: str, **fields: Any) -> None:
+        object_id = slug(f"{info.device_id}_{stream}_{thing}")
+        configs[f"{info.discovery_prefix}/{component}/{object_id}/config"] = {
+            "name": name, "unique_id": f"edged_{object_id}", **fields,
+            "availability_topic": f"{info.prefix}/status",
+            "payload_available": "online", "payload_not_available": "offline",
+            "device": info.device()}
+
+    def state(suffix: str) -> str:
+        return f"{info.prefix}/{suffix}"
+
+    for label in labels:
+        entity("sensor", f"{label}_count", f"{stream} {label} count",
+               state_topic=state(count_topic(stream, label)), state_class="measurement",
+               unit_of_measurement="objects", icon="mdi:counter")
+        if snapshots:
+            entity("camera", f"{label}_snapshot", f"{stream} {label} snapshot",
+                   topic=state(snapshot_topic(stream, label)))
+        for zone in zones:
+            topic = state(zone_topic(stream, zone, label))
+            entity("sensor", f"{zone}_{label}_count", f"{stream} {zone} {label} count",
+                   state_topic=topic, state_class="measurement",
+                   unit_of_measurement="objects", icon="mdi:counter")
+            entity("binary_sensor", f"{zone}_{label}_occupancy",
+                   f"{stream} {zone} {label} occupancy", state_topic=topic,
+                   device_class="occupancy",
+                   value_template="{{ 'ON' if value | int(0) > 0 else 'OFF' }}")
+        for line in lines:
+            for direction in ("in", "out"):
+                entity("sensor", f"{line}_{label}_{direction}",
+                       f"{stream} {line} {label} {direction}",
+                       state_topic=state(line_topic(stream, line)),
+                       state_class="total_increasing", icon="mdi:transit-transfer",
+                       value_template=f"{{{{ value_json.get({json.dumps(label)}, {{}})"
+                                      f".get({json.dumps(direction)}, 0) }}}}")
+    return {topic: json.dumps(config, separators=(",", ":")).encode()
+            for topic, config in configs.items()}

@@ -1,0 +1,109 @@
+"""Reporting what the engine found: each `Changes` to its topics under the device's prefix,
+and each object's snapshot into the disk store. It knows the topics, not MQTT: it calls
+`publish(kind, suffix, payload, retain=...)`, the MQTT link's own signature.
+
+| topic (under `<prefix>/`) | payload |
+|---|---|
+| `events` | one event, JSON (`docs/schemas/events.schema.json`) |
+| `streams/<stream>/<label>` | objects of the label tracked now, retained |
+| `streams/<stream>/zones/<zone>/<label>` | of those, inside the zone now, retained |
+| `streams/<stream>/lines/<line>` | `{label: {in, out}}` since start, retained |
+| `streams/<stream>/<label>/snapshot` | JPEG of the label's newest object, retained |
+
+A label is a topic level as it is (spaces included), except the characters MQTT reserves
+(`/`, `+`, `#`), which become `_`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
+
+from edged.events.engine import Changes, LineTotals
+from edged.events.store import SnapshotStore
+
+logger = logging.getLogger(__name__)
+
+_RESERVED = str.maketrans({"/": "_", "+": "_", "#": "_", "\0": "_"})
+
+
+class Publish(Protocol):
+    def __call__(self, kind: Literal["events"], suffix: str, payload: bytes, *,
+                 retain: bool = False) -> None: ...
+
+
+def topic_level(name: str) -> str:
+    """A label as one topic level: MQTT's separators and wildcards replaced."""
+    return name.translate(_RESERVED) or "_"
+
+
+def compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def count_topic(stream: str, label: str) -> str:
+    return f"streams/{stream}/{topic_level(label)}"
+
+
+def zone_topic(stream: str, zone: str, label: str) -> str:
+    return f"streams/{stream}/zones/{zone}/{topic_level(label)}"
+
+
+def line_topic(stream: str, line: str) -> str:
+    return f"streams/{stream}/lines/{line}"
+
+
+def snapshot_topic(stream: str, label: str) -> str:
+    return f"streams/{stream}/{topic_level(label)}/snapshot"
+
+
+class EventPublisher:
+    """One stream's reporting. `publish` None: MQTT is off (snapshots are still stored);
+    `store` None: snapshots are not kept on disk."""
+
+    def __init__(self, stream: str, publish: Publish | None,
+                 store: SnapshotStore | None) -> None:
+        self.stream = stream
+        self.publish = publish
+        self.store = store
+        self.messages = 0  # published since start (the stats' events_published)
+        self._labels: dict[str, str] = {}  # live object id -> label, for the store
+
+    def changes(self, changes: Changes) -> None:
+        """Events in order, then counts, zone counts, lines and snapshots; every changed
+        object snapshot into the store."""
+        ended = []
+        for event in changes.events:
+            after = event["after"]
+            self._labels[after["id"]] = after["label"]
+            if event["type"] == "end":
+                ended.append(after["id"])
+            self._send("events", compact(event))
+        self.state(changes.counts, changes.zone_counts, changes.lines)
+        for label, (_id, jpeg) in changes.snapshots.items():
+            self._send(snapshot_topic(self.stream, label), jpeg, retain=True)
+        if self.store is not None:
+            for object_id, jpeg in changes.object_snapshots.items():
+                self.store.put(object_id, jpeg, self._labels.get(object_id))
+        for object_id in ended:  # (an end's last snapshot came in the same changes)
+            self._labels.pop(object_id, None)
+
+    def state(self, counts: Mapping[str, int], zone_counts: Mapping[str, Mapping[str, int]],
+              lines: Mapping[str, LineTotals]) -> None:
+        """Retained counts, zone counts and line totals (the changed ones, or the whole state
+        again after a reconnect)."""
+        for label, n in counts.items():
+            self._send(count_topic(self.stream, label), str(n).encode(), retain=True)
+        for zone, by_label in zone_counts.items():
+            for label, n in by_label.items():
+                self._send(zone_topic(self.stream, zone, label), str(n).encode(), retain=True)
+        for line, totals in lines.items():
+            self._send(line_topic(self.stream, line), compact(totals), retain=True)
+
+    def _send(self, suffix: str, payload: bytes, *, retain: bool = False) -> None:
+        if self.publish is None:
+            return
+        self.publish("events", suffix, payload, retain=retain)
+        self.messages += 1
