@@ -98,15 +98,20 @@ def canonical_bytes(document: Mapping[str, Any]) -> bytes:
         raise Rejected("bad_manifest", f"not canonicalisable (RFC 8785): {exc}") from None
 
 
+def _bounded_json(payload: bytes, limit: int, reason: str, what: str) -> Any:
+    """JSON of at most `limit` bytes (the length is checked before anything is parsed), or
+    Rejected(reason)."""
+    if len(payload) > limit:
+        raise Rejected(reason, f"the {what} is {len(payload)} bytes; the limit is {limit}")
+    try:
+        return json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise Rejected(reason, f"not JSON: {exc}") from None
+
+
 def parse_manifest(payload: bytes) -> Manifest:
     """A manifest from its JSON bytes, or Rejected('bad_manifest' | 'bad_name', why)."""
-    if len(payload) > MAX_MANIFEST_BYTES:
-        raise Rejected("bad_manifest", f"manifest is {len(payload)} bytes; the limit is "
-                                       f"{MAX_MANIFEST_BYTES}")
-    try:
-        doc = json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise Rejected("bad_manifest", f"not JSON: {exc}") from None
+    doc = _bounded_json(payload, MAX_MANIFEST_BYTES, "bad_manifest", "manifest")
     if not isinstance(doc, dict):
         raise Rejected("bad_manifest", "a manifest is a JSON object")
     unknown = sorted(set(doc) - _FIELDS)
@@ -167,13 +172,7 @@ class Command:
 
 def parse_command(payload: bytes) -> Command:
     """A command from its JSON bytes, or Rejected('bad_command', why)."""
-    if len(payload) > MAX_COMMAND_BYTES:
-        raise Rejected("bad_command", f"the command is {len(payload)} bytes; the limit is "
-                                      f"{MAX_COMMAND_BYTES}")
-    try:
-        doc = json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise Rejected("bad_command", f"not JSON: {exc}") from None
+    doc = _bounded_json(payload, MAX_COMMAND_BYTES, "bad_command", "command")
     usage = ('commands are {"model": "<model>", "action": "rollback", optional '
              '"from_version": <int>, "target", "seq", "expires"}, signed like manifests')
     if not isinstance(doc, dict) or doc.get("action") != "rollback" or \
