@@ -20,6 +20,9 @@ from edged.errors import InvalidInput
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_RANK = 16  # numpy allows 64; no model input has more than a handful
 MAX_DIM = 1 << 40
+# The most elements a shape may describe, zero-size dims aside: numpy refuses (with a 500's
+# "array is too big") shapes whose other dims multiply past what an address can hold.
+MAX_ELEMENTS = 1 << 40
 MAX_TIMEOUT_US = 24 * 3600 * 10**6  # a day; longer is a mistake, and time_t must hold it
 
 TRITON_TO_NUMPY: dict[str, Any] = {
@@ -130,6 +133,9 @@ def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
         raise InvalidInput(f"input {name}: shape must be a list of integers in 0..{MAX_DIM}")
     if len(shape) > MAX_RANK:
         raise InvalidInput(f"input {name}: {len(shape)} dimensions (at most {MAX_RANK})")
+    if math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        raise InvalidInput(f"input {name}: shape {shape} describes more than {MAX_ELEMENTS} "
+                           "elements")
     count = math.prod(shape)
     params = _mapping(raw.get("parameters", {}), f"input {name} parameters")
     if "shared_memory_region" in params:

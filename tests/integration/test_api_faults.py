@@ -78,6 +78,9 @@ CASES: dict[str, tuple[str, bytes, dict[str, str], int, str]] = {
                       400, "17 dimensions"),
     "huge dimension": ("/v2/models/tiny_cls/infer", tensor_json(shape=[2**63], data=[]), {},
                        400, "shape must be"),
+    "zero-size but huge shape": ("/v2/models/tiny_cls/infer",
+                                 tensor_json(shape=[0, 2**40, 2**40, 2**40], data=[]), {}, 400,
+                                 "describes more than"),
     "corrupt gzip": ("/v2/models/tiny_cls/infer", b"\x1f\x8b not gzip at all",
                      {"Content-Encoding": "gzip"}, 400, "cannot be read"),
 }
