@@ -121,11 +121,16 @@ class ShmRegistry:
         except BaseException:  # close, then re-raise whatever it was: no leaked fd
             os.close(fd)
             raise
-        with self._lock:
-            if name in self._regions:  # registered meanwhile by another request
-                _close(region)
-                raise InvalidInput(f"shared memory region {name!r} is already registered")
-            self._regions[name] = region
+        with self._lock:  # checked again: other registrations may have raced this one
+            refusal = f"shared memory region {name!r} is already registered" \
+                if name in self._regions else \
+                f"{self.max_regions} shared memory regions are registered already; " \
+                "unregister some first" if len(self._regions) >= self.max_regions else None
+            if refusal is None:
+                self._regions[name] = region
+        if refusal is not None:
+            _close(region)
+            raise InvalidInput(refusal)
         logger.info("registered shared memory %s (%s, %d bytes at %d)", name, key, byte_size,
                     offset)
         return region

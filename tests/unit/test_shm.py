@@ -4,13 +4,16 @@ unregister (after the use in flight), hostile keys, strangers and shrunk objects
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from multiprocessing import shared_memory
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from edged.api import shm as shm_module
 from edged.api.protocol import ShmRef
 from edged.api.shm import Peer, ShmRegistry
 from edged.errors import Forbidden, InvalidInput
@@ -187,3 +190,40 @@ def test_shm_unregister_when_a_view_is_in_flight_unmaps_after_it_goes(
     assert array[0] == 3  # still readable: unmapping now would crash the request
     del array
     assert _mapped(segment) == before
+
+
+def test_shm_register_when_registrations_race_for_the_last_slots_keeps_the_cap(
+        segment: shared_memory.SharedMemory, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = ShmRegistry(max_regions=2)
+    mapped_before = _mapped(segment)
+    racers = 6
+    # Every racer passes the first cap check, then waits in os.open until all have: the
+    # interleaving that let 129-133 regions in under a cap of 128.
+    all_checked = threading.Barrier(racers, timeout=10)
+    real_open = shm_module.os.open
+
+    def open_after_all_checked(*args: Any, **kwargs: Any) -> int:
+        all_checked.wait()
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(shm_module.os, "open", open_after_all_checked)
+    outcomes: list[str] = []
+
+    def register(i: int) -> None:
+        try:
+            registry.register(f"r{i}", segment.name, 0, 64)
+            outcomes.append("registered")
+        except InvalidInput as exc:
+            outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert outcomes.count("registered") == 2
+    assert outcomes.count("2 shared memory regions are registered already; unregister some "
+                          "first") == racers - 2
+    assert len(registry.status()) == 2
+    assert _mapped(segment) == mapped_before + 2  # the refused ones were closed
+    registry.close()
