@@ -188,12 +188,15 @@ class ApiServer:
         return web.json_response({"error": message, "code": code}, status=status)
 
     def _check_peer(self, request: web.Request) -> None:
-        if not (self._allowed_uids or self._allowed_gids) or request.transport is None:
+        """With an allowlist, a Unix-socket peer must be on it; a peer that cannot be told
+        (no transport, no socket, no credentials) is refused, never waved through."""
+        if not (self._allowed_uids or self._allowed_gids):
             return
-        sock = request.transport.get_extra_info("socket")
-        if sock is None or sock.family != socket.AF_UNIX:
+        transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None and sock.family != socket.AF_UNIX:
             return  # the loopback TCP listener: documented as outside the allowlist
-        peer = peer_identity(sock)
+        peer = peer_identity(sock) if sock is not None else None
         if peer is not None and (peer.uid in self._allowed_uids
                                  or not peer.gids.isdisjoint(self._allowed_gids)):
             return

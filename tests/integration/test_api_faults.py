@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from support.models import write_yaml
 from support.polling import wait_until
 
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef
-from edged.errors import ConfigError
+from edged.errors import ConfigError, Forbidden
 from edged.ops.client import ApiError, EdgedClient, SharedRegion
 
 X = np.zeros((1, 3, 8, 8), np.float32)
@@ -258,3 +259,14 @@ def test_stop_when_requests_are_in_flight_and_queued_answers_them_all_first(
         caller.join(10)
     assert answers == [(1, 4), (1, 4)]
     assert served.daemon.stopped_event.wait(30)
+
+
+def test_socket_allowlist_when_the_peer_cannot_be_told_refuses_it(
+        make_served: ServeFactory) -> None:
+    served = make_served(api=f"allowed_uids: [{os.getuid()}]")
+    server = served.daemon.api
+    gone = SimpleNamespace(transport=None)  # the connection closed before the check
+    with pytest.raises(Forbidden, match="an unknown peer is not allowed"):
+        server._check_peer(gone)  # type: ignore[arg-type]
+    with served.client() as client:  # a peer that can be told, and is allowed, still is
+        assert client.ready()
