@@ -20,7 +20,7 @@ import numpy as np
 from aiohttp import web
 
 from edged import __version__
-from edged.api import describe, logsettings
+from edged.api import browsers, describe, logsettings
 from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
     HEADER_LENGTH,
@@ -171,6 +171,7 @@ class ApiServer:
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             self._check_peer(request)
+            self._check_not_a_browser(request)
             return await handler(request)
         except EdgedError as exc:
             return self._error(exc.http_status, exc.code, str(exc))
@@ -186,6 +187,18 @@ class ApiServer:
     def _error(self, status: int, code: str, message: str) -> web.Response:
         self.metrics.api_errors.labels(code).inc()
         return web.json_response({"error": message, "code": code}, status=status)
+
+    @staticmethod
+    def _check_not_a_browser(request: web.Request) -> None:
+        """The loopback TCP listener refuses what a web page can make a browser send."""
+        transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None or sock.family == socket.AF_UNIX:
+            return  # no browser reaches a Unix socket
+        why = browsers.refusal(request.method, request.headers.get("Host"),
+                               request.content_type)
+        if why is not None:
+            raise Forbidden(why)
 
     def _check_peer(self, request: web.Request) -> None:
         """With an allowlist, a Unix-socket peer must be on it; a peer that cannot be told

@@ -3,6 +3,7 @@ body, and the server goes on serving (checked after every case) with no mapping 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -270,3 +271,24 @@ def test_socket_allowlist_when_the_peer_cannot_be_told_refuses_it(
         server._check_peer(gone)  # type: ignore[arg-type]
     with served.client() as client:  # a peer that can be told, and is allowed, still is
         assert client.ready()
+
+
+def test_tcp_listener_when_a_web_page_drives_the_browser_refuses_it(served: Served) -> None:
+    host, port = served.http.rsplit(":", 1)
+
+    def ask(method: str, path: str, headers: dict[str, str], body: bytes = b"") -> int:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    # A cross-site "simple" POST (no preflight) and a DNS-rebinding host name.
+    assert ask("POST", "/v2/repository/models/tiny_cls/unload",
+               {"Content-Type": "text/plain;charset=UTF-8"}, b"{}") == 403
+    assert ask("GET", "/v2/health/ready", {"Host": f"attacker.example:{port}"}) == 403
+    assert ask("GET", "/v2/health/ready", {"Host": f"localhost:{port}"}) == 200
+    with served.client() as client:
+        assert client.ready() and any(m["name"] == "tiny_cls" and m["state"] == "READY"
+                                      for m in client.models())  # the unload never ran
