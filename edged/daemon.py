@@ -67,6 +67,7 @@ class Daemon:
             default_backend=config.backends.default,
         )
         self.scheduler = Scheduler(self.cache)
+        self.repository.on_version_removed(self.scheduler.retire)
         self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs)
         self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
                               client_id=f"edged-{config.device_id}")

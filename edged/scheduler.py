@@ -67,6 +67,16 @@ class Scheduler:
                 self._batchers[(model, version)] = batcher
             return batcher
 
+    def retire(self, model: str, version: int, *, drain_s: float = 5.0) -> None:
+        """Stop and drop the batcher of requests that name `model:version` (its version left
+        the disk): its threads end instead of waiting for a version that is gone. Requests
+        still queued run until `drain_s`, then fail."""
+        with self._lock:
+            batcher = self._batchers.pop((model, version), None)
+        if batcher is not None:
+            batcher.begin_stop()
+            batcher.finish_stop(self._clock() + drain_s)
+
     def batchers(self) -> list[Batcher]:
         with self._lock:
             return list(self._batchers.values())

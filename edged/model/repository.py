@@ -13,7 +13,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +93,12 @@ class ModelRepository:
         self._lock = threading.Lock()
         # (path, mtime_ns, size) of model.yaml and model.onnx -> parsed version
         self._parsed: dict[tuple[str, int], tuple[tuple[object, ...], ModelVersion]] = {}
+        self._removed: list[Callable[[str, int], None]] = []
+
+    def on_version_removed(self, callback: Callable[[str, int], None]) -> None:
+        """Call `callback(name, version)` after a version leaves the disk (what was made for
+        it, such as a batcher for requests that name it, can go too)."""
+        self._removed.append(callback)
 
     # -- layout ------------------------------------------------------------------------------
     def model_dir(self, name: str) -> Path:
@@ -281,6 +287,10 @@ class ModelRepository:
         doomed = self.staging_dir() / f"removed-{name}-{version}-{uuid.uuid4().hex[:8]}"
         os.rename(target, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
+        with self._lock:
+            self._parsed.pop((name, version), None)
+        for callback in list(self._removed):
+            callback(name, version)
 
     def staging_dir(self) -> Path:
         path = self.root / STAGING_DIR

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import make_test_models
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -322,3 +323,25 @@ def test_scheduler_with_real_ppocr_cls_when_batched_matches_single_runs(ppocr_cl
         assert stats.exec_count < stats.success  # some of the first six ran together
     finally:
         scheduler.close(5)
+
+
+def test_scheduler_when_a_named_version_leaves_the_disk_retires_its_batcher(
+        tmp_path: Path) -> None:
+    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    repo = ModelRepository(root)
+    write_yaml(root, "tiny_cls", "version_policy: {all: true}\n")
+    cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))
+    scheduler = Scheduler(cache)
+    repo.on_version_removed(scheduler.retire)  # as the daemon wires it
+    try:
+        scheduler.infer("tiny_cls", {"x": cls_input(1.0)}, version=1)
+        assert scheduler.has_batcher("tiny_cls", 1)
+        assert any(t.name.startswith("edged-tiny_cls:1-") for t in threading.enumerate())
+        cache.unload("tiny_cls", 1)
+        repo.remove_version("tiny_cls", 1)  # e.g. OTA pruning beyond keep_versions
+        assert not scheduler.has_batcher("tiny_cls", 1)
+        assert not any(t.name.startswith("edged-tiny_cls:1-") for t in threading.enumerate())
+        scheduler.infer("tiny_cls", {"x": cls_input(2.0)})  # the model itself serves on
+    finally:
+        scheduler.close(5)
+        cache.close(timeout_s=5)
