@@ -14,6 +14,7 @@ import logging
 import re
 import socket
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,10 +26,11 @@ from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
     HEADER_LENGTH,
     InferRequest,
+    ShmRef,
     decode_request,
     encode_response,
 )
-from edged.api.shm import ShmRegistry
+from edged.api.shm import Peer, ShmRegistry
 from edged.api.snapshots import SnapshotRoutes
 from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
@@ -302,11 +304,13 @@ class ApiServer:
             await asyncio.to_thread(self.scheduler.prepare, name, version)
         json_length = _json_length(request)
         body = await self._read_body(request, json_length)
+        asker = _Asker(request)  # who the request's shm regions must belong to, if it names any
+        read_shm = partial(_read_shm, self.shm, asker)
         if json_length is None and len(body) > DECODE_ON_THREAD_BYTES:
             # A large JSON body takes a while to parse: not on the loop.
-            parsed = await asyncio.to_thread(decode_request, body, None, read_shm=self.shm.read)
+            parsed = await asyncio.to_thread(decode_request, body, None, read_shm=read_shm)
         else:
-            parsed = decode_request(body, json_length, read_shm=self.shm.read)
+            parsed = decode_request(body, json_length, read_shm=read_shm)
         _check_outputs(self.scheduler.model(name, version), parsed)
         future = self.scheduler.submit(name, parsed.inputs, version=version,
                                        priority=parsed.priority, timeout_s=parsed.timeout_s)
@@ -315,7 +319,8 @@ class ApiServer:
         served = future.version if future.version is not None else \
             self.cache.default_version(name)
         parts, json_length = encode_response(name, served, parsed.id, outputs, parsed.outputs,
-                                             parsed.binary_default, write_shm=self.shm.write)
+                                             parsed.binary_default,
+                                             write_shm=partial(_write_shm, self.shm, asker))
         if json_length is None:
             return web.Response(body=parts[0], content_type="application/json")
         # Tensor bytes go out as they are: joining them to the JSON would copy them again.
@@ -391,7 +396,8 @@ class ApiServer:
 
     # -- system shared memory ----------------------------------------------------------------
     async def shm_status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.shm.status(request.match_info.get("region")))
+        return web.json_response(self.shm.status(request.match_info.get("region"),
+                                                 _asking(request)))
 
     async def shm_register(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -399,17 +405,12 @@ class ApiServer:
         if not isinstance(key, str):
             raise InvalidInput("key must be a string")
         offset, size = _integer(body, "offset", 0), _integer(body, "byte_size")
-        transport = request.transport
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        peer = peer_identity(sock) if sock is not None else None
-        if peer is None:
-            raise Forbidden("cannot tell which user is asking, so no shared memory for it")
         await asyncio.to_thread(self.shm.register, request.match_info["region"], key,
-                                offset, size, peer)
+                                offset, size, _asking(request))
         return web.json_response({})
 
     async def shm_unregister(self, request: web.Request) -> web.Response:
-        self.shm.unregister(request.match_info.get("region"))
+        self.shm.unregister(request.match_info.get("region"), _asking(request))
         return web.json_response({})
 
     async def cuda_shm(self, request: web.Request) -> web.Response:
@@ -429,6 +430,39 @@ def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
         if out.name not in known:
             raise InvalidInput(f"model {model.name} has no output {out.name!r} "
                                f"(outputs: {', '.join(sorted(known))})")
+
+
+def _asking(request: web.Request) -> Peer:
+    """The user at the other end; shared memory is theirs alone (Forbidden when it cannot be
+    told)."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    peer = peer_identity(sock) if sock is not None else None
+    if peer is None:
+        raise Forbidden("cannot tell which user is asking, so no shared memory for it")
+    return peer
+
+
+class _Asker:
+    """The asking peer, looked up once and only when a request names shared memory (over TCP
+    that reads the kernel's socket table: not for every request)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._peer: Peer | None = None
+
+    def __call__(self) -> Peer:
+        if self._peer is None:
+            self._peer = _asking(self._request)
+        return self._peer
+
+
+def _read_shm(shm: ShmRegistry, asker: _Asker, ref: ShmRef) -> memoryview:
+    return shm.read(ref, asker())
+
+
+def _write_shm(shm: ShmRegistry, asker: _Asker, ref: ShmRef, array: np.ndarray) -> None:
+    shm.write(ref, array, asker())
 
 
 def _model_ref(request: web.Request) -> tuple[str, int | None]:

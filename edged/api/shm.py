@@ -22,7 +22,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +49,10 @@ class Peer:
     gids: frozenset[int] = frozenset()
 
 
+# Whose region: the registering peer's uid; None for one registered in-process (no peer).
+Owner = int | None
+
+
 @dataclass(eq=False)
 class Region:
     name: str
@@ -60,6 +64,7 @@ class Region:
     skip: int = 0  # bytes of the mapping before the region (mappings start on a page)
     users: int = 0
     closing: bool = field(default=False)
+    owner: Owner = None
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -73,20 +78,24 @@ class ShmRegistry:
         self.max_regions = max_regions
         self.copy_inputs = copy_inputs
         self._lock = threading.Lock()
-        self._regions: dict[str, Region] = {}
+        # Regions by (owner, name): each user has its own names, and nobody else's region can
+        # be listed, used as an input or output, or unregistered by another user.
+        self._regions: dict[tuple[Owner, str], Region] = {}
 
     def register(self, name: str, key: str, offset: int, byte_size: int,
                  peer: Peer | None = None) -> Region:
-        """Open `key` for the region `name`. With `peer` given, the peer must itself be allowed
-        to read and write the object: the daemon's rights are not lent to its clients."""
+        """Open `key` for the region `name`, owned by `peer`. With `peer` given, the peer must
+        itself be allowed to read and write the object: the daemon's rights are not lent to
+        its clients."""
         if not _NAME.match(name):
             raise InvalidInput(f"shared memory region name {name[:64]!r} is not valid")
         if not _KEY.match(key):
             raise InvalidInput(f"shared memory key {key[:64]!r} is not a plain shm name")
         if offset < 0 or byte_size <= 0:
             raise InvalidInput("shared memory offset must be >= 0 and byte_size > 0")
+        owner = _owner(peer)
         with self._lock:
-            if name in self._regions:
+            if (owner, name) in self._regions:
                 raise InvalidInput(f"shared memory region {name!r} is already registered")
             if len(self._regions) >= self.max_regions:
                 raise InvalidInput(f"{self.max_regions} shared memory regions are registered "
@@ -109,7 +118,7 @@ class ShmRegistry:
             if offset + byte_size > info.st_size:
                 raise InvalidInput(f"region {name!r} ({offset}+{byte_size} bytes) exceeds the "
                                    f"{info.st_size} bytes of {key!r}")
-            region = Region(name, key, offset, byte_size, fd)
+            region = Region(name, key, offset, byte_size, fd, owner=owner)
             if not self.copy_inputs:
                 region.skip = offset % mmap.ALLOCATIONGRANULARITY
                 region.mapping = mmap.mmap(fd, byte_size + region.skip, mmap.MAP_SHARED,
@@ -123,11 +132,11 @@ class ShmRegistry:
             raise
         with self._lock:  # checked again: other registrations may have raced this one
             refusal = f"shared memory region {name!r} is already registered" \
-                if name in self._regions else \
+                if (owner, name) in self._regions else \
                 f"{self.max_regions} shared memory regions are registered already; " \
                 "unregister some first" if len(self._regions) >= self.max_regions else None
             if refusal is None:
-                self._regions[name] = region
+                self._regions[(owner, name)] = region
         if refusal is not None:
             _close(region)
             raise InvalidInput(refusal)
@@ -135,35 +144,39 @@ class ShmRegistry:
                     offset)
         return region
 
-    def unregister(self, name: str | None = None) -> None:
-        """Unregister one region, or all of them when name is None. Unknown names are not an
-        error (as in Triton): the outcome the client asked for holds."""
+    def unregister(self, name: str | None = None, peer: Peer | None = None) -> None:
+        """Unregister one of `peer`'s regions, or all of them when name is None. Unknown
+        names are not an error (as in Triton): the outcome the client asked for holds."""
+        owner = _owner(peer)
+        self._discard(lambda key: key[0] == owner and name in (None, key[1]))
+
+    def _discard(self, chosen: Callable[[tuple[Owner, str]], bool]) -> None:
+        """Forget the chosen regions; each closes now, or after the request using it."""
         with self._lock:
-            if name is None:
-                doomed = list(self._regions.values())
-                self._regions.clear()
-            else:
-                region = self._regions.pop(name, None)
-                doomed = [region] if region is not None else []
+            doomed = [self._regions.pop(key) for key in [k for k in self._regions if chosen(k)]]
             for region in doomed:
                 region.closing = True
             idle = [r for r in doomed if r.users == 0]
         for region in idle:
             _close(region)
 
-    def status(self, name: str | None = None) -> list[dict[str, object]]:
+    def status(self, name: str | None = None,
+               peer: Peer | None = None) -> list[dict[str, object]]:
+        """`peer`'s regions (all, or the one named)."""
+        owner = _owner(peer)
         with self._lock:
             if name is None:
-                return [r.describe() for r in self._regions.values()]
-            if name not in self._regions:
+                return [r.describe() for (o, _), r in self._regions.items() if o == owner]
+            region = self._regions.get((owner, name))
+            if region is None:
                 raise InvalidInput(f"shared memory region {name!r} is not registered")
-            return [self._regions[name].describe()]
+            return [region.describe()]
 
     @contextlib.contextmanager
-    def _use(self, ref: ShmRef) -> Iterator[tuple[Region, int]]:
-        """The region, held open, and the absolute file position of the reference."""
+    def _use(self, ref: ShmRef, peer: Peer | None = None) -> Iterator[tuple[Region, int]]:
+        """`peer`'s region, held open, and the absolute file position of the reference."""
         with self._lock:
-            region = self._regions.get(ref.region)
+            region = self._regions.get((_owner(peer), ref.region))
             if region is None:
                 raise InvalidInput(f"shared memory region {ref.region!r} is not registered")
             if ref.offset + ref.byte_size > region.byte_size:
@@ -179,10 +192,10 @@ class ShmRegistry:
             if close:
                 _close(region)
 
-    def read(self, ref: ShmRef) -> memoryview:
+    def read(self, ref: ShmRef, peer: Peer | None = None) -> memoryview:
         """The referenced bytes: a view of the mapping, or (with copy_inputs, or where the
         bytes do not start 64-byte aligned) a copy in an aligned buffer the caller owns."""
-        with self._use(ref) as (region, position):
+        with self._use(ref, peer) as (region, position):
             _check_size(region, position + ref.byte_size)
             if region.mapping is not None and position % ALIGN == 0:
                 start = position - region.offset + region.skip
@@ -196,7 +209,7 @@ class ShmRegistry:
                                "could be read; the shm object has shrunk")
         return view
 
-    def write(self, ref: ShmRef, array: np.ndarray) -> None:
+    def write(self, ref: ShmRef, array: np.ndarray, peer: Peer | None = None) -> None:
         """Copy an output tensor into the referenced bytes."""
         data = np.ascontiguousarray(array)
         if data.dtype == np.object_:
@@ -204,7 +217,7 @@ class ShmRegistry:
         if data.nbytes > ref.byte_size:
             raise InvalidInput(f"output of {data.nbytes} bytes does not fit the "
                                f"{ref.byte_size} bytes given in region {ref.region!r}")
-        with self._use(ref) as (region, position):
+        with self._use(ref, peer) as (region, position):
             _check_size(region, position + data.nbytes)  # never grow a client's object
             written = os.pwrite(region.fd, data.reshape(-1).view(np.uint8).data, position)
         if written != data.nbytes:
@@ -212,8 +225,12 @@ class ShmRegistry:
                                "could be written")
 
     def close(self) -> None:
-        """Close every region (at shutdown, after the scheduler has drained)."""
-        self.unregister(None)
+        """Close every region of every owner (at shutdown, after the scheduler drained)."""
+        self._discard(lambda key: True)
+
+
+def _owner(peer: Peer | None) -> Owner:
+    return None if peer is None else peer.uid
 
 
 def _check_size(region: Region, end: int) -> None:

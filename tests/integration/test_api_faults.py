@@ -7,6 +7,8 @@ import http.client
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -292,3 +294,52 @@ def test_tcp_listener_when_a_web_page_drives_the_browser_refuses_it(served: Serv
     with served.client() as client:
         assert client.ready() and any(m["name"] == "tiny_cls" and m["state"] == "READY"
                                       for m in client.models())  # the unload never ran
+
+
+STRANGER = """
+import json, os, sys
+import numpy as np
+from edged.api.protocol import RequestedOutput, ShmRef
+from edged.ops.client import ApiError, EdgedClient, ShmTensor
+os.setgid(65534); os.setgroups([]); os.setuid(65534)  # nobody, from here on (imports done)
+seen = {}
+with EdgedClient(sys.argv[1]) as client:
+    seen["listed"] = [r["name"] for r in client.shm_status()]
+    for what, call in [
+        ("read", lambda: client.infer("tiny_cls", {"x": ShmTensor(ShmRef("frames", 0, 768),
+                                                                  "FP32", (1, 3, 8, 8))})),
+        ("write", lambda: client.infer("tiny_cls", {"x": np.zeros((1, 3, 8, 8), np.float32)},
+                                       outputs=[RequestedOutput("prob",
+                                                shm=ShmRef("frames", 0, 16))])),
+    ]:
+        try:
+            call()
+            seen[what] = "allowed"
+        except ApiError as exc:
+            seen[what] = f"{exc.status} {exc}"
+    client.unregister_shm("frames")
+    client.unregister_shm()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_shm_when_another_user_connects_cannot_see_use_or_drop_the_region(
+        make_served: ServeFactory, short_dir: Path) -> None:
+    os.chmod(short_dir, 0o755)  # the stranger must reach the socket's folder
+    served = make_served(api='socket_mode: "0666"')
+    with served.client() as client, \
+            SharedRegion(f"edged-own-{os.getpid()}", 1024, mode=0o666) as region:
+        client.register_shm("frames", region.key, 1024)
+        region.write(X)
+        stranger = subprocess.run([sys.executable, "-c", STRANGER, str(served.socket)],
+                                  capture_output=True, text=True, timeout=60)
+        assert stranger.returncode == 0, stranger.stderr
+        seen = json.loads(stranger.stdout)
+        assert seen["listed"] == []
+        assert seen["read"].startswith("400") and "not registered" in seen["read"]
+        assert seen["write"].startswith("400") and "not registered" in seen["write"]
+        assert [r["name"] for r in client.shm_status()] == ["frames"]  # still the owner's
+        tensor = region.tensor("frames", X)
+        assert client.infer("tiny_cls", {"x": tensor}).outputs["prob"].shape == (1, 4)
+        client.unregister_shm("frames")

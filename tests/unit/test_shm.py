@@ -227,3 +227,26 @@ def test_shm_register_when_registrations_race_for_the_last_slots_keeps_the_cap(
     assert len(registry.status()) == 2
     assert _mapped(segment) == mapped_before + 2  # the refused ones were closed
     registry.close()
+
+
+def test_shm_regions_when_another_user_asks_are_invisible_unusable_and_kept(
+        segment: shared_memory.SharedMemory) -> None:
+    os.chmod(f"/dev/shm/{segment.name}", 0o666)  # both users may open the object itself
+    registry = ShmRegistry()
+    alice, mallory = Peer(1000), Peer(1001)
+    registry.register("frames", segment.name, 0, 64, alice)
+    ref = ShmRef("frames", 0, 16)
+    assert registry.status(peer=mallory) == []
+    with pytest.raises(InvalidInput, match="'frames' is not registered"):
+        registry.status("frames", mallory)
+    with pytest.raises(InvalidInput, match="not registered"):
+        registry.read(ref, mallory)  # as a model input
+    with pytest.raises(InvalidInput, match="not registered"):
+        registry.write(ref, np.zeros(4, np.float32), mallory)  # as an output region
+    registry.unregister("frames", mallory)
+    registry.unregister(None, mallory)  # "unregister all" is all of one's own
+    assert [r["name"] for r in registry.status(peer=alice)] == ["frames"]
+    assert bytes(registry.read(ref, alice)) == bytes(segment.buf[:16])
+    registry.register("frames", segment.name, 0, 64, mallory)  # names are per user
+    assert len(registry.status(peer=alice)) == len(registry.status(peer=mallory)) == 1
+    registry.close()
