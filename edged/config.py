@@ -136,6 +136,13 @@ class ApiConfig:
     allowed_uids: list[int] = setting(factory=list, help="peer uids allowed; empty = any")
     allowed_gids: list[int] = setting(factory=list, help="peer gids allowed; empty = any")
     max_request_mb: int = setting(64, "largest request body", check=at_least(1))
+    max_connections: int = setting(512, "connections open at once; more are closed as they "
+                                        "arrive (keep it below the unit's LimitNOFILE)",
+                                   check=between(1, 60000))
+    header_timeout_s: float = setting(10.0, "a new connection must send its first request's "
+                                            "headers within this", check=at_least(0.1))
+    keepalive_s: float = setting(75.0, "an idle kept-alive connection is closed after this",
+                                 check=at_least(0.1))
     shm_copy_inputs: bool = setting(False, "copy shm inputs instead of mapping them: "
                                     "clients shrinking their objects cannot crash edged")
 

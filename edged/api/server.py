@@ -22,6 +22,7 @@ from aiohttp import web
 
 from edged import __version__
 from edged.api import browsers, describe, logsettings
+from edged.api.connections import ConnectionGuard, GuardedSite
 from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
     HEADER_LENGTH,
@@ -71,6 +72,8 @@ class ApiServer:
         self._allowed_uids = frozenset(config.allowed_uids)
         self._allowed_gids = frozenset(config.allowed_gids)
         self._runner: web.AppRunner | None = None
+        # Shared by both listeners: the cap is on what the process holds open.
+        self.connections = ConnectionGuard(config.max_connections, config.header_timeout_s)
         self._unix: UnixListener | None = None
         self.app = self._make_app()
 
@@ -127,10 +130,10 @@ class ApiServer:
             sock = self._unix.sock
         try:
             runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
-                                   shutdown_timeout=5.0)
+                                   shutdown_timeout=5.0, keepalive_timeout=cfg.keepalive_s)
             await runner.setup()
             self._runner = runner
-            await web.SockSite(runner, sock).start()
+            await GuardedSite(runner, sock, self.connections).start()
             if activated is not None:
                 logger.info("API on unix:%s (socket activation: passed by systemd)",
                             sock.getsockname() or "(unnamed)")
@@ -139,7 +142,10 @@ class ApiServer:
                             f", group {cfg.socket_group}" if cfg.socket_group else "")
             if cfg.http:
                 host, port = split_host_port(cfg.http)
-                await web.TCPSite(runner, host, port).start()
+                tcp = socket.create_server((host, port), family=socket.AF_INET6
+                                           if ":" in host else socket.AF_INET)
+                tcp.setblocking(False)
+                await GuardedSite(runner, tcp, self.connections).start()
                 logger.info("API on http://%s", cfg.http)
                 if self._allowed_uids or self._allowed_gids:
                     logger.warning("the TCP listener %s cannot check peer uids/gids: the "

@@ -343,3 +343,39 @@ def test_shm_when_another_user_connects_cannot_see_use_or_drop_the_region(
         tensor = region.tensor("frames", X)
         assert client.infer("tiny_cls", {"x": tensor}).outputs["prob"].shape == (1, 4)
         client.unregister_shm("frames")
+
+
+def test_api_when_a_connection_sends_no_headers_closes_it_after_the_header_timeout(
+        make_served: ServeFactory) -> None:
+    served = make_served(api="header_timeout_s: 0.3")
+    for opening in (b"", b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n"):  # silent, trickling
+        with socket.socket(socket.AF_UNIX) as idle:
+            idle.connect(str(served.socket))
+            idle.sendall(opening)
+            idle.settimeout(10)
+            assert idle.recv(1024) == b""  # closed by the daemon, well before 10 s
+    assert served.daemon.api.connections.timed_out == 2
+    with served.client() as client:
+        assert client.ready()
+
+
+def test_api_when_connections_reach_the_cap_closes_new_ones_until_some_go(
+        make_served: ServeFactory) -> None:
+    served = make_served(api="max_connections: 3, header_timeout_s: 60")
+    guard = served.daemon.api.connections
+    held = [socket.socket(socket.AF_UNIX) for _ in range(3)]
+    try:
+        for sock in held:
+            sock.connect(str(served.socket))
+        wait_until(lambda: guard.live == 3, timeout=10, what="three connections held")
+        with socket.socket(socket.AF_UNIX) as extra:
+            extra.connect(str(served.socket))  # the kernel accepts; the daemon closes it
+            extra.settimeout(10)
+            assert extra.recv(1024) == b""
+        assert guard.refused == 1
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: guard.live == 0, timeout=10, what="the held connections gone")
+    with served.client() as client:
+        assert client.ready()

@@ -292,3 +292,10 @@ def test_install_script_when_shellchecked_is_clean() -> None:
     result = subprocess.run([shellcheck, str(REPO / "deploy/install.sh")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout
+
+
+def test_service_when_started_allows_more_descriptors_than_the_api_holds_connections() -> None:
+    config = load_config(REPO / "deploy" / "edged.yaml")
+    limit = int(directives(REPO / "deploy" / "edged.service")["LimitNOFILE"][0])
+    # Connections are capped below the limit, with room for models, cameras and regions.
+    assert config.api.max_connections + 1024 <= limit
