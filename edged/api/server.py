@@ -9,7 +9,6 @@ Every failure becomes a KServe-style `{"error": ...}` body with the error's HTTP
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import socket
@@ -22,16 +21,17 @@ from aiohttp import web
 
 from edged import __version__
 from edged.api import browsers, describe, logsettings
+from edged.api.bodies import json_body
 from edged.api.connections import ConnectionGuard, GuardedSite
 from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
     HEADER_LENGTH,
     InferRequest,
-    ShmRef,
     decode_request,
     encode_response,
 )
-from edged.api.shm import Peer, ShmRegistry
+from edged.api.shm import ShmRegistry
+from edged.api.shm_routes import Asker, ShmRoutes, read_shm, write_shm
 from edged.api.snapshots import SnapshotRoutes
 from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
@@ -84,7 +84,6 @@ class ApiServer:
         get, post = web.get, web.post
         model = "/v2/models/{model}"
         versioned = "/v2/models/{model}/versions/{version}"
-        shm = "/v2/systemsharedmemory"
         app.add_routes([
             get("/v2", self.server_metadata),
             get("/v2/health/live", self.live),
@@ -102,12 +101,7 @@ class ApiServer:
             post("/v2/repository/index", self.repository_index),
             post("/v2/repository/models/{model}/load", self.load),
             post("/v2/repository/models/{model}/unload", self.unload),
-            get(shm + "/status", self.shm_status),
-            get(shm + "/region/{region}/status", self.shm_status),
-            post(shm + "/region/{region}/register", self.shm_register),
-            post(shm + "/region/{region}/unregister", self.shm_unregister),
-            post(shm + "/unregister", self.shm_unregister),
-            web.route("*", "/v2/cudasharedmemory{tail:.*}", self.cuda_shm),
+            *ShmRoutes(self.shm).routes(),
             get("/metrics", self.prometheus),
             get("/v2/logging", self.logging),
             post("/v2/logging", self.logging),
@@ -266,7 +260,7 @@ class ApiServer:
         """Triton's logging extension: read, or set, the daemon's log level."""
         if request.method == "GET":
             return web.json_response(logsettings.current())
-        body = await _json_body(request)
+        body = await json_body(request)
         return web.json_response(logsettings.apply(body))
 
     async def statistics(self, request: web.Request) -> web.Response:
@@ -310,13 +304,13 @@ class ApiServer:
             await asyncio.to_thread(self.scheduler.prepare, name, version)
         json_length = _json_length(request)
         body = await self._read_body(request, json_length)
-        asker = _Asker(request)  # who the request's shm regions must belong to, if it names any
-        read_shm = partial(_read_shm, self.shm, asker)
+        asker = Asker(request)  # who the request's shm regions must belong to, if it names any
+        reader = partial(read_shm, self.shm, asker)
         if json_length is None and len(body) > DECODE_ON_THREAD_BYTES:
             # A large JSON body takes a while to parse: not on the loop.
-            parsed = await asyncio.to_thread(decode_request, body, None, read_shm=read_shm)
+            parsed = await asyncio.to_thread(decode_request, body, None, read_shm=reader)
         else:
-            parsed = decode_request(body, json_length, read_shm=read_shm)
+            parsed = decode_request(body, json_length, read_shm=reader)
         _check_outputs(self.scheduler.model(name, version), parsed)
         future = self.scheduler.submit(name, parsed.inputs, version=version,
                                        priority=parsed.priority, timeout_s=parsed.timeout_s)
@@ -326,7 +320,7 @@ class ApiServer:
             self.cache.default_version(name)
         parts, json_length = encode_response(name, served, parsed.id, outputs, parsed.outputs,
                                              parsed.binary_default,
-                                             write_shm=partial(_write_shm, self.shm, asker))
+                                             write_shm=partial(write_shm, self.shm, asker))
         if json_length is None:
             return web.Response(body=parts[0], content_type="application/json")
         # Tensor bytes go out as they are: joining them to the JSON would copy them again.
@@ -369,7 +363,7 @@ class ApiServer:
 
     # -- repository --------------------------------------------------------------------------
     async def repository_index(self, request: web.Request) -> web.Response:
-        body = await _json_body(request, default={})
+        body = await json_body(request, default={})
         ready_only = body.get("ready", False)
         if not isinstance(ready_only, bool):
             raise InvalidInput("ready must be true or false")
@@ -379,7 +373,7 @@ class ApiServer:
 
     async def load(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        body = await _json_body(request, default={})
+        body = await json_body(request, default={})
         if body.get("parameters"):
             raise InvalidInput("load with an overriding config or files is not supported: "
                                "install versions into the repository (or push them by OTA)")
@@ -388,7 +382,7 @@ class ApiServer:
 
     async def unload(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        await _json_body(request, default={})
+        await json_body(request, default={})
 
         def unload_all() -> None:
             if name not in self.cache.repository.names():
@@ -400,35 +394,6 @@ class ApiServer:
         await asyncio.to_thread(unload_all)
         return web.json_response({})
 
-    # -- system shared memory ----------------------------------------------------------------
-    async def shm_status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.shm.status(request.match_info.get("region"),
-                                                 _asking(request)))
-
-    async def shm_register(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        key = body.get("key")
-        if not isinstance(key, str):
-            raise InvalidInput("key must be a string")
-        offset, size = _integer(body, "offset", 0), _integer(body, "byte_size")
-        await asyncio.to_thread(self.shm.register, request.match_info["region"], key,
-                                offset, size, _asking(request))
-        return web.json_response({})
-
-    async def shm_unregister(self, request: web.Request) -> web.Response:
-        self.shm.unregister(request.match_info.get("region"), _asking(request))
-        return web.json_response({})
-
-    async def cuda_shm(self, request: web.Request) -> web.Response:
-        """No CUDA regions here: status is empty and unregister has nothing to do (Triton's own
-        shm examples unregister CUDA regions first); registering one is refused."""
-        if request.path.endswith("/status"):
-            return web.json_response([])
-        if request.path.endswith("/unregister"):
-            return web.json_response({})
-        raise InvalidInput("CUDA shared memory is not supported; use system shared memory")
-
-
 def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
     """Unknown requested outputs fail before the model runs, not after."""
     known = {spec.name for spec in model.outputs}
@@ -436,39 +401,6 @@ def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
         if out.name not in known:
             raise InvalidInput(f"model {model.name} has no output {out.name!r} "
                                f"(outputs: {', '.join(sorted(known))})")
-
-
-def _asking(request: web.Request) -> Peer:
-    """The user at the other end; shared memory is theirs alone (Forbidden when it cannot be
-    told)."""
-    transport = request.transport
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    peer = peer_identity(sock) if sock is not None else None
-    if peer is None:
-        raise Forbidden("cannot tell which user is asking, so no shared memory for it")
-    return peer
-
-
-class _Asker:
-    """The asking peer, looked up once and only when a request names shared memory (over TCP
-    that reads the kernel's socket table: not for every request)."""
-
-    def __init__(self, request: web.Request) -> None:
-        self._request = request
-        self._peer: Peer | None = None
-
-    def __call__(self) -> Peer:
-        if self._peer is None:
-            self._peer = _asking(self._request)
-        return self._peer
-
-
-def _read_shm(shm: ShmRegistry, asker: _Asker, ref: ShmRef) -> memoryview:
-    return shm.read(ref, asker())
-
-
-def _write_shm(shm: ShmRegistry, asker: _Asker, ref: ShmRef, array: np.ndarray) -> None:
-    shm.write(ref, array, asker())
 
 
 def _model_ref(request: web.Request) -> tuple[str, int | None]:
@@ -482,13 +414,6 @@ def _model_ref(request: web.Request) -> tuple[str, int | None]:
     return name, version
 
 
-def _integer(body: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = body.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidInput(f"{key} must be an integer")
-    return value
-
-
 def _json_length(request: web.Request) -> int | None:
     raw = request.headers.get(HEADER_LENGTH)
     if raw is None:
@@ -497,18 +422,3 @@ def _json_length(request: web.Request) -> int | None:
         return int(raw)
     except ValueError:
         raise InvalidInput(f"{HEADER_LENGTH} must be an integer, got {raw!r}") from None
-
-
-async def _json_body(request: web.Request, default: dict[str, Any] | None = None
-                     ) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw.strip() and default is not None:
-        return default
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InvalidInput(f"malformed JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise InvalidInput("the request body must be a JSON object")
-    return body
-

@@ -1,0 +1,32 @@
+"""Reading the API's small JSON request bodies (repository, shared memory, logging): a JSON
+object or an InvalidInput that says what is wrong, and typed fields from it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from edged.errors import InvalidInput
+
+
+async def json_body(request: web.Request, default: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip() and default is not None:
+        return default
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidInput(f"malformed JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    return body
+
+
+def integer(body: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = body.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidInput(f"{key} must be an integer")
+    return value

@@ -1,0 +1,90 @@
+"""The system shared-memory extension's routes (Triton's `/v2/systemsharedmemory`), and
+who is asking: regions belong to the user who registered them (`edged/api/shm.py`), so every
+use names the asking peer, looked up only when a request names shared memory."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from aiohttp import web
+
+from edged.api.bodies import integer, json_body
+from edged.api.listeners import peer_identity
+from edged.api.protocol import ShmRef
+from edged.api.shm import Peer, ShmRegistry
+from edged.errors import Forbidden, InvalidInput
+
+
+class ShmRoutes:
+    def __init__(self, shm: ShmRegistry) -> None:
+        self.shm = shm
+
+    def routes(self) -> list[web.RouteDef]:
+        get, post, base = web.get, web.post, "/v2/systemsharedmemory"
+        return [get(base + "/status", self.shm_status),
+                get(base + "/region/{region}/status", self.shm_status),
+                post(base + "/region/{region}/register", self.shm_register),
+                post(base + "/region/{region}/unregister", self.shm_unregister),
+                post(base + "/unregister", self.shm_unregister),
+                web.route("*", "/v2/cudasharedmemory{tail:.*}", self.cuda_shm)]
+
+    async def shm_status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.shm.status(request.match_info.get("region"),
+                                                 asking(request)))
+
+    async def shm_register(self, request: web.Request) -> web.Response:
+        body = await json_body(request)
+        key = body.get("key")
+        if not isinstance(key, str):
+            raise InvalidInput("key must be a string")
+        offset, size = integer(body, "offset", 0), integer(body, "byte_size")
+        await asyncio.to_thread(self.shm.register, request.match_info["region"], key,
+                                offset, size, asking(request))
+        return web.json_response({})
+
+    async def shm_unregister(self, request: web.Request) -> web.Response:
+        self.shm.unregister(request.match_info.get("region"), asking(request))
+        return web.json_response({})
+
+    async def cuda_shm(self, request: web.Request) -> web.Response:
+        """No CUDA regions here: status is empty and unregister has nothing to do (Triton's own
+        shm examples unregister CUDA regions first); registering one is refused."""
+        if request.path.endswith("/status"):
+            return web.json_response([])
+        if request.path.endswith("/unregister"):
+            return web.json_response({})
+        raise InvalidInput("CUDA shared memory is not supported; use system shared memory")
+
+
+def asking(request: web.Request) -> Peer:
+    """The user at the other end; shared memory is theirs alone (Forbidden when it cannot be
+    told)."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    peer = peer_identity(sock) if sock is not None else None
+    if peer is None:
+        raise Forbidden("cannot tell which user is asking, so no shared memory for it")
+    return peer
+
+
+class Asker:
+    """The asking peer, looked up once and only when a request names shared memory (over TCP
+    that reads the kernel's socket table: not for every request)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._peer: Peer | None = None
+
+    def __call__(self) -> Peer:
+        if self._peer is None:
+            self._peer = asking(self._request)
+        return self._peer
+
+
+def read_shm(shm: ShmRegistry, asker: Asker, ref: ShmRef) -> memoryview:
+    return shm.read(ref, asker())
+
+
+def write_shm(shm: ShmRegistry, asker: Asker, ref: ShmRef, array: np.ndarray) -> None:
+    shm.write(ref, array, asker())
