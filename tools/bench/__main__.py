@@ -12,6 +12,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from tools.bench.assets import run_and_report
+
 SUITES = ("core", "api", "streams", "ota", "quantize", "post", "events")
 
 
@@ -26,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging("warning", "stderr")
     suite = importlib.import_module(f"tools.bench.{args.suite}")
-    return int(suite.main(out_dir=args.out, quick=args.quick))
+    # Every suite is a run_bench(workdir, quick=) that returns its results and a
+    # format_table(results) that prints them; running and reporting is the same for all.
+    return run_and_report(args.suite, lambda tmp: suite.run_bench(tmp, quick=args.quick),
+                          suite.format_table, out_dir=args.out, quick=args.quick)
 
 
 if __name__ == "__main__":

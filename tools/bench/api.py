@@ -29,7 +29,7 @@ from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_re
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import session_options
 from edged.ops.client import EdgedClient, InferResponse, SharedRegion
-from tools.bench.assets import PPOCR_DET, ppocr_model, run_and_report, tiny_model_tools
+from tools.bench.assets import PPOCR_DET, ppocr_model, tiny_model_tools
 from tools.bench.broker import free_port, stop_process
 from tools.bench.core import Latency, interleaved
 from tools.bench.load import Target, closed_loop, http_request, one
@@ -223,8 +223,3 @@ def format_table(r: dict[str, Any]) -> str:
                      f"{rates['edged_tcp_json']['c8']['requests_per_s'] / base:.2f}x, socket "
                      f"binary {rates['edged_socket_binary']['c8']['requests_per_s'] / base:.2f}x |")
     return "\n".join(lines)
-
-
-def main(*, out_dir: Path, quick: bool = False) -> int:
-    return run_and_report("api", lambda tmp: run_bench(tmp, quick=quick), format_table,
-                          out_dir=out_dir, quick=quick)

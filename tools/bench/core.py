@@ -29,7 +29,7 @@ from edged.backends.onnxruntime import OrtSession
 from edged.cache import ModelCache
 from edged.model.repository import ModelRepository
 from edged.scheduler import Scheduler
-from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report, tiny_model_tools
+from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, tiny_model_tools
 
 CLS_YAML = """max_batch_size: 16
 inputs: [{name: x, dtype: float32, shape: [3, 48, 192]}]
@@ -233,8 +233,3 @@ def ort_session_of(cache: ModelCache, name: str) -> Any:
     if not isinstance(session, OrtSession):
         raise RuntimeError(f"{name} is not on ONNX Runtime here ({type(session).__name__})")
     return session.ort_session
-
-
-def main(*, out_dir: Path, quick: bool = False) -> int:
-    return run_and_report("core", lambda tmp: run_bench(tmp, quick=quick), format_table,
-                          out_dir=out_dir, quick=quick)

@@ -24,7 +24,6 @@ from edged.events.assign import cluster_assign, greedy_assign
 from edged.events.config import LineConfig, SnapshotsConfig, TrackConfig, ZoneConfig
 from edged.events.engine import StreamEvents
 from edged.events.track import Assign, Tracker
-from tools.bench.assets import run_and_report
 from tools.bench.scenes import Scene, crossing, walkers
 
 WARMUP = 30  # frames run before timing
@@ -211,9 +210,3 @@ def format_table(results: dict[str, Any]) -> str:
                    f"{row['cpu_ms_per_frame']:>9.3f}{row['p50_ms']:>9.3f}{row['p99_ms']:>9.3f}"
                    f"{row['events']:>8}")
     return "\n".join(out)
-
-
-def main(*, out_dir: Path, quick: bool = False) -> int:
-    return run_and_report("events", lambda tmp: run_bench(tmp, quick=quick), format_table,
-                          out_dir=out_dir, quick=quick)
-

@@ -29,7 +29,7 @@ from edged.ops.keys import freshness
 from edged.ops.push import serve
 from edged.ota.manifest import sign_document
 from tools.bench.api import THREADS, edged_config, run_edged
-from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report
+from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model
 from tools.bench.broker import loopback_broker
 from tools.bench.core import CLS_YAML, DET_YAML, Latency
 from tools.bench.load import Sample, Target, http_request, one, sampled_loop
@@ -216,8 +216,3 @@ def format_table(r: dict[str, Any]) -> str:
                          f"{rnd['published_to_active_s']:.3f} | {steps} | "
                          f"{rnd['answers_by_version']} |")
     return "\n".join(lines)
-
-
-def main(*, out_dir: Path, quick: bool = False) -> int:
-    return run_and_report("ota", lambda tmp: run_bench(tmp, quick=quick), format_table,
-                          out_dir=out_dir, quick=quick)

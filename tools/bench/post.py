@@ -27,7 +27,6 @@ from edged.model.heads import Head, choose_head
 from edged.model.tensor import TensorSpec
 from edged.processing.post import detect
 from edged.processing.pre import Geometry
-from tools.bench.assets import run_and_report
 
 SIZE, CLASSES = 640, 80
 FRAME = Geometry(0.5, 0.5, 0, 140, (1280, 720))  # 1280x720 letterboxed into 640x640
@@ -277,8 +276,3 @@ def format_table(results: dict[str, Any]) -> str:
 
 def _yes(same: bool) -> str:
     return "yes" if same else "NO"
-
-
-def main(*, out_dir: Path, quick: bool = False) -> int:
-    return run_and_report("post", lambda tmp: run_bench(tmp, quick=quick), format_table,
-                          out_dir=out_dir, quick=quick)

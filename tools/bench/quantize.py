@@ -22,7 +22,7 @@ from edged.backends import BackendOptions
 from edged.model.repository import ModelRepository
 from edged.ops.quantize.command import gather
 from edged.ops.quantize.quantize import quantize
-from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, run_and_report
+from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model
 from tools.bench.textlines import PPOCR_CLS_PREPROCESS, render_line, write_set
 
 CLS_YAML = ("max_batch_size: 8\ninputs: [{name: x, shape: [3, 48, 192]}]\n"
@@ -103,8 +103,3 @@ def format_table(r: dict[str, Any]) -> str:
             f"{lat['fp32_ms_p50']:.2f} | {lat['int8_ms_p50']:.2f} | {lat['ratio']:.2f} | "
             f"{gate} | {row['auto_on_cpu']} |")
     return "\n".join(lines)
-
-
-def main(*, out_dir: Path, quick: bool = False) -> int:
-    return run_and_report("quantize", lambda tmp: run_bench(tmp, quick=quick), format_table,
-                          out_dir=out_dir, quick=quick)

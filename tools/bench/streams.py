@@ -40,7 +40,7 @@ from edged.model.config import PreprocessConfig
 from edged.model.tensor import TensorSpec
 from edged.processing.pre import preprocess
 from tools.bench.api import THREADS, direct_session, edged_config, run_edged
-from tools.bench.assets import PPOCR_DET, ppocr_model, run_and_report
+from tools.bench.assets import PPOCR_DET, ppocr_model
 from tools.bench.broker import loopback_broker
 from tools.bench.core import Latency
 from tools.bench.streams_events import format_events, run_events
@@ -236,8 +236,3 @@ def format_table(r: dict[str, Any]) -> str:
             lines.append(f"\nwarning: the {case['streams']}-stream case offered less than 1.2x "
                          "the model-bound rate (the machine sped up): it was not model-bound")
     return "\n".join(lines) + "\n" + format_events(r["events"])
-
-
-def main(*, out_dir: Path, quick: bool = False) -> int:
-    return run_and_report("streams", lambda tmp: run_bench(tmp, quick=quick), format_table,
-                          out_dir=out_dir, quick=quick)
