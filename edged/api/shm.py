@@ -5,10 +5,12 @@ A region is opened and mapped once at registration (only by a peer that may open
 itself). Inputs are handed to the model as views of the mapping: a 640x640 frame is never
 copied. Every use is bounds-checked against the region and against the object's current size,
 so a client that has shrunk or recreated its object gets a 400, not a crash. What no check can
-close is a client shrinking its object *while* a model reads it: the kernel then kills the
-daemon with SIGBUS. Deployments whose local clients are not trusted that far set
-`api.shm_copy_inputs`: inputs are then copied in with pread, where a shrink is a short read and
-an error for that request only. Outputs are always written with pwrite (it cannot fault).
+close is a client shrinking its object *while* a model reads a view of it: the kernel then
+kills the daemon with SIGBUS. So views are lent only to peers that could kill the daemon anyway
+(its own uid, or root: they may signal it); every other peer's inputs are copied in with pread
+as the request is read, where a shrink is a short read and a 400 for that request only
+(`api.shm_copy_inputs: auto`; `always` copies for everyone, `never` maps for everyone).
+Outputs are always written with pwrite (it cannot fault).
 
 Unregister closes the descriptor and the mapping; a mapping still viewed by an in-flight
 request is unmapped when that request lets go of it."""
@@ -25,6 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -51,6 +54,8 @@ class Peer:
 
 # Whose region: the registering peer's uid; None for one registered in-process (no peer).
 Owner = int | None
+# When inputs are copied rather than viewed: see the module's docstring.
+CopyInputs = Literal["auto", "always", "never"]
 
 
 @dataclass(eq=False)
@@ -73,7 +78,7 @@ class Region:
 
 class ShmRegistry:
     def __init__(self, shm_dir: Path = SHM_DIR, max_regions: int = MAX_REGIONS, *,
-                 copy_inputs: bool = False) -> None:
+                 copy_inputs: CopyInputs = "auto") -> None:
         self.shm_dir = shm_dir
         self.max_regions = max_regions
         self.copy_inputs = copy_inputs
@@ -119,7 +124,7 @@ class ShmRegistry:
                 raise InvalidInput(f"region {name!r} ({offset}+{byte_size} bytes) exceeds the "
                                    f"{info.st_size} bytes of {key!r}")
             region = Region(name, key, offset, byte_size, fd, owner=owner)
-            if not self.copy_inputs:
+            if self._may_view(peer):
                 region.skip = offset % mmap.ALLOCATIONGRANULARITY
                 region.mapping = mmap.mmap(fd, byte_size + region.skip, mmap.MAP_SHARED,
                                            mmap.PROT_READ, offset=offset - region.skip)
@@ -143,6 +148,14 @@ class ShmRegistry:
         logger.info("registered shared memory %s (%s, %d bytes at %d)", name, key, byte_size,
                     offset)
         return region
+
+    def _may_view(self, peer: Peer | None) -> bool:
+        """Whether `peer`'s inputs may be handed to models as views of its mapping: only if a
+        SIGBUS it provokes (by shrinking the object under a queued request) gives it nothing
+        it did not have, i.e. it may signal the daemon already."""
+        if self.copy_inputs != "auto":
+            return self.copy_inputs == "never"
+        return peer is None or peer.uid in (0, os.geteuid())
 
     def unregister(self, name: str | None = None, peer: Peer | None = None) -> None:
         """Unregister one of `peer`'s regions, or all of them when name is None. Unknown
@@ -193,8 +206,9 @@ class ShmRegistry:
                 _close(region)
 
     def read(self, ref: ShmRef, peer: Peer | None = None) -> memoryview:
-        """The referenced bytes: a view of the mapping, or (with copy_inputs, or where the
-        bytes do not start 64-byte aligned) a copy in an aligned buffer the caller owns."""
+        """The referenced bytes: a view of the mapping (the owner may be lent one), or a copy
+        in a 64-byte aligned buffer the caller owns (any other owner, or bytes that do not
+        start aligned)."""
         with self._use(ref, peer) as (region, position):
             _check_size(region, position + ref.byte_size)
             if region.mapping is not None and position % ALIGN == 0:

@@ -167,14 +167,30 @@ def test_shm_read_when_mapped_is_a_view_not_a_copy(
     assert np.frombuffer(unaligned, np.uint8).ctypes.data % 64 == 0
 
 
-def test_shm_read_when_copy_inputs_is_set_copies(segment: shared_memory.SharedMemory) -> None:
-    registry = ShmRegistry(copy_inputs=True)
+def test_shm_read_when_copy_inputs_is_always_copies(segment: shared_memory.SharedMemory) -> None:
+    registry = ShmRegistry(copy_inputs="always")
     try:
         registry.register("r", segment.name, 0, 1024)
         assert _mapped(segment) == 1  # only the fixture's own mapping
         view = registry.read(ShmRef("r", 0, 16))
         segment.buf[0] = 42
         assert view[0] == 0
+    finally:
+        registry.close()
+
+
+@pytest.mark.parametrize(("uid", "viewed"), [(os.geteuid(), True), (0, True),
+                                             (os.geteuid() + 4242, False)])
+def test_shm_read_when_auto_lends_views_only_to_peers_that_may_signal_edged(
+        segment: shared_memory.SharedMemory, uid: int, viewed: bool) -> None:
+    os.chmod(f"/dev/shm/{segment.name.lstrip('/')}", 0o666)  # any peer may use it
+    registry = ShmRegistry()  # auto
+    try:
+        registry.register("r", segment.name, 0, 1024, Peer(uid))
+        view = registry.read(ShmRef("r", 0, 16), Peer(uid))
+        segment.buf[0] = 42  # after the read: only a view sees it
+        assert (view[0] == 42) is viewed
+        assert _mapped(segment) == (2 if viewed else 1)
     finally:
         registry.close()
 

@@ -1,0 +1,106 @@
+"""A client of another uid shrinks its own shared memory object while its request waits for the
+model (issue 20 #2): the daemon must survive, since such a client cannot kill it otherwise.
+
+The daemon runs in a child process here: with views lent to that client (the old behaviour,
+still there as `api.shm_copy_inputs: never`), the kernel kills it with SIGBUS, which would
+take the test session with it. The check that it does die that way shows that the case below
+really reaches the hazard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+
+# Runs as root: a daemon on a gated model, and a client that becomes nobody.
+VICTIM = """
+import json, subprocess, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from support.backends import GateBackend
+from support.daemon import serve
+from edged.backends import register_backend
+from edged.config import parse_config
+
+repo, sock, copy_inputs = sys.argv[2], sys.argv[3], sys.argv[4]
+gate = GateBackend()
+register_backend("onnxruntime", lambda: gate)
+config = parse_config(f'''device_id: t
+models_dir: {repo}
+cache: {{dir: {Path(sock).parent / 'cache'}, preload: [tiny_cls]}}
+backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: 1}}}}
+api: {{socket: {sock}, socket_mode: "0666", shm_copy_inputs: {copy_inputs}}}
+mqtt: {{enabled: false}}
+''')
+running = serve(config)
+next(running)
+gate.reset()  # forget the warm-up; hold what comes next
+gate.gate.clear()
+client = subprocess.Popen([sys.executable, "-c", sys.argv[5], sock], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+gate.wait_calls(1, timeout=30)  # its request is at the model, its bytes not yet read by it
+client.stdin.write("shrink\\n"); client.stdin.flush()
+assert client.stdout.readline().strip() == "shrunk"
+gate.gate.set()
+out, _ = client.communicate(timeout=60)
+print(out.strip(), flush=True)
+next(running, None)
+"""
+
+# The client: nobody, with its own shm object (owned by nobody, mode 0600).
+CLIENT = """
+import json, os, sys, threading
+import numpy as np
+from edged.ops.client import ApiError, EdgedClient, SharedRegion
+os.setgid(65534); os.setgroups([]); os.setuid(65534)
+x = np.ones((1, 3, 8, 8), np.float32)
+seen = {}
+with EdgedClient(sys.argv[1], timeout_s=60) as client, \\
+        SharedRegion(f"edged-bus-{os.getpid()}", 4096, mode=0o600) as region:
+    client.register_shm("frames", region.key, 4096)
+    tensor = region.tensor("frames", x)
+    def call():
+        try:
+            seen["shape"] = list(client.infer("tiny_cls", {"x": tensor}).outputs["prob"].shape)
+        except ApiError as exc:
+            seen["error"] = f"{exc.status} {exc}"
+        except OSError as exc:
+            seen["error"] = f"connection: {exc}"
+    caller = threading.Thread(target=call)
+    caller.start()
+    sys.stdin.readline()
+    os.truncate(region.path, 0)
+    print("shrunk", flush=True)
+    caller.join(60)
+    print(json.dumps(seen), flush=True)
+"""
+
+
+def victim(repo_dir: Path, short_dir: Path, copy_inputs: str) -> subprocess.CompletedProcess[str]:
+    os.chmod(short_dir, 0o755)  # nobody must reach the socket's folder
+    return subprocess.run(
+        [sys.executable, "-c", VICTIM, str(TESTS), str(repo_dir), str(short_dir / "v.sock"),
+         copy_inputs, CLIENT], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_shm_when_a_stranger_shrinks_its_object_under_a_queued_request_edged_survives(
+        repo_dir: Path, short_dir: Path) -> None:
+    done = victim(repo_dir, short_dir, "auto")
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"shape": [1, 4]}  # its bytes were copied in as the request was read
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_shm_when_views_are_lent_to_a_stranger_its_shrink_kills_edged(
+        repo_dir: Path, short_dir: Path) -> None:
+    done = victim(repo_dir, short_dir, "never")
+    assert done.returncode == -signal.SIGBUS, (done.returncode, done.stderr[-2000:])
