@@ -136,6 +136,9 @@ class ApiConfig:
     allowed_uids: list[int] = setting(factory=list, help="peer uids allowed; empty = any")
     allowed_gids: list[int] = setting(factory=list, help="peer gids allowed; empty = any")
     max_request_mb: int = setting(64, "largest request body", check=at_least(1))
+    max_bodies_mb: int = setting(256, "memory all request bodies in flight may hold at once "
+                                      "(JSON tensors count 10x their text); past it, 503",
+                                 check=at_least(1))
     max_connections: int = setting(512, "connections open at once; more are closed as they "
                                         "arrive (keep it below the unit's LimitNOFILE)",
                                    check=between(1, 60000))
@@ -143,8 +146,10 @@ class ApiConfig:
                                             "headers within this", check=at_least(0.1))
     keepalive_s: float = setting(75.0, "an idle kept-alive connection is closed after this",
                                  check=at_least(0.1))
-    shm_copy_inputs: bool = setting(False, "copy shm inputs instead of mapping them: "
-                                    "clients shrinking their objects cannot crash edged")
+    shm_copy_inputs: Literal["auto", "always", "never"] = setting(
+        "auto", "copy shm inputs (pread) instead of lending models views of the mapping: "
+        "auto copies for peers of another uid than edged's (not root), so that a client "
+        "shrinking its object under a queued request cannot crash edged")
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,20 @@ class QueueFull(EdgedError):
     http_status = 503
 
 
+class Overloaded(EdgedError):
+    """The request bodies in flight hold the API's whole memory budget: retry later."""
+
+    code = "overloaded"
+    http_status = 503
+
+
+class TooLarge(EdgedError):
+    """A request body larger than any the API accepts (or than it can ever hold at once)."""
+
+    code = "too_large"
+    http_status = 413
+
+
 class Timeout(EdgedError):
     code = "timeout"
     http_status = 504

@@ -8,12 +8,17 @@ from typing import Any
 
 from aiohttp import web
 
+from edged.api.budget import read_body
 from edged.errors import InvalidInput
+
+# Repository, shared memory and logging requests are a few hundred bytes: more is refused (413)
+# before it is parsed, on the loop.
+SMALL_BODY_BYTES = 64 * 1024
 
 
 async def json_body(request: web.Request, default: dict[str, Any] | None = None
                      ) -> dict[str, Any]:
-    raw = await request.read()
+    raw = bytes(await read_body(request, SMALL_BODY_BYTES))
     if not raw.strip() and default is not None:
         return default
     try:

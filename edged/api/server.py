@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
 from edged import __version__
 from edged.api import browsers, describe, logsettings
 from edged.api.bodies import json_body
+from edged.api.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
 from edged.api.connections import ConnectionGuard, GuardedSite
 from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "system_shared_memory", "model_repository",
               "model_configuration", "schedule_policy", "statistics", "logging"]
-ALIGN = 64  # bytes; where tensor data in a request body starts
 DECODE_ON_THREAD_BYTES = 256 * 1024
 _VERSION = re.compile(r"^[0-9]{1,9}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -74,6 +73,7 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
         # Shared by both listeners: the cap is on what the process holds open.
         self.connections = ConnectionGuard(config.max_connections, config.header_timeout_s)
+        self.bodies = BodyBudget(config.max_bodies_mb * 1024 * 1024)
         self._unix: UnixListener | None = None
         self.app = self._make_app()
 
@@ -123,8 +123,10 @@ class ApiServer:
             self._unix = bind_unix(cfg.socket, int(cfg.socket_mode, 8), cfg.socket_group)
             sock = self._unix.sock
         try:
+            # auto_decompress off: edged inflates bodies itself, bounded and off the loop.
             runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
-                                   shutdown_timeout=5.0, keepalive_timeout=cfg.keepalive_s)
+                                   shutdown_timeout=5.0, keepalive_timeout=cfg.keepalive_s,
+                                   auto_decompress=False)
             await runner.setup()
             self._runner = runner
             await GuardedSite(runner, sock, self.connections).start()
@@ -302,13 +304,23 @@ class ApiServer:
         name, version = _model_ref(request)
         if not self.scheduler.has_batcher(name, version):  # an unknown model: 404, body unread
             await asyncio.to_thread(self.scheduler.prepare, name, version)
+        charge = self.bodies.charge()
+        try:
+            return await self._infer(request, name, version, charge)
+        finally:
+            charge.release()  # answered (or failed): its body is no longer held
+
+    async def _infer(self, request: web.Request, name: str, version: int | None,
+                     charge: Charge) -> web.StreamResponse:
         json_length = _json_length(request)
-        body = await self._read_body(request, json_length)
+        body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
+                               json_length)
+        head = len(body) if json_length is None else min(max(json_length, 0), len(body))
+        charge.add(head * (JSON_WEIGHT - 1))  # what parsing it will make of it, before it does
         asker = Asker(request)  # who the request's shm regions must belong to, if it names any
         reader = partial(read_shm, self.shm, asker)
-        if json_length is None and len(body) > DECODE_ON_THREAD_BYTES:
-            # A large JSON body takes a while to parse: not on the loop.
-            parsed = await asyncio.to_thread(decode_request, body, None, read_shm=reader)
+        if head > DECODE_ON_THREAD_BYTES:  # a large JSON part takes a while: not on the loop
+            parsed = await asyncio.to_thread(decode_request, body, json_length, read_shm=reader)
         else:
             parsed = decode_request(body, json_length, read_shm=reader)
         _check_outputs(self.scheduler.model(name, version), parsed)
@@ -332,34 +344,6 @@ class ApiServer:
             await response.write(part)
         await response.write_eof()
         return response
-
-    async def _read_body(self, request: web.Request, json_length: int | None
-                         ) -> bytes | memoryview:
-        """The body, read once into a buffer of its own (aiohttp's read() copies it twice) that
-        is not zero-filled first and is placed so the tensor bytes after the JSON start
-        64-byte aligned, as numpy and the backends want them."""
-        length = request.content_length
-        if length is None or "Content-Encoding" in request.headers:
-            try:  # chunked or compressed: let aiohttp assemble (and inflate) it
-                return await request.read()
-            except web.HTTPException:
-                raise
-            except Exception as exc:  # a corrupt gzip/deflate stream, a broken chunk
-                raise InvalidInput(f"the body cannot be read: {exc}") from exc
-        limit = self.config.max_request_mb * 1024 * 1024
-        if length > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
-        raw = np.empty(length + ALIGN, np.uint8)
-        start = -(raw.ctypes.data + (json_length or 0)) % ALIGN
-        view = raw.data[start:start + length]
-        filled = 0
-        while filled < length:
-            chunk = await request.content.readany()
-            if not chunk or filled + len(chunk) > length:
-                raise InvalidInput(f"the body does not match its Content-Length of {length}")
-            view[filled:filled + len(chunk)] = chunk
-            filled += len(chunk)
-        return view
 
     # -- repository --------------------------------------------------------------------------
     async def repository_index(self, request: web.Request) -> web.Response:

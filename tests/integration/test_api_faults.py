@@ -86,7 +86,7 @@ CASES: dict[str, tuple[str, bytes, dict[str, str], int, str]] = {
                                  tensor_json(shape=[0, 2**40, 2**40, 2**40], data=[]), {}, 400,
                                  "describes more than"),
     "corrupt gzip": ("/v2/models/tiny_cls/infer", b"\x1f\x8b not gzip at all",
-                     {"Content-Encoding": "gzip"}, 400, "cannot be read"),
+                     {"Content-Encoding": "gzip"}, 400, "is corrupt"),
 }
 
 
