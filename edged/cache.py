@@ -18,6 +18,7 @@ from types import TracebackType
 
 from edged.backends import BackendOptions, Session
 from edged.errors import EdgedError, ModelLoadError, ModelNotFound, Timeout
+from edged.host import trim_heap
 from edged.loader import Loaded, ModelLoader, journal_fields
 from edged.model.repository import ModelRepository, ModelVersion
 from edged.modelstatus import ModelCounters, ModelStatus
@@ -358,11 +359,15 @@ class ModelCache:
         return doomed
 
     def _close(self, entries: Iterable[Entry]) -> None:
+        closed = False
         for entry in entries:
             try:
                 entry.session.close()
+                closed = True
             except Exception:  # a backend's close: log and go on
                 logger.exception("%s: closing the session failed", entry.model.label)
+        if closed:
+            trim_heap()  # what the session freed goes back to the system, not to the heap
 
     def unload(self, name: str, version: int | None = None, *, timeout_s: float = 30.0) -> bool:
         """Unload once in-flight leases are returned; False if they were not within timeout."""

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +22,37 @@ class GpuStats:
     memory_used_bytes: int
     memory_total_bytes: int
     utilization_percent: int | None  # None where the GPU does not report it (MIG slices)
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim); False where the
+    C library has no such call (musl, not Linux).
+
+    Called after a model's session is closed: the memory ONNX Runtime freed sits in the
+    heaps of the threads that used it, and without a trim each OTA swap under load left
+    ~4-7 MB more resident (measured: 25 swaps of PP-OCR cls under 4 clients, RSS 106 -> 119
+    MB untrimmed, flat at ~105 MB trimmed); a daemon meant to run for months must not
+    grow with every update."""
+    trim = _malloc_trim()
+    return trim is not None and bool(trim(0))
+
+
+def _malloc_trim() -> Any:
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _TRIM = libc.malloc_trim
+            _TRIM.argtypes, _TRIM.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            _TRIM = False
+    return _TRIM or None
+
+
+_TRIM: Any = None
 
 
 def rss_bytes() -> int | None:

@@ -259,3 +259,14 @@ def test_cache_preload_within_budget_when_the_next_model_would_not_fit_leaves_it
         row.reason.endswith("loads on first request")
     with cache.acquire("tiny_cnn") as lease:  # a request still loads it (evicting an idle one)
         assert lease.model.name == "tiny_cnn"
+
+
+def test_cache_unload_when_a_session_closes_trims_the_heap(
+        core: tuple[ModelCache, Scheduler], monkeypatch: pytest.MonkeyPatch) -> None:
+    import edged.cache as cache_module
+
+    trims: list[bool] = []
+    monkeypatch.setattr(cache_module, "trim_heap", lambda: trims.append(True) or True)
+    cache, _ = core
+    cache.load("tiny_cls")
+    assert cache.unload("tiny_cls") and trims == [True]

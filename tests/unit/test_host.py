@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from edged import host
 from edged.host import GpuStats, Nvml, rss_bytes
 
 
@@ -99,3 +100,14 @@ def test_rss_bytes_when_on_linux_is_the_resident_size_now() -> None:
                   Path("/proc/self/status").read_text().splitlines() if ":" in line)
     peak = int(status["VmHWM"].split()[0]) * 1024  # the most it has ever been resident
     assert rss is not None and 0 < rss <= peak
+
+
+def test_trim_heap_when_glibc_gives_free_pages_back() -> None:
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is glibc's")
+    blocks = [ctypes.create_string_buffer(1 << 16) for _ in range(2000)]  # ~128 MB of heap
+    del blocks
+    assert host.trim_heap() is True  # something was released
