@@ -24,6 +24,10 @@ MAX_DIM = 1 << 40
 # "array is too big") shapes whose other dims multiply past what an address can hold.
 MAX_ELEMENTS = 1 << 40
 MAX_TIMEOUT_US = 24 * 3600 * 10**6  # a day; longer is a mistake, and time_t must hold it
+# Triton parameters of features edged does not claim: refused, never silently ignored.
+UNCLAIMED_PARAMETERS = {"sequence_id": "the sequence batcher",
+                        "sequence_start": "the sequence batcher",
+                        "sequence_end": "the sequence batcher"}
 
 TRITON_TO_NUMPY: dict[str, Any] = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
@@ -86,6 +90,7 @@ def decode_request(body: bytes | bytearray | memoryview, json_length: int | None
         raise InvalidInput(f"{HEADER_LENGTH} is {json_length} but the body has {len(body)} bytes")
     header = _parse_json(bytes(body[:json_length]))
     params = _mapping(header.get("parameters", {}), "parameters")
+    _refuse_unclaimed(params, UNCLAIMED_PARAMETERS, "request")
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("id must be a string")
@@ -207,6 +212,7 @@ def _decode_output(raw: Mapping[str, Any], i: int) -> RequestedOutput:
     if not isinstance(name, str) or not name:
         raise InvalidInput(f"outputs[{i}].name must be a non-empty string")
     params = _mapping(raw.get("parameters", {}), f"output {name} parameters")
+    _refuse_unclaimed(params, {"classification": "classification outputs"}, f"output {name}")
     shm = _shm_ref(params, f"output {name}") if "shared_memory_region" in params else None
     binary = params.get("binary_data")
     return RequestedOutput(name, None if binary is None else _bool(binary, f"output {name} "
@@ -400,6 +406,14 @@ def _shm_ref(params: Mapping[str, Any], what: str) -> ShmRef:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InvalidInput(f"{what}: {key} must be a non-negative integer")
     return ShmRef(region, offset, size)  # type: ignore[arg-type]
+
+
+def _refuse_unclaimed(params: Mapping[str, Any], unclaimed: Mapping[str, str],
+                      what: str) -> None:
+    for key, feature in unclaimed.items():
+        if key in params:
+            raise InvalidInput(f"{what}: parameter {key!r} needs {feature}, which edged does "
+                               "not support")
 
 
 def _priority(value: Any) -> int | None:

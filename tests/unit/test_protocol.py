@@ -294,3 +294,20 @@ def test_encode_request_when_binary_asks_each_named_output_for_binary_data() -> 
     header = json.loads(b"".join(parts)[:length])
     assert header["outputs"] == [{"name": "a", "parameters": {"binary_data": True}},
                                  {"name": "b", "parameters": {"binary_data": False}}]
+
+
+@pytest.mark.parametrize("where, params, match", [
+    ("request", {"sequence_id": 7, "sequence_start": True}, "'sequence_id' needs the sequence"),
+    ("request", {"sequence_end": True}, "'sequence_end' needs the sequence batcher"),
+    ("output", {"classification": 3}, "output y: parameter 'classification' needs"),
+])
+def test_decode_when_a_parameter_needs_an_unclaimed_feature_refuses_it(
+        where: str, params: dict[str, Any], match: str) -> None:
+    header: dict[str, Any] = {"inputs": [{"name": "a", "shape": [1], "datatype": "FP32",
+                                          "data": [1]}]}
+    if where == "request":
+        header["parameters"] = params
+    else:
+        header["outputs"] = [{"name": "y", "parameters": params}]
+    with pytest.raises(InvalidInput, match=match):  # never silently ignored
+        decode_request(json.dumps(header).encode())
