@@ -190,6 +190,8 @@ def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int
             raise InvalidInput(f"{model.label}: input {spec.name} has dtype {array.dtype}, "
                                f"expected {spec.dtype}")
         _check_shape(model, spec, array.shape, batched)
+        if array.dtype == np.object_:
+            _check_text(model, spec.name, array)
         if batched:
             if i == 0:
                 rows = array.shape[0]
@@ -203,6 +205,22 @@ def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int
         raise InvalidInput(f"{model.label}: batch of {rows} is outside "
                            f"1..{model.max_batch_size}{why}")
     return rows, (tuple(key) if batched else None)
+
+
+def _check_text(model: ModelVersion, name: str, array: np.ndarray) -> None:
+    """A string input's elements are UTF-8 text, as ONNX defines its strings (a client's
+    BYTES element that is not is refused here, for its own request only)."""
+    for i, item in enumerate(array.reshape(-1)):
+        if isinstance(item, str):
+            continue
+        if not isinstance(item, (bytes, np.bytes_)):
+            raise InvalidInput(f"{model.label}: input {name} element {i} is "
+                               f"{type(item).__name__}, not bytes or text")
+        try:
+            item.decode()
+        except UnicodeDecodeError:
+            raise InvalidInput(f"{model.label}: input {name} element {i} is not UTF-8 text, "
+                               "which an ONNX string tensor must hold") from None
 
 
 def _check_shape(model: ModelVersion, spec: TensorSpec, shape: tuple[int, ...],

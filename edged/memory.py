@@ -45,6 +45,11 @@ def concatenate_into(pool: BufferPool, name: str, parts: Sequence[np.ndarray],
     fixed takes no fewer)."""
     first = parts[0]
     real = sum(p.shape[0] for p in parts)
+    if first.dtype == np.object_:  # strings (BYTES) are Python objects: host memory only
+        out = np.empty((max(real, rows or 0), *first.shape[1:]), dtype=np.object_)
+        np.concatenate(parts, axis=0, out=out[:real])
+        out[real:] = b""
+        return out
     out = pool.take(name, max(real, rows or 0), first.shape[1:], first.dtype)
     np.concatenate(parts, axis=0, out=out[:real])
     out[real:] = 0  # the buffer is reused: the padding must not hold an earlier batch's rows

@@ -194,6 +194,24 @@ def make_tiny_cnn_b4(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
+def make_identity(elem_type: int, name: str) -> onnx.ModelProto:
+    """INPUT0 [batch, n] → OUTPUT0, unchanged: Triton's identity models, for the wire
+    protocol (BYTES as ONNX strings, zero-element tensors)."""
+    def tensor(tensor_name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(tensor_name, elem_type, ["batch", "n"])
+
+    return build_model(name, [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+                       [tensor("INPUT0")], [tensor("OUTPUT0")], [])
+
+
+def make_identity_bytes(seed: int = 0) -> onnx.ModelProto:
+    return make_identity(TensorProto.STRING, "identity_bytes")
+
+
+def make_identity_fp32(seed: int = 0) -> onnx.ModelProto:
+    return make_identity(TensorProto.FLOAT, "identity_fp32")
+
+
 def fix_first_dim(values: Iterable[onnx.ValueInfoProto], size: int) -> None:
     """Make the first dim of each of `values` the fixed `size`, as a static export has it."""
     for value in values:
@@ -429,6 +447,8 @@ MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "grid_det": make_grid_det,
     "colors_b1": make_colors_b1,
     "tiny_cnn_b4": make_tiny_cnn_b4,
+    "identity_bytes": make_identity_bytes,
+    "identity_fp32": make_identity_fp32,
 }
 # What a repository holds when no names are given: the models every test may rely on. The
 # static-batch models and the detectors are written by the tests that name them (tests that

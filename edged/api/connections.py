@@ -3,7 +3,11 @@
 cannot use up the process's file descriptors, `LimitNOFILE` in the unit), and a first
 request's headers within `header_timeout_s` (a connection that sends nothing, or trickles
 its headers, is closed). Each listening socket is served through a guard that sits between
-asyncio's transport and aiohttp's protocol."""
+asyncio's transport and aiohttp's protocol.
+
+A request aiohttp refuses before any handler sees it (a malformed request line or header, both
+`Transfer-Encoding: chunked` and `Content-Length`) is answered with the same `{"error": ...}`
+body as every other error, not aiohttp's plain text."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +34,35 @@ class ConnectionGuard:
         self.timed_out = 0  # no complete first request headers in time
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        return lambda: _Guarded(factory(), self)
+        return lambda: _Guarded(_json_errors(factory()), self)
+
+
+class _JsonErrors(RequestHandler):
+    """aiohttp's handler for one connection, its own error answers in the API's JSON."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp: an answer is under way already
+            raise ConnectionError("a response is being sent: no error answer can follow")
+        if status >= 500:
+            logger.error("API: a request failed before its handler", exc_info=exc)
+            text = "internal error"
+        else:  # the client's fault (a malformed request): no traceback for it
+            text = " ".join((message or str(exc or "bad request")).split())
+            logger.info("API: refused a malformed request: %s", text)
+        response = web.json_response({"error": text, "code": "http"}, status=status)
+        response.force_close()
+        return response
+
+
+def _json_errors(protocol: asyncio.Protocol) -> asyncio.Protocol:
+    """aiohttp makes its RequestHandler itself and has no hook for the class: it becomes the
+    subclass (which adds no state) in place."""
+    if type(protocol) is RequestHandler:
+        protocol.__class__ = _JsonErrors
+    return protocol
 
 
 class _Guarded(asyncio.Protocol):

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from edged.api import tensorbytes
 from edged.errors import InvalidInput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -24,6 +24,10 @@ MAX_DIM = 1 << 40
 # "array is too big") shapes whose other dims multiply past what an address can hold.
 MAX_ELEMENTS = 1 << 40
 MAX_TIMEOUT_US = 24 * 3600 * 10**6  # a day; longer is a mistake, and time_t must hold it
+# Triton parameters of features edged does not claim: refused, never silently ignored.
+UNCLAIMED_PARAMETERS = {"sequence_id": "the sequence batcher",
+                        "sequence_start": "the sequence batcher",
+                        "sequence_end": "the sequence batcher"}
 
 TRITON_TO_NUMPY: dict[str, Any] = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
@@ -35,7 +39,7 @@ NUMPY_TO_TRITON = {np.dtype(v).str: k for k, v in TRITON_TO_NUMPY.items() if k !
 
 
 def triton_dtype(dtype: np.dtype) -> str:
-    if dtype == np.object_ or dtype.kind in "SU":
+    if tensorbytes.is_bytes(dtype):
         return "BYTES"
     name = NUMPY_TO_TRITON.get(dtype.newbyteorder("<").str)  # big-endian maps like little
     if name is None:
@@ -73,7 +77,7 @@ ShmReader = Callable[[ShmRef], memoryview]
 # A message body as parts (the JSON, then each tensor's bytes), sent without joining them:
 # joining would copy every tensor once more.
 Parts = list[bytes | memoryview]
-ShmWriter = Callable[[ShmRef, np.ndarray], None]
+ShmWriter = Callable[[ShmRef, np.ndarray], int]  # returns the bytes written
 
 
 def decode_request(body: bytes | bytearray | memoryview, json_length: int | None = None, *,
@@ -86,6 +90,7 @@ def decode_request(body: bytes | bytearray | memoryview, json_length: int | None
         raise InvalidInput(f"{HEADER_LENGTH} is {json_length} but the body has {len(body)} bytes")
     header = _parse_json(bytes(body[:json_length]))
     params = _mapping(header.get("parameters", {}), "parameters")
+    _refuse_unclaimed(params, UNCLAIMED_PARAMETERS, "request")
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("id must be a string")
@@ -104,8 +109,7 @@ def decode_request(body: bytes | bytearray | memoryview, json_length: int | None
     if offset != len(blob):
         raise InvalidInput(f"the body carries {len(blob)} bytes of binary data but the inputs "
                            f"declare {offset}")
-    outputs = [_decode_output(_mapping(raw, f"outputs[{i}]"), i)
-               for i, raw in enumerate(_list(header.get("outputs", []), "outputs"))]
+    outputs = _decode_outputs(header.get("outputs", []))
     return InferRequest(request_id, inputs, outputs,
                         binary_default=_bool(params.get("binary_data_output", False),
                                              "parameters.binary_data_output"),
@@ -159,7 +163,7 @@ def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
 
 def _from_bytes(data: memoryview, datatype: str, count: int, name: str) -> np.ndarray:
     if datatype == "BYTES":
-        return _unpack_bytes(data, count, name)
+        return tensorbytes.unpack(data, count, name)
     dtype = np.dtype(TRITON_TO_NUMPY[datatype]).newbyteorder("<")
     if len(data) != count * dtype.itemsize:
         raise InvalidInput(f"input {name}: {len(data)} bytes of data for {count} {datatype} "
@@ -172,8 +176,7 @@ def _from_json(data: Any, datatype: str, shape: list[int], name: str) -> np.ndar
     if len(flat) != math.prod(shape):
         raise InvalidInput(f"input {name}: {len(flat)} values for shape {shape}")
     if datatype == "BYTES":
-        return np.array([v.encode() if isinstance(v, str) else v for v in flat],
-                        dtype=np.object_).reshape(shape)
+        return tensorbytes.from_json(flat, name).reshape(shape)
     try:
         return np.array(flat, dtype=TRITON_TO_NUMPY[datatype]).reshape(shape)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -194,21 +197,14 @@ def _flatten(data: Any) -> list[Any]:
     return out
 
 
-def _unpack_bytes(data: memoryview, count: int, name: str) -> np.ndarray:
-    items: list[bytes] = []
-    pos = 0
-    for _ in range(count):
-        if pos + 4 > len(data):
-            raise InvalidInput(f"input {name}: BYTES data ends early")
-        (length,) = struct.unpack_from("<I", data, pos)
-        pos += 4
-        if pos + length > len(data):
-            raise InvalidInput(f"input {name}: BYTES element runs past the data")
-        items.append(bytes(data[pos:pos + length]))
-        pos += length
-    if pos != len(data):
-        raise InvalidInput(f"input {name}: {len(data) - pos} bytes left after {count} elements")
-    return np.array(items, dtype=np.object_)
+def _decode_outputs(raw_outputs: Any) -> list[RequestedOutput]:
+    outputs: list[RequestedOutput] = []
+    for i, raw in enumerate(_list(raw_outputs, "outputs")):
+        out = _decode_output(_mapping(raw, f"outputs[{i}]"), i)
+        if any(seen.name == out.name for seen in outputs):
+            raise InvalidInput(f"output {out.name!r} is requested twice")
+        outputs.append(out)
+    return outputs
 
 
 def _decode_output(raw: Mapping[str, Any], i: int) -> RequestedOutput:
@@ -216,6 +212,7 @@ def _decode_output(raw: Mapping[str, Any], i: int) -> RequestedOutput:
     if not isinstance(name, str) or not name:
         raise InvalidInput(f"outputs[{i}].name must be a non-empty string")
     params = _mapping(raw.get("parameters", {}), f"output {name} parameters")
+    _refuse_unclaimed(params, {"classification": "classification outputs"}, f"output {name}")
     shm = _shm_ref(params, f"output {name}") if "shared_memory_region" in params else None
     binary = params.get("binary_data")
     return RequestedOutput(name, None if binary is None else _bool(binary, f"output {name} "
@@ -226,8 +223,10 @@ def encode_response(model: str, version: int, request_id: str | None,
                     outputs: Mapping[str, np.ndarray], requested: list[RequestedOutput],
                     binary_default: bool, *, write_shm: ShmWriter | None = None
                     ) -> tuple[Parts, int | None]:
-    """The response body and, when binary data follows the JSON, the JSON's length."""
-    wanted = requested or [RequestedOutput(name) for name in outputs]
+    """The response body and, when binary data follows the JSON, the JSON's length.
+    `binary_default` (the request's `binary_data_output`) applies when the request names no
+    outputs; an output it names is binary only when it says so (as Triton answers)."""
+    wanted = requested or [RequestedOutput(name, binary_default) for name in outputs]
     entries = []
     blobs: Parts = []
     for out in wanted:
@@ -236,16 +235,15 @@ def encode_response(model: str, version: int, request_id: str | None,
                                f"(outputs: {', '.join(outputs)})")
         array = np.asarray(outputs[out.name])
         if out.shm is None:
-            binary = out.binary if out.binary is not None else binary_default
-            entries.append(_tensor_entry(out.name, array, binary, blobs))
+            entries.append(_tensor_entry(out.name, array, bool(out.binary), blobs))
             continue
         if write_shm is None:
             raise InvalidInput(f"output {out.name}: shared memory is not available here")
-        write_shm(out.shm, array)
+        written = write_shm(out.shm, array)
         entries.append({"name": out.name, "datatype": triton_dtype(array.dtype),
                         "shape": list(array.shape),
                         "parameters": {"shared_memory_region": out.shm.region,
-                                       "shared_memory_byte_size": out.shm.byte_size}})
+                                       "shared_memory_byte_size": written}})
     header: dict[str, Any] = {"model_name": model, "model_version": str(version),
                               "outputs": entries}
     if request_id is not None:
@@ -278,7 +276,7 @@ def encode_request(inputs: Mapping[str, np.ndarray | ShmTensor],
         entries.append(_tensor_entry(name, np.asarray(value), binary, blobs))
     header: dict[str, Any] = {"inputs": entries}
     if outputs:
-        header["outputs"] = [_output_entry(o) for o in outputs]
+        header["outputs"] = [_output_entry(o, binary) for o in outputs]
     params = dict(parameters or {})
     if binary:
         params["binary_data_output"] = True
@@ -295,11 +293,11 @@ def _tensor_entry(name: str, array: np.ndarray, binary: bool, blobs: Parts) -> d
     entry: dict[str, Any] = {"name": name, "datatype": triton_dtype(array.dtype),
                              "shape": list(array.shape)}
     if binary:
-        raw = _to_bytes(array)
+        raw = _to_bytes(array, name)
         entry["parameters"] = {"binary_data_size": len(raw)}
         blobs.append(raw)
     else:
-        entry["data"] = _to_json(array)
+        entry["data"] = _to_json(array, name)
     return entry
 
 
@@ -308,10 +306,12 @@ def _shm_params(ref: ShmRef) -> dict[str, Any]:
             "shared_memory_byte_size": ref.byte_size}
 
 
-def _output_entry(out: RequestedOutput) -> dict[str, Any]:
+def _output_entry(out: RequestedOutput, binary: bool) -> dict[str, Any]:
+    """A named output's entry; binary_data_output does not reach a named output, so a
+    binary request says binary_data on each one that leaves it open."""
     params: dict[str, Any] = _shm_params(out.shm) if out.shm is not None else {}
-    if out.binary is not None and out.shm is None:
-        params["binary_data"] = out.binary
+    if out.shm is None and (out.binary is not None or binary):
+        params["binary_data"] = binary if out.binary is None else out.binary
     return {"name": out.name, "parameters": params} if params else {"name": out.name}
 
 
@@ -349,21 +349,18 @@ def decode_response(body: bytes, json_length: int | None = None) -> InferRespons
                          header.get("id"), outputs, in_shm)
 
 
-def _to_bytes(array: np.ndarray) -> bytes | memoryview:
-    if array.dtype == np.object_ or array.dtype.kind in "SU":
-        parts = []
-        for item in array.reshape(-1):
-            raw = item.encode() if isinstance(item, str) else bytes(item)
-            parts += [struct.pack("<I", len(raw)), raw]
-        return b"".join(parts)
+def _to_bytes(array: np.ndarray, name: str) -> bytes | memoryview:
+    if tensorbytes.is_bytes(array.dtype):
+        return tensorbytes.pack(array, name)
+    if array.size == 0:
+        return b""  # a memoryview cannot be cast where a dim is 0
     little = array.astype(array.dtype.newbyteorder("<"), copy=False)
     return np.ascontiguousarray(little).data.cast("B")  # sent as it is: no copy
 
 
-def _to_json(array: np.ndarray) -> list[Any]:
-    if array.dtype == np.object_:
-        return [v.decode(errors="replace") if isinstance(v, bytes) else v
-                for v in array.reshape(-1)]
+def _to_json(array: np.ndarray, name: str) -> list[Any]:
+    if tensorbytes.is_bytes(array.dtype):
+        return tensorbytes.to_json(array, name)
     if array.dtype == np.float16:
         array = array.astype(np.float32)
     return array.reshape(-1).tolist()
@@ -409,6 +406,14 @@ def _shm_ref(params: Mapping[str, Any], what: str) -> ShmRef:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InvalidInput(f"{what}: {key} must be a non-negative integer")
     return ShmRef(region, offset, size)  # type: ignore[arg-type]
+
+
+def _refuse_unclaimed(params: Mapping[str, Any], unclaimed: Mapping[str, str],
+                      what: str) -> None:
+    for key, feature in unclaimed.items():
+        if key in params:
+            raise InvalidInput(f"{what}: parameter {key!r} needs {feature}, which edged does "
+                               "not support")
 
 
 def _priority(value: Any) -> int | None:

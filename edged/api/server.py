@@ -13,7 +13,6 @@ import logging
 import re
 import socket
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -30,8 +29,9 @@ from edged.api.protocol import (
     decode_request,
     encode_response,
 )
-from edged.api.shm import ShmRegistry
-from edged.api.shm_routes import Asker, ShmRoutes, read_shm, write_shm
+from edged.api.rawbinary import decode_raw
+from edged.api.shm import Lease, ShmRegistry
+from edged.api.shm_routes import Asker, ShmRoutes
 from edged.api.snapshots import SnapshotRoutes
 from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
@@ -301,29 +301,38 @@ class ApiServer:
         return web.json_response(describe.model_config(model))
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
+        """The request's body is charged to the body budget, and the shared memory regions it
+        names are its own, until it has answered: an unregister meanwhile takes effect after
+        it (as in Triton)."""
         name, version = _model_ref(request)
         if not self.scheduler.has_batcher(name, version):  # an unknown model: 404, body unread
             await asyncio.to_thread(self.scheduler.prepare, name, version)
         charge = self.bodies.charge()
+        lease = self.shm.lease(Asker(request))  # the asking peer, looked up at a first region
         try:
-            return await self._infer(request, name, version, charge)
+            return await self._infer(request, name, version, charge, lease)
         finally:
+            lease.release()
             charge.release()  # answered (or failed): its body is no longer held
 
     async def _infer(self, request: web.Request, name: str, version: int | None,
-                     charge: Charge) -> web.StreamResponse:
+                     charge: Charge, lease: Lease) -> web.StreamResponse:
         json_length = _json_length(request)
         body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
                                json_length)
         head = len(body) if json_length is None else min(max(json_length, 0), len(body))
         charge.add(head * (JSON_WEIGHT - 1))  # what parsing it will make of it, before it does
-        asker = Asker(request)  # who the request's shm regions must belong to, if it names any
-        reader = partial(read_shm, self.shm, asker)
-        if head > DECODE_ON_THREAD_BYTES:  # a large JSON part takes a while: not on the loop
+        reader = lease.read
+        if json_length == 0:  # a raw binary request: the body is the one input's bytes
+            parsed = decode_raw(self.scheduler.model(name, version), body)
+        elif head > DECODE_ON_THREAD_BYTES:  # a large JSON part takes a while: not on the loop
             parsed = await asyncio.to_thread(decode_request, body, json_length, read_shm=reader)
         else:
             parsed = decode_request(body, json_length, read_shm=reader)
         _check_outputs(self.scheduler.model(name, version), parsed)
+        for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
+            if out.shm is not None:
+                lease.hold(out.shm)
         future = self.scheduler.submit(name, parsed.inputs, version=version,
                                        priority=parsed.priority, timeout_s=parsed.timeout_s)
         parsed.inputs = {}  # the batch owns them now; nothing here needs them
@@ -332,7 +341,7 @@ class ApiServer:
             self.cache.default_version(name)
         parts, json_length = encode_response(name, served, parsed.id, outputs, parsed.outputs,
                                              parsed.binary_default,
-                                             write_shm=partial(write_shm, self.shm, asker))
+                                             write_shm=lease.write)
         if json_length is None:
             return web.Response(body=parts[0], content_type="application/json")
         # Tensor bytes go out as they are: joining them to the JSON would copy them again.

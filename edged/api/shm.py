@@ -12,8 +12,11 @@ as the request is read, where a shrink is a short read and a 400 for that reques
 (`api.shm_copy_inputs: auto`; `always` copies for everyone, `never` maps for everyone).
 Outputs are always written with pwrite (it cannot fault).
 
-Unregister closes the descriptor and the mapping; a mapping still viewed by an in-flight
-request is unmapped when that request lets go of it."""
+A request holds the regions it names (a `Lease`) from its first use until it has answered.
+Unregistering a region that requests hold only marks it: it stays listed, and those requests
+still read and write it, until the last of them ends (as in Triton); new requests may not use
+it. Then the descriptor and the mapping close; a mapping still viewed by an input array is
+unmapped when that array goes."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from typing import Literal
 
 import numpy as np
 
+from edged.api import tensorbytes
 from edged.api.protocol import ShmRef
 from edged.errors import Forbidden, InvalidInput
 
@@ -101,7 +105,7 @@ class ShmRegistry:
         owner = _owner(peer)
         with self._lock:
             if (owner, name) in self._regions:
-                raise InvalidInput(f"shared memory region {name!r} is already registered")
+                raise InvalidInput(_taken(self._regions[(owner, name)]))
             if len(self._regions) >= self.max_regions:
                 raise InvalidInput(f"{self.max_regions} shared memory regions are registered "
                                    "already; unregister some first")
@@ -136,7 +140,7 @@ class ShmRegistry:
             os.close(fd)
             raise
         with self._lock:  # checked again: other registrations may have raced this one
-            refusal = f"shared memory region {name!r} is already registered" \
+            refusal = _taken(self._regions[(owner, name)]) \
                 if (owner, name) in self._regions else \
                 f"{self.max_regions} shared memory regions are registered already; " \
                 "unregister some first" if len(self._regions) >= self.max_regions else None
@@ -164,18 +168,22 @@ class ShmRegistry:
         self._discard(lambda key: key[0] == owner and name in (None, key[1]))
 
     def _discard(self, chosen: Callable[[tuple[Owner, str]], bool]) -> None:
-        """Forget the chosen regions; each closes now, or after the request using it."""
+        """Unregister the chosen regions: each closes now, or (still listed until then) when
+        the last request holding it ends."""
         with self._lock:
-            doomed = [self._regions.pop(key) for key in [k for k in self._regions if chosen(k)]]
-            for region in doomed:
+            idle = []
+            for key in [k for k in self._regions if chosen(k)]:
+                region = self._regions[key]
                 region.closing = True
-            idle = [r for r in doomed if r.users == 0]
+                if region.users == 0:
+                    idle.append(self._regions.pop(key))
         for region in idle:
             _close(region)
 
     def status(self, name: str | None = None,
                peer: Peer | None = None) -> list[dict[str, object]]:
-        """`peer`'s regions (all, or the one named)."""
+        """`peer`'s regions (all, or the one named), unregistered ones that requests still
+        hold included."""
         owner = _owner(peer)
         with self._lock:
             if name is None:
@@ -185,62 +193,143 @@ class ShmRegistry:
                 raise InvalidInput(f"shared memory region {name!r} is not registered")
             return [region.describe()]
 
+    def lease(self, peer: Callable[[], Peer | None] = lambda: None) -> Lease:
+        """A request's hold on the regions it uses; `peer` is asked (once) at the first."""
+        return Lease(self, peer)
+
+    def _acquire(self, name: str, owner: Owner) -> Region:
+        with self._lock:
+            region = self._regions.get((owner, name))
+            if region is None:
+                raise InvalidInput(f"shared memory region {name!r} is not registered")
+            if region.closing:
+                raise InvalidInput(f"shared memory region {name!r} is being unregistered "
+                                   "(requests still use it)")
+            region.users += 1
+            return region
+
+    def _let_go(self, region: Region) -> None:
+        with self._lock:
+            region.users -= 1
+            last = region.closing and region.users == 0
+            if last and self._regions.get((region.owner, region.name)) is region:
+                del self._regions[(region.owner, region.name)]
+        if last:
+            _close(region)
+
     @contextlib.contextmanager
     def _use(self, ref: ShmRef, peer: Peer | None = None) -> Iterator[tuple[Region, int]]:
-        """`peer`'s region, held open, and the absolute file position of the reference."""
-        with self._lock:
-            region = self._regions.get((_owner(peer), ref.region))
-            if region is None:
-                raise InvalidInput(f"shared memory region {ref.region!r} is not registered")
-            if ref.offset + ref.byte_size > region.byte_size:
-                raise InvalidInput(f"{ref.offset}+{ref.byte_size} bytes is outside region "
-                                   f"{ref.region!r} ({region.byte_size} bytes)")
-            region.users += 1
+        """`peer`'s region, held open for the block, and the absolute file position of the
+        reference."""
+        region = self._acquire(ref.region, _owner(peer))
         try:
-            yield region, region.offset + ref.offset
+            yield region, _position(region, ref)
         finally:
-            with self._lock:
-                region.users -= 1
-                close = region.closing and region.users == 0
-            if close:
-                _close(region)
+            self._let_go(region)
 
     def read(self, ref: ShmRef, peer: Peer | None = None) -> memoryview:
         """The referenced bytes: a view of the mapping (the owner may be lent one), or a copy
         in a 64-byte aligned buffer the caller owns (any other owner, or bytes that do not
         start aligned)."""
         with self._use(ref, peer) as (region, position):
-            _check_size(region, position + ref.byte_size)
-            if region.mapping is not None and position % ALIGN == 0:
-                start = position - region.offset + region.skip
-                return memoryview(region.mapping)[start:start + ref.byte_size]
-            raw = np.empty(ref.byte_size + ALIGN, np.uint8)
-            start = -raw.ctypes.data % ALIGN
-            view = raw.data[start:start + ref.byte_size]
-            got = os.preadv(region.fd, [view], position)
-        if got != ref.byte_size:
-            raise InvalidInput(f"region {ref.region!r}: only {got} of {ref.byte_size} bytes "
-                               "could be read; the shm object has shrunk")
-        return view
+            return _read(region, ref, position)
 
-    def write(self, ref: ShmRef, array: np.ndarray, peer: Peer | None = None) -> None:
-        """Copy an output tensor into the referenced bytes."""
-        data = np.ascontiguousarray(array)
-        if data.dtype == np.object_:
-            raise InvalidInput("BYTES outputs cannot be written to shared memory")
-        if data.nbytes > ref.byte_size:
-            raise InvalidInput(f"output of {data.nbytes} bytes does not fit the "
-                               f"{ref.byte_size} bytes given in region {ref.region!r}")
+    def write(self, ref: ShmRef, array: np.ndarray, peer: Peer | None = None) -> int:
+        """Copy an output tensor into the referenced bytes (BYTES length-prefixed, as in
+        Triton's binary format); the number of bytes written."""
         with self._use(ref, peer) as (region, position):
-            _check_size(region, position + data.nbytes)  # never grow a client's object
-            written = os.pwrite(region.fd, data.reshape(-1).view(np.uint8).data, position)
-        if written != data.nbytes:
-            raise InvalidInput(f"region {ref.region!r}: only {written} of {data.nbytes} bytes "
-                               "could be written")
+            return _write(region, ref, position, array)
 
     def close(self) -> None:
         """Close every region of every owner (at shutdown, after the scheduler drained)."""
         self._discard(lambda key: True)
+
+
+class Lease:
+    """The regions one request uses, each held from its first use until `release` (when the
+    request has answered): unregistering one meanwhile does not take it from the request."""
+
+    def __init__(self, registry: ShmRegistry, peer: Callable[[], Peer | None]) -> None:
+        self._registry = registry
+        self._peer = peer
+        self._owner: Owner = None
+        self._asked = False
+        self._held: dict[str, Region] = {}
+        self._lock = threading.Lock()  # a large body is decoded on a thread
+
+    def hold(self, ref: ShmRef) -> tuple[Region, int]:
+        """The referenced region, held for the rest of the request, and the reference's
+        absolute file position (InvalidInput when it is unknown or out of bounds)."""
+        with self._lock:
+            if not self._asked:
+                self._owner = _owner(self._peer())
+                self._asked = True
+            region = self._held.get(ref.region)
+            if region is None:
+                region = self._held[ref.region] = \
+                    self._registry._acquire(ref.region, self._owner)
+        return region, _position(region, ref)
+
+    def read(self, ref: ShmRef) -> memoryview:
+        region, position = self.hold(ref)
+        return _read(region, ref, position)
+
+    def write(self, ref: ShmRef, array: np.ndarray) -> int:
+        region, position = self.hold(ref)
+        return _write(region, ref, position, array)
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        for region in held:
+            self._registry._let_go(region)
+
+
+def _position(region: Region, ref: ShmRef) -> int:
+    if ref.offset + ref.byte_size > region.byte_size:
+        raise InvalidInput(f"{ref.offset}+{ref.byte_size} bytes is outside region "
+                           f"{ref.region!r} ({region.byte_size} bytes)")
+    return region.offset + ref.offset
+
+
+def _read(region: Region, ref: ShmRef, position: int) -> memoryview:
+    _check_size(region, position + ref.byte_size)
+    if region.mapping is not None and position % ALIGN == 0:
+        start = position - region.offset + region.skip
+        return memoryview(region.mapping)[start:start + ref.byte_size]
+    raw = np.empty(ref.byte_size + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    view = raw.data[start:start + ref.byte_size]
+    got = os.preadv(region.fd, [view], position)
+    if got != ref.byte_size:
+        raise InvalidInput(f"region {ref.region!r}: only {got} of {ref.byte_size} bytes "
+                           "could be read; the shm object has shrunk")
+    return view
+
+
+def _write(region: Region, ref: ShmRef, position: int, array: np.ndarray) -> int:
+    if tensorbytes.is_bytes(array.dtype):
+        data: bytes | memoryview = tensorbytes.pack(array, f"output in region {ref.region!r}")
+    else:
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+    if len(data) > ref.byte_size:
+        raise InvalidInput(f"output of {len(data)} bytes does not fit the "
+                           f"{ref.byte_size} bytes given in region {ref.region!r}")
+    if not data:
+        return 0
+    _check_size(region, position + len(data))  # never grow a client's object
+    written = os.pwrite(region.fd, data, position)
+    if written != len(data):
+        raise InvalidInput(f"region {ref.region!r}: only {written} of {len(data)} bytes "
+                           "could be written")
+    return written
+
+
+def _taken(region: Region) -> str:
+    if region.closing:
+        return (f"shared memory region {region.name!r} is being unregistered (requests still "
+                "use it); register it again when they are done")
+    return f"shared memory region {region.name!r} is already registered"
 
 
 def _owner(peer: Peer | None) -> Owner:

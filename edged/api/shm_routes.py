@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 from aiohttp import web
 
 from edged.api.bodies import integer, json_body
 from edged.api.listeners import peer_identity
-from edged.api.protocol import ShmRef
 from edged.api.shm import Peer, ShmRegistry
 from edged.errors import Forbidden, InvalidInput
 
@@ -81,10 +79,3 @@ class Asker:
             self._peer = asking(self._request)
         return self._peer
 
-
-def read_shm(shm: ShmRegistry, asker: Asker, ref: ShmRef) -> memoryview:
-    return shm.read(ref, asker())
-
-
-def write_shm(shm: ShmRegistry, asker: Asker, ref: ShmRef, array: np.ndarray) -> None:
-    shm.write(ref, array, asker())

@@ -161,7 +161,7 @@ class OrtSession:
             if placed is not None:
                 return self._run_bound(placed)
         # ORT releases the GIL inside run(), so instance threads truly overlap.
-        results = self._session.run(self._output_names, inputs)
+        results = self._session.run(self._output_names, _text_inputs(inputs))
         return dict(zip(self._output_names, results, strict=True))
 
     def _run_bound(self, placed: Mapping[str, tuple[np.ndarray, int]]) -> dict[str, np.ndarray]:
@@ -175,6 +175,23 @@ class OrtSession:
 
     def close(self) -> None:
         self._session = None
+
+
+def _text_inputs(inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """String inputs (BYTES: object arrays of bytes) as text: ONNX Runtime's Python API turns
+    a bytes element into its repr (b'..'), while it reads str as UTF-8, which ONNX strings
+    are (the batcher refused elements that are not UTF-8). Its string outputs come back as
+    str, which the API sends as UTF-8."""
+    if not any(a.dtype == np.object_ for a in inputs.values()):
+        return inputs
+    converted = dict(inputs)
+    for name, array in inputs.items():
+        if array.dtype == np.object_:
+            text = np.empty(array.shape, dtype=np.object_)
+            text.reshape(-1)[:] = [bytes(v).decode() if not isinstance(v, str) else v
+                                   for v in array.reshape(-1)]
+            converted[name] = text
+    return converted
 
 
 def device_inputs(inputs: Mapping[str, np.ndarray]
@@ -224,6 +241,7 @@ _ORT_TYPES = {
     "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(int16)": np.int16,
     "tensor(uint16)": np.uint16, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
     "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
+    "tensor(string)": np.object_,
 }
 
 

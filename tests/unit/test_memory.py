@@ -174,3 +174,16 @@ def test_host_pool_when_padding_to_rows_fills_the_rest_with_zero_rows() -> None:
     # The same buffer, written once: the earlier batch's rows must not show through.
     assert padded.__array_interface__["data"][0] == full.__array_interface__["data"][0]
     np.testing.assert_array_equal(padded, [[2, 2, 2], [3, 3, 3], [0, 0, 0], [0, 0, 0]])
+
+
+@pytest.mark.parametrize("kind", ["host", "mapped"])
+def test_pool_when_batching_strings_stacks_them_in_host_memory_padded_with_empty(
+        discrete: FakeCudart, kind: str) -> None:
+    # BYTES inputs are Python objects: never placed in (or viewed from) CUDA memory.
+    pool = HostBufferPool(4) if kind == "host" else DeviceBufferPool(4, kind)
+    parts = [np.array([[b"a", b""]], dtype=np.object_),
+             np.array([[b"bc", b"\xff"]], dtype=np.object_)]
+    out = pool.concatenate("s", parts, rows=3)
+    assert out.dtype == np.object_ and locate(out) is None
+    assert out.tolist() == [[b"a", b""], [b"bc", b"\xff"], [b"", b""]]
+    pool.close()

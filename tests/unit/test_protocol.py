@@ -14,6 +14,7 @@ from edged.api.protocol import (
     RequestedOutput,
     ShmRef,
     decode_request,
+    encode_request,
     encode_response,
     triton_dtype,
 )
@@ -169,12 +170,17 @@ def test_encode_when_nothing_binary_is_plain_json_of_every_output() -> None:
 
 def test_encode_when_output_goes_to_shared_memory_writes_it_and_sends_no_data() -> None:
     written: dict[ShmRef, np.ndarray] = {}
-    ref = ShmRef("out", 0, 8)
+
+    def write(ref: ShmRef, array: np.ndarray) -> int:
+        written[ref] = array
+        return array.nbytes
+
+    ref = ShmRef("out", 0, 64)
     parts, length = encode_response("m", 1, None, {"y": np.ones(2, np.float32)},
-                                   [RequestedOutput("y", shm=ref)], True,
-                                   write_shm=written.__setitem__)
+                                   [RequestedOutput("y", shm=ref)], True, write_shm=write)
     body = b"".join(parts)
     assert length is None and list(written) == [ref]
+    # The bytes the output took, as Triton reports them, not the room the client gave.
     assert json.loads(body)["outputs"][0]["parameters"] == {"shared_memory_region": "out",
                                                             "shared_memory_byte_size": 8}
 
@@ -196,3 +202,112 @@ def test_round_trip_when_request_encoded_like_a_client_decodes_to_the_same_array
     for name, array in arrays.items():
         np.testing.assert_array_equal(decoded[name], array)
         assert decoded[name].dtype == array.dtype
+
+
+def test_decode_when_bytes_elements_are_empty_or_not_utf8_keeps_them_exactly() -> None:
+    items = [b"", b"\xff\xfe\x00", b"a\x00"]  # a trailing NUL must not be dropped
+    raw = b"".join(struct.pack("<I", len(x)) + x for x in items)
+    body, length = binary_body({"inputs": [{"name": "s", "shape": [1, 3], "datatype": "BYTES",
+                                            "parameters": {"binary_data_size": len(raw)}}]}, raw)
+    decoded = decode_request(body, length).inputs["s"]
+    assert decoded.dtype == np.object_ and decoded.shape == (1, 3)
+    assert list(decoded.reshape(-1)) == items
+    as_json = json.dumps({"inputs": [{"name": "s", "shape": [1, 2], "datatype": "BYTES",
+                                      "data": [["", "héllo"]]}]}).encode()
+    assert list(decode_request(as_json).inputs["s"].reshape(-1)) == [b"", "héllo".encode()]
+
+
+@pytest.mark.parametrize("data, match", [
+    ([1, "a"], "must be strings, element 0 is int"),
+    ([None, "a"], "must be strings, element 0 is NoneType"),
+    (["\ud800", "a"], "not encodable text"),  # a lone surrogate: JSON allows it, UTF-8 not
+], ids=["number", "null", "surrogate"])
+def test_decode_when_bytes_json_data_is_not_text_refuses_it(data: list[Any], match: str) -> None:
+    body = json.dumps({"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES",
+                                   "data": data}]}).encode()
+    with pytest.raises(InvalidInput, match=match):
+        decode_request(body)
+
+
+def test_encode_when_bytes_output_is_binary_sends_length_prefixed_elements_exactly() -> None:
+    values = np.array([[b"\xff\x00", b"", "héllo"]], dtype=np.object_)  # str: ORT's output
+    parts, length = encode_response("m", 1, None, {"s": values},
+                                   [RequestedOutput("s", binary=True)], False)
+    body = b"".join(parts)
+    entry = json.loads(body[:length])["outputs"][0]
+    assert entry["datatype"] == "BYTES" and entry["shape"] == [1, 3]
+    raw = body[length:]
+    assert entry["parameters"] == {"binary_data_size": len(raw)}
+    assert raw == b"\x02\x00\x00\x00\xff\x00" + b"\x00" * 4 + b"\x06\x00\x00\x00h\xc3\xa9llo"
+
+
+def test_encode_when_bytes_output_is_json_sends_text_and_refuses_non_utf8() -> None:
+    text = np.array(["", "héllo", b"ok"], dtype=np.object_)
+    parts, length = encode_response("m", 1, None, {"s": text}, [], False)
+    assert length is None
+    assert json.loads(parts[0])["outputs"][0]["data"] == ["", "héllo", "ok"]
+    binary = np.array([b"ok", b"\xff"], dtype=np.object_)
+    with pytest.raises(InvalidInput, match=r"output s: element 1 is not UTF-8.*binary_data"):
+        encode_response("m", 1, None, {"s": binary}, [], False)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.object_])
+def test_encode_when_binary_output_has_no_elements_sends_zero_bytes(dtype: Any) -> None:
+    # Triton's L0_infer_zero: shape [1, 0] asked for as binary data is a 200, size 0.
+    parts, length = encode_response("m", 1, None, {"y": np.zeros((1, 0), dtype)},
+                                   [RequestedOutput("y", binary=True)], False)
+    body = b"".join(parts)
+    assert length == len(body)  # nothing after the JSON
+    entry = json.loads(body[:length])["outputs"][0]
+    assert entry["shape"] == [1, 0] and entry["parameters"] == {"binary_data_size": 0}
+
+
+def test_decode_when_an_output_is_requested_twice_refuses_it() -> None:
+    body = json.dumps({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32",
+                                   "data": [1]}],
+                       "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT1"},
+                                   {"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+                       }).encode()
+    with pytest.raises(InvalidInput, match="output 'OUTPUT0' is requested twice"):
+        decode_request(body)
+
+
+def test_encode_when_binary_data_output_is_set_binary_only_for_outputs_not_named() -> None:
+    outputs = {"a": np.ones(2, np.float32), "b": np.zeros(2, np.float32)}
+    # Named outputs: binary_data_output does not reach them, only their own binary_data.
+    parts, length = encode_response("m", 1, None, outputs,
+                                   [RequestedOutput("a"), RequestedOutput("b", binary=True)],
+                                   True)
+    body = b"".join(parts)
+    a, b = json.loads(body[:length])["outputs"]
+    assert a["data"] == [1, 1] and "parameters" not in a
+    assert b["parameters"] == {"binary_data_size": 8} and len(body) - length == 8
+    # No outputs named: every output binary.
+    parts, length = encode_response("m", 1, None, outputs, [], True)
+    entries = json.loads(b"".join(parts)[:length])["outputs"]
+    assert [e["parameters"] for e in entries] == [{"binary_data_size": 8}] * 2
+
+
+def test_encode_request_when_binary_asks_each_named_output_for_binary_data() -> None:
+    parts, length = encode_request({"x": np.ones(1, np.float32)},
+                                   [RequestedOutput("a"), RequestedOutput("b", binary=False)])
+    header = json.loads(b"".join(parts)[:length])
+    assert header["outputs"] == [{"name": "a", "parameters": {"binary_data": True}},
+                                 {"name": "b", "parameters": {"binary_data": False}}]
+
+
+@pytest.mark.parametrize("where, params, match", [
+    ("request", {"sequence_id": 7, "sequence_start": True}, "'sequence_id' needs the sequence"),
+    ("request", {"sequence_end": True}, "'sequence_end' needs the sequence batcher"),
+    ("output", {"classification": 3}, "output y: parameter 'classification' needs"),
+])
+def test_decode_when_a_parameter_needs_an_unclaimed_feature_refuses_it(
+        where: str, params: dict[str, Any], match: str) -> None:
+    header: dict[str, Any] = {"inputs": [{"name": "a", "shape": [1], "datatype": "FP32",
+                                          "data": [1]}]}
+    if where == "request":
+        header["parameters"] = params
+    else:
+        header["outputs"] = [{"name": "y", "parameters": params}]
+    with pytest.raises(InvalidInput, match=match):  # never silently ignored
+        decode_request(json.dumps(header).encode())

@@ -98,15 +98,51 @@ def fd_open(fd: int) -> bool:
     return True
 
 
-def test_shm_unregister_when_a_request_is_using_it_closes_after_the_use(
+def test_shm_unregister_when_a_request_holds_it_keeps_it_listed_and_usable_until_it_ends(
         registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
     region = registry.register("r", segment.name, 0, 64)
-    with registry._use(ShmRef("r", 0, 16)):  # a request reading it right now
-        registry.unregister("r")
-        assert registry.status() == [] and fd_open(region.fd)
-    assert not fd_open(region.fd)
+    lease = registry.lease()  # a request: its input read, its output not written yet
+    lease.read(ShmRef("r", 0, 16))
+    registry.unregister("r")
+    # As in Triton: still listed, still the request's, refused to new requests.
+    assert [r["name"] for r in registry.status()] == ["r"] and fd_open(region.fd)
+    with pytest.raises(InvalidInput, match="being unregistered"):
+        registry.read(ShmRef("r", 0, 16))
+    with pytest.raises(InvalidInput, match="being unregistered"):
+        registry.register("r", segment.name, 0, 64)
+    assert lease.write(ShmRef("r", 16, 8), np.array([1.5, 2.5], np.float32)) == 8
+    np.testing.assert_array_equal(np.frombuffer(segment.buf[16:24], np.float32), [1.5, 2.5])
+    lease.release()
+    assert registry.status() == [] and not fd_open(region.fd)
     with pytest.raises(InvalidInput, match="not registered"):
         registry.read(ShmRef("r", 0, 16))
+    registry.register("r", segment.name, 0, 64)  # the name is free again
+
+
+def test_shm_lease_when_two_requests_hold_a_region_closes_after_the_last(
+        registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
+    region = registry.register("r", segment.name, 0, 64)
+    first, second = registry.lease(), registry.lease()
+    first.hold(ShmRef("r", 0, 8))
+    second.hold(ShmRef("r", 8, 8))
+    second.hold(ShmRef("r", 16, 8))  # held once per request, however often it is named
+    registry.unregister()
+    first.release()
+    assert [r["name"] for r in registry.status()] == ["r"] and fd_open(region.fd)
+    second.release()
+    second.release()  # twice: nothing more to let go
+    assert registry.status() == [] and not fd_open(region.fd)
+
+
+def test_shm_write_when_output_is_bytes_writes_triton_length_prefixed_elements(
+        registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
+    registry.register("r", segment.name, 0, 64)
+    values = np.array([b"ab", b"", b"\xff\x00"], dtype=np.object_)
+    assert registry.write(ShmRef("r", 4, 60), values) == 4 * 3 + 4
+    assert bytes(segment.buf[4:20]) == b"\x02\x00\x00\x00ab\x00\x00\x00\x00" \
+        b"\x02\x00\x00\x00\xff\x00"
+    with pytest.raises(InvalidInput, match="16 bytes does not fit the 8"):
+        registry.write(ShmRef("r", 0, 8), values)
 
 
 def test_shm_unregister_all_when_several_registered_closes_them(
