@@ -214,10 +214,10 @@ class JetsonCollector(Collector):
                                   "emc where readable)", labels=["clock"])
         cap = GaugeMetricFamily("edged_gpu_clock_max_hz", "the highest clock the power mode "
                                 "allows now", labels=["clock"])
-        for name, value in sorted(stats.clocks.items()):
-            clock.add_metric([name], value.hz)
-            if value.max_hz is not None:
-                cap.add_metric([name], value.max_hz)
+        for name, now in sorted(stats.clocks.items()):
+            clock.add_metric([name], now.hz)
+            if now.max_hz is not None:
+                cap.add_metric([name], now.max_hz)
         yield from (temp, watts, volts, amps, clock, cap)
         if stats.power_mode_id is not None:
             mode = GaugeMetricFamily("edged_gpu_power_mode", "the nvpmodel power mode (1 on "

@@ -149,6 +149,10 @@ class Tegra:
         """Call `listener(reason, stats)` when throttling starts (health.warn_on_throttle)."""
         self._listeners.append(listener)
 
+    def off_throttle(self, listener: Callable[[str, TegraStats], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def read(self) -> TegraStats | None:
         """The current figures, or None off a Jetson. Never raises for a missing or unreadable
         file: that figure is left out."""
