@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 

@@ -13,9 +13,9 @@ from edged.batching import InferenceCounters
 from edged.host import GpuStats
 from edged.modelstatus import ModelCounters, ModelStatus
 from edged.reporting import Reporter, throttle_warning
+from edged.states import ModelState
 from edged.tegra import Tegra
 from tests.support.jetson_sysfs import orin_root
-from edged.states import ModelState
 
 
 class FakePipeline:
