@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from edged import host
-from edged.tegra import Tegra
 from support.broker import Broker, Subscriber
 from support.daemon import ServeFactory
 from support.polling import wait_until
+
+from edged import host
+from edged.tegra import Tegra
 from tests.support.jetson_sysfs import orin_root, set_value
 
 WARNINGS = "t/jetson/warnings"
