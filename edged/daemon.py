@@ -271,7 +271,8 @@ class Daemon:
             "ready": self.is_ready(), "live": live, "problems": problems,
             "systemd": {"notify": self.notifier.enabled, "watchdog_s": self.notifier.watchdog_s},
             "reloads": dict(self.reloads),
-            "models": [dataclasses.asdict(row) for row in self.cache.status()],
+            "models": [{**dataclasses.asdict(row), "device": row.device}
+                       for row in self.cache.status()],
             "queues": self.scheduler.queues(),
             "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,

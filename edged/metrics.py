@@ -68,12 +68,19 @@ class InferenceCollector(Collector):
                                   labels=labels)
         size = GaugeMetricFamily("edged_model_memory_bytes", "memory the cache charges it",
                                  labels=labels)
+        device = GaugeMetricFamily("edged_model_device", "where a loaded version runs (1 on "
+                                   "its device: gpu, cpu, or dla0/dla1 on a Jetson)",
+                                   labels=[*labels, "backend", "device"])
         for model in self._models():
             ready.add_metric([model.name, str(model.version)],
                              1.0 if model.state is ModelState.READY else 0.0)
             size.add_metric([model.name, str(model.version)], model.nbytes)
+            if model.device is not None:
+                device.add_metric([model.name, str(model.version), model.backend or "",
+                                   model.device], 1.0)
         yield ready
         yield size
+        yield device
 
 
 class LoadCollector(Collector):

@@ -14,9 +14,9 @@ def render(report: dict[str, Any]) -> str:
     for problem in report.get("problems", []):
         lines.append(f"  STUCK {problem}")
     lines.append("")
-    lines += _table(["MODEL", "STATE", "BACKEND", "LOAD", "DETAIL"], [
+    lines += _table(["MODEL", "STATE", "BACKEND", "ON", "LOAD", "DETAIL"], [
         (f"{m['name']}:{m['version']}", m["state"],
-         m.get("backend") or "-",
+         m.get("backend") or "-", m.get("device") or "-",
          _seconds(m.get("load_seconds")),
          ", ".join(m.get("providers") or []) or m.get("reason") or "")
         for m in report.get("models", [])])

@@ -132,7 +132,10 @@ def test_status_render_when_stuck_shows_health_first_and_every_part() -> None:
         "systemd": {"notify": True, "watchdog_s": 30.0},
         "models": [{"name": "m", "version": 2, "state": "READY", "backend": "onnxruntime",
                     "providers": ["CPUExecutionProvider"], "load_seconds": 0.25,
-                    "reason": None},
+                    "reason": None, "device": "cpu"},
+                   {"name": "d", "version": 1, "state": "READY", "backend": "tensorrt",
+                    "providers": ["TensorRT 10.3.0 fp16 DLA0+GPU"], "load_seconds": 42.0,
+                    "reason": None, "device": "dla0"},
                    {"name": "n", "version": 1, "state": "UNAVAILABLE", "backend": None,
                     "providers": [], "load_seconds": None, "reason": "bad file"}],
         "queues": {"m": {"queued": 1, "pending": 2, "batches": 9}},
@@ -151,8 +154,9 @@ def test_status_render_when_stuck_shows_health_first_and_every_part() -> None:
     assert lines[0] == ("edged 0.1.0 on edge-01: NOT LIVE, NOT READY, up 2h01m, pid 42 "
                         "under systemd (watchdog 30 s)")
     assert lines[1].startswith("  STUCK model m")
-    assert "m:2    READY        onnxruntime  250ms  CPUExecutionProvider" in text
-    assert "n:1    UNAVAILABLE  -            -      bad file" in text
+    assert "m:2    READY        onnxruntime  cpu   250ms  CPUExecutionProvider" in text
+    assert "d:1    READY        tensorrt     dla0  42.0s  TensorRT 10.3.0 fp16 DLA0+GPU" in text
+    assert "n:1    UNAVAILABLE  -            -     -      bad file" in text
     assert "m      1        1         9" in text
     assert ("cam     reconnecting  m      nvv4l2decoder  10  9     1        3       "
             "no frames for 10 s") in text
