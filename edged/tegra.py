@@ -113,10 +113,13 @@ class _Paths:
 
     gpu_load: Path | None = None
     gpu_devfreq: Path | None = None
-    zones: list[tuple[str, Path]] = field(default_factory=list)
+    # type, temp file, first passive trip point in millidegrees (trip points are set by the
+    # device tree at boot: read once)
+    zones: list[tuple[str, Path, int | None]] = field(default_factory=list)
     ina: list[tuple[str, Path, Path]] = field(default_factory=list)  # label, mV, mA
     oc: dict[str, Path] = field(default_factory=dict)
     cpus: list[Path] = field(default_factory=list)
+    cpu_hardware_max_hz: int | None = None  # cpuinfo_max_freq: fixed for the part
 
 
 class Tegra:
@@ -184,7 +187,7 @@ class Tegra:
         gpu_clock = _devfreq(paths.gpu_devfreq)
         if gpu_clock is not None:
             clocks["gpu"] = gpu_clock
-        cpu_clock = _cpus(paths.cpus)
+        cpu_clock = _cpus(paths.cpus, paths.cpu_hardware_max_hz)
         if cpu_clock is not None:
             clocks["cpu"] = cpu_clock
         emc = self.root / "sys/kernel/debug/bpmp/debug/clk/emc"
@@ -265,7 +268,9 @@ def _discover(root: Path) -> _Paths:
     for zone in sorted((root / "sys/class/thermal").glob("thermal_zone*"), key=_number):
         kind = _text(zone / "type")
         if kind and (zone / "temp").is_file():
-            paths.zones.append((kind, zone))
+            passive = [t for trip in zone.glob("trip_point_*_type") if _text(trip) == "passive"
+                       and (t := _int(zone / trip.name.replace("_type", "_temp"))) is not None]
+            paths.zones.append((kind, zone / "temp", min(passive) if passive else None))
     for hwmon in sorted((root / "sys/class/hwmon").glob("hwmon*"), key=_number):
         name = _text(hwmon / "name")
         if name == "ina3221":
@@ -280,22 +285,22 @@ def _discover(root: Path) -> _Paths:
                 paths.oc[counter.name.split("_")[0]] = counter
     paths.cpus = sorted((root / "sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq"),
                         key=lambda p: _number(p.parent))
+    hardware = [v for p in paths.cpus if (v := _int(p / "cpuinfo_max_freq")) is not None]
+    paths.cpu_hardware_max_hz = max(hardware) * 1000 if hardware else None
     return paths
 
 
-def _zones(zones: list[tuple[str, Path]]) -> tuple[dict[str, float], set[str]]:
+def _zones(zones: list[tuple[str, Path, int | None]]) -> tuple[dict[str, float], set[str]]:
     """Degrees C per zone (online ones), and the zones at or past their first passive trip
     point: where the kernel's thermal governor caps clocks."""
     temperatures: dict[str, float] = {}
     hot = set()
-    for kind, zone in zones:
-        milli = _int(zone / "temp")
+    for kind, temp, passive in zones:
+        milli = _int(temp)
         if milli is None or milli <= OFFLINE_MILLI_C:
             continue
         temperatures[kind] = milli / 1000
-        passive = [t for trip in zone.glob("trip_point_*_type") if _text(trip) == "passive"
-                   and (t := _int(zone / trip.name.replace("_type", "_temp"))) is not None]
-        if passive and milli >= min(passive):
+        if passive is not None and milli >= passive:
             hot.add(kind)
     return temperatures, hot
 
@@ -318,15 +323,13 @@ def _devfreq(node: Path | None) -> Clock | None:
     return Clock(now, _int(node / "max_freq"), max(offered) if offered else None)
 
 
-def _cpus(cpus: list[Path]) -> Clock | None:
+def _cpus(cpus: list[Path], hardware_max_hz: int | None) -> Clock | None:
     """The fastest core's clock now, against the highest any core allows (kHz in sysfs)."""
     now = [v for p in cpus if (v := _int(p / "scaling_cur_freq")) is not None]
     if not now:
         return None
     caps = [v for p in cpus if (v := _int(p / "scaling_max_freq")) is not None]
-    hardware = [v for p in cpus if (v := _int(p / "cpuinfo_max_freq")) is not None]
-    return Clock(max(now) * 1000, max(caps) * 1000 if caps else None,
-                 max(hardware) * 1000 if hardware else None)
+    return Clock(max(now) * 1000, max(caps) * 1000 if caps else None, hardware_max_hz)
 
 
 def _meminfo(path: Path) -> tuple[int | None, int | None]:
@@ -346,7 +349,8 @@ def _number(path: Path) -> int:
 
 def _text(path: Path) -> str | None:
     try:
-        return path.read_text(errors="replace").strip()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
     except OSError:  # absent on this JetPack, or root only
         return None
 
