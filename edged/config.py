@@ -241,6 +241,11 @@ class StreamConfig:
                                    check=at_least(0.01))
     size: list[int] | None = setting(None, "v4l2/csi capture size [width, height]",
                                      check=_check_size)
+    decoder: Literal["auto", "ffmpeg", "nvv4l2decoder"] = setting(
+        "auto", "rtsp:// and file:// decoding: auto = the Jetson's hardware decoder "
+        "(nvv4l2decoder through GStreamer) where it can run, else FFmpeg on the CPU")
+    codec: Literal["auto", "h264", "h265"] = setting(
+        "auto", "the hardware decoder's codec: auto = read from a file, H.264 for rtsp://")
     payload: Literal["json", "raw"] = setting(
         "json", "mqtt:// sensors: JSON arrays, or raw little-endian tensors")
     log_results: bool = setting(False, "log one line per result (the demo shows them); a "
@@ -300,6 +305,10 @@ class HealthConfig:
               "and systemd's watchdog pings stop (so it restarts edged)", check=at_least(0.1))
     tick_s: float = setting(5.0, "health check period when systemd sets no watchdog "
                                  "(with one: half its interval)", check=at_least(0.05))
+    warn_on_throttle: bool = setting(
+        False, "Jetson: publish a warning on <prefix>/warnings when clocks become capped "
+               "(over-current events, or a thermal zone past its passive trip point); the "
+               "health tick reads sysfs for it")
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,12 @@ from edged.ota.manifest import TrustStore
 from edged.ota.service import OtaService
 from edged.pipeline import StreamPipeline
 from edged.reload import plan as reload_plan
-from edged.reporting import Reporter
+from edged.reporting import Reporter, throttle_warning
 from edged.scheduler import Scheduler
 from edged.stream_events import EventsHub, open_store
 from edged.streams import StreamSet
 from edged.systemd import Notifier, activated_unix_socket, listen_fds
+from edged.tegra import TegraStats
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class Daemon:
         self.reporter = Reporter(self.streams.pipelines, self.mqtt.stats if self.mqtt else None,
                                  self.cache.status, model_counters=self.cache.counters,
                                  inference=self.scheduler.counters)
+        host.TEGRA.on_throttle(self._throttle_warning)
         self._ready = False
         self._stopping = False
         # For threads that wait on the daemon (tests, tools).
@@ -239,7 +241,14 @@ class Daemon:
             if line != last_line:
                 self.notifier.status(line)
                 last_line = line
+            if self.config.health.warn_on_throttle:  # listeners hear of throttling on a read
+                await asyncio.to_thread(host.jetson)
             await asyncio.sleep(interval)
+
+    def _throttle_warning(self, reason: str, stats: TegraStats) -> None:
+        if self.config.health.warn_on_throttle and self.mqtt is not None:
+            self.mqtt.publish("status", "warnings",
+                              throttle_warning(self.config.device_id, reason, stats))
 
     def status_line(self, problems: list[str] | None = None) -> str:
         """One line for `systemctl status`: what is loaded, what streams, the broker. From
@@ -266,7 +275,8 @@ class Daemon:
             "ready": self.is_ready(), "live": live, "problems": problems,
             "systemd": {"notify": self.notifier.enabled, "watchdog_s": self.notifier.watchdog_s},
             "reloads": dict(self.reloads),
-            "models": [dataclasses.asdict(row) for row in self.cache.status()],
+            "models": [{**dataclasses.asdict(row), "device": row.device}
+                       for row in self.cache.status()],
             "queues": self.scheduler.queues(),
             "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
@@ -274,6 +284,7 @@ class Daemon:
             "ota": {"listening": self.ota.listening} if self.ota is not None else None,
             "process": {"rss_bytes": host.rss_bytes()},
             "gpus": [dataclasses.asdict(gpu) for gpu in host.gpus()],
+            "jetson": jetson.as_dict() if (jetson := host.jetson()) is not None else None,
             "recent": self.recent.rows(),
         }
 
@@ -383,6 +394,7 @@ class Daemon:
                 for name, payload in self.reporter.offline_states():  # not READY any more
                     self.mqtt.publish("state", f"models/{name}/state", payload, retain=True)
                 await asyncio.to_thread(self.mqtt.stop, MQTT_STOP_S)
+            host.TEGRA.off_throttle(self._throttle_warning)
             logger.info("stopped")
             self.notifier.close()
             self.stopped_event.set()

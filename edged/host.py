@@ -1,6 +1,8 @@
 """What the daemon's process and machine are using: the process's resident memory, and each
-NVIDIA GPU's memory and utilisation through NVML (`nvidia-ml-py`) when there is one. Without
-the package or a driver that has NVML (Jetson has none) there are simply no GPUs to report."""
+NVIDIA GPU's memory and utilisation through NVML (`nvidia-ml-py`) when there is one. Jetson
+has no NVML: there the integrated GPU's figures come from sysfs (`edged.tegra`), with the
+Jetson's own (temperatures, rails, clocks, power mode, throttling) from `jetson()`. Without
+either there are simply no GPUs to report."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from edged.tegra import Tegra, TegraStats
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +130,26 @@ def _read_gpu(nvml: ModuleType, index: int) -> GpuStats:
 
 
 _NVML = Nvml()
+TEGRA = Tegra("/")  # the one reader (and throttle counter) for the whole process
 
 
 def gpus() -> list[GpuStats]:
-    """Every GPU NVML sees, read now; [] without NVML. One NVML for the whole process."""
-    return _NVML.gpus()
+    """Every GPU NVML sees, read now; on a Jetson (no NVML) its integrated GPU from sysfs,
+    whose memory is the DRAM it shares with the CPU; [] with neither."""
+    found = _NVML.gpus()
+    if found:
+        return found
+    return jetson_gpus(TEGRA.read())
+
+
+def jetson() -> TegraStats | None:
+    """The Jetson's telemetry now (one sysfs pass a second at most); None off a Jetson."""
+    return TEGRA.read()
+
+
+def jetson_gpus(stats: TegraStats | None) -> list[GpuStats]:
+    if stats is None or stats.memory_total_bytes is None:
+        return []
+    name = "Jetson integrated GPU" + (f" (L4T {stats.l4t})" if stats.l4t else "")
+    return [GpuStats(0, name, stats.memory_used_bytes or 0, stats.memory_total_bytes,
+                     None if stats.gpu_load is None else round(stats.gpu_load * 100))]

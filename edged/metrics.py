@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from edged import host
 from edged.states import ModelState, SourceState
+from edged.tegra import TegraStats
 
 if TYPE_CHECKING:
     from edged.batching import InferenceCounters
@@ -67,12 +68,19 @@ class InferenceCollector(Collector):
                                   labels=labels)
         size = GaugeMetricFamily("edged_model_memory_bytes", "memory the cache charges it",
                                  labels=labels)
+        device = GaugeMetricFamily("edged_model_device", "where a loaded version runs (1 on "
+                                   "its device: gpu, cpu, or dla0/dla1 on a Jetson)",
+                                   labels=[*labels, "backend", "device"])
         for model in self._models():
             ready.add_metric([model.name, str(model.version)],
                              1.0 if model.state is ModelState.READY else 0.0)
             size.add_metric([model.name, str(model.version)], model.nbytes)
+            if model.device is not None:
+                device.add_metric([model.name, str(model.version), model.backend or "",
+                                   model.device], 1.0)
         yield ready
         yield size
+        yield device
 
 
 class LoadCollector(Collector):
@@ -184,6 +192,56 @@ class GpuCollector(Collector):
         yield from (used, total, busy)
 
 
+class JetsonCollector(Collector):
+    """A Jetson's own figures from sysfs (`edged.tegra`); nothing at all off a Jetson. GPU
+    memory and utilisation come through GpuCollector under NVML's names."""
+
+    def __init__(self, read: Callable[[], TegraStats | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._read()
+        if stats is None:
+            return
+        temp = GaugeMetricFamily("edged_gpu_temperature_celsius", "thermal zone temperature "
+                                 "(sysfs thermal_zone*)", labels=["zone"])
+        for zone, value in sorted(stats.temperatures.items()):
+            temp.add_metric([zone], value)
+        watts = GaugeMetricFamily("edged_gpu_power_watts", "power on an INA3221 rail "
+                                  "(volts x amperes)", labels=["rail"])
+        volts = GaugeMetricFamily("edged_gpu_rail_voltage_volts", "INA3221 rail voltage",
+                                  labels=["rail"])
+        amps = GaugeMetricFamily("edged_gpu_rail_current_amperes", "INA3221 rail current",
+                                 labels=["rail"])
+        for rail in stats.rails:
+            watts.add_metric([rail.name], rail.watts)
+            volts.add_metric([rail.name], rail.volts)
+            amps.add_metric([rail.name], rail.amperes)
+        clock = GaugeMetricFamily("edged_gpu_clock_hz", "clock now (gpu, cpu: fastest core, "
+                                  "emc where readable)", labels=["clock"])
+        cap = GaugeMetricFamily("edged_gpu_clock_max_hz", "the highest clock the power mode "
+                                "allows now", labels=["clock"])
+        for name, now in sorted(stats.clocks.items()):
+            clock.add_metric([name], now.hz)
+            if now.max_hz is not None:
+                cap.add_metric([name], now.max_hz)
+        yield from (temp, watts, volts, amps, clock, cap)
+        if stats.power_mode_id is not None:
+            mode = GaugeMetricFamily("edged_gpu_power_mode", "the nvpmodel power mode (1 on "
+                                     "the mode in force)", labels=["id", "name"])
+            mode.add_metric([str(stats.power_mode_id), stats.power_mode or ""], 1.0)
+            yield mode
+        yield GaugeMetricFamily("edged_gpu_throttled", "1 while clocks are capped: new "
+                                "over-current events, or a thermal zone past its passive trip "
+                                "point", value=1.0 if stats.throttled else 0.0)
+        events = CounterMetricFamily("edged_gpu_throttle_events", "throttling that started "
+                                     "since edged did, by cause (oc1..3, thermal)",
+                                     labels=["cause"])
+        for cause, count in sorted(stats.throttle_events.items()):
+            events.add_metric([cause], count)
+        yield events
+
+
 class Metrics:
     """The daemon's registry: inference metrics, the API's own error counter, the process's
     (`process_resident_memory_bytes` and the rest of Prometheus' standard set) and NVML's
@@ -194,10 +252,12 @@ class Metrics:
                  loads: Callable[[], Iterable[ModelCounters]] | None = None,
                  streams: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
                  link: Callable[[], Mapping[str, Any] | None] | None = None,
-                 gpus: Callable[[], Iterable[host.GpuStats]] = host.gpus) -> None:
+                 gpus: Callable[[], Iterable[host.GpuStats]] = host.gpus,
+                 jetson: Callable[[], TegraStats | None] = host.jetson) -> None:
         """`counters`: Scheduler.counters; `models`: ModelCache.status; `loads`:
         ModelCache.counters; `streams`: stream name -> StreamPipeline.snapshot(); `link`:
-        MqttLink.stats, or None while MQTT is off; `gpus`: host.gpus (NVML)."""
+        MqttLink.stats, or None while MQTT is off; `gpus`: host.gpus (NVML, or a Jetson's
+        sysfs); `jetson`: host.jetson (None off a Jetson)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(InferenceCollector(counters, models))
         if loads is not None:
@@ -207,6 +267,7 @@ class Metrics:
         if link is not None:
             self.registry.register(LinkCollector(link))
         self.registry.register(GpuCollector(gpus))
+        self.registry.register(JetsonCollector(jetson))
         ProcessCollector(registry=self.registry)
         self.api_errors = Counter("edged_api_errors", "API requests answered with an error",
                                   ["code"], registry=self.registry)

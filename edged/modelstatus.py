@@ -24,6 +24,21 @@ class ModelStatus:
     reason: str | None = None
     precision: str | None = None  # of the loaded session
 
+    @property
+    def device(self) -> str | None:
+        """Where the loaded version runs: "dla0"/"dla1" (a TensorRT engine on a Jetson DLA
+        core; its providers say "DLA<n>"), "gpu" or "cpu"; None when not loaded."""
+        if self.backend is None or self.state is not ModelState.READY:
+            return None
+        for provider in self.providers:
+            if " DLA" in provider:
+                return "dla" + provider.split(" DLA", 1)[1][:1]
+        if self.backend == "tensorrt" or any(
+                p in ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+                for p in self.providers):
+            return "gpu"
+        return "cpu"
+
 
 @dataclass
 class ModelCounters:

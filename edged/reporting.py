@@ -1,8 +1,9 @@
 """What the daemon tells the fleet besides results: the periodic `stats` message (per stream
 fps in/processed/dropped, latency percentiles, queue depth, reconnects; per model its state,
 last load time, loads and evictions; requests by outcome, refused and timed out included; the
-MQTT link's own counters; the process's memory and uptime; GPUs when NVML sees any) and each
-model's retained `models/<m>/state`, republished when it changes."""
+MQTT link's own counters; the process's memory and uptime; GPUs when NVML sees any, or a
+Jetson's integrated one with its sysfs telemetry under `jetson`) and each model's retained
+`models/<m>/state`, republished when it changes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from edged.batching import InferenceCounters
 from edged.modelstatus import ModelCounters, ModelStatus
 from edged.pipeline import StreamPipeline
 from edged.states import ModelState
+from edged.tegra import TegraStats
 
 RATES = {"fps_in": "frames_in", "fps_processed": "processed", "fps_dropped": "dropped"}
 
@@ -29,7 +31,8 @@ class Reporter:
                  model_counters: Callable[[], list[ModelCounters]] | None = None,
                  inference: Callable[[], list[InferenceCounters]] | None = None,
                  rss: Callable[[], int | None] = host.rss_bytes,
-                 gpus: Callable[[], list[host.GpuStats]] = host.gpus) -> None:
+                 gpus: Callable[[], list[host.GpuStats]] = host.gpus,
+                 jetson: Callable[[], TegraStats | None] = host.jetson) -> None:
         self.pipelines = pipelines
         self.link_stats = link_stats
         self.model_status = model_status
@@ -37,6 +40,7 @@ class Reporter:
         self.inference = inference
         self.rss = rss
         self.gpus = gpus
+        self.jetson = jetson
         self.clock = clock
         self._started = clock()
         self._last: dict[str, tuple[StreamPipeline, dict[str, Any]]] = {}
@@ -67,6 +71,9 @@ class Reporter:
         gpus = self.gpus()
         if gpus:
             message["gpus"] = [dataclasses.asdict(gpu) for gpu in gpus]
+        jetson = self.jetson()
+        if jetson is not None:
+            message["jetson"] = jetson.as_dict()
         if self.inference is not None:
             message["inference"] = _requests(self.inference())
         if self.link_stats is not None:
@@ -106,6 +113,19 @@ class Reporter:
             offline.append((name, _state(name, version, ModelState.UNAVAILABLE, None, [],
                                          reason)))
         return offline
+
+
+def throttle_warning(device_id: str, reason: str, stats: TegraStats) -> bytes:
+    """The `warnings` message health.warn_on_throttle publishes when a Jetson's clocks become
+    capped: why, and the power mode, hot zones and clocks at that moment."""
+    return json.dumps({"ts": round(time.time(), 3), "device_id": device_id,
+                       "warning": "throttled", "reason": reason,
+                       "power_mode": stats.power_mode, "power_mode_id": stats.power_mode_id,
+                       "hot_zones": list(stats.hot_zones),
+                       "clocks_hz": {k: {"now": c.hz, "max": c.max_hz}
+                                     for k, c in stats.clocks.items()},
+                       "throttle_events": dict(stats.throttle_events)},
+                      separators=(",", ":")).encode()
 
 
 def _state(model: str, version: int, state: ModelState, backend: str | None,

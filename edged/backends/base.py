@@ -62,6 +62,7 @@ class BackendOptions:
     memory: str = "auto"  # auto | mapped | managed | pinned | host (edged.memory)
     workspace_mb: int = 1024  # TensorRT builder workspace (the backend and ORT's TensorRT EP)
     dla_core: int | None = None  # Jetson: build TensorRT engines for this DLA core
+    dla_gpu_fallback: bool = True  # on a DLA: layers it cannot run go to the GPU
     gpu_mem_limit_mb: int | None = None  # ORT CUDA EP arena limit; None = no limit
     cudnn_conv_algo_search: str | None = None  # ORT CUDA EP: exhaustive | heuristic | default
 

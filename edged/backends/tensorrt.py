@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from edged import gpu, memory
-from edged.backends import engine_cache
+from edged.backends import dla, engine_cache
 from edged.backends.base import (
     BackendOptions,
     EngineBuilding,
@@ -93,6 +93,7 @@ class TensorRTBackend:
         device = gpu.device()
         if device is None:
             raise BackendUnavailable(f"no CUDA device: {gpu.unavailable_reason()}")
+        options = dla.resolve(trt, spec.label, options)  # a DLA this machine lacks: the GPU
         try:
             plan, key = self.plan(trt, spec, options, device)  # FallBack: not for TensorRT
         except ProfileError as exc:
@@ -126,10 +127,12 @@ class TensorRTBackend:
                            f"points 0), and in {spec.path.name} {refused}")
         precision = plan_precision(spec.precision, has_qdq=has_qdq,
                                    weak_typing=weakly_typed(trt),
-                                   dla=options.dla_core is not None)
+                                   dla=options.dla_core is not None,
+                                   gpu_fallback=options.dla_gpu_fallback)
         profiles = (derive_profile(spec),) * max(spec.instances, 1)
         key = EngineKey(sha, str(trt.__version__), device.name, device.compute_capability,
-                        precision.precision, profiles, options.dla_core, options.workspace_mb)
+                        precision.precision, profiles, options.dla_core, options.workspace_mb,
+                        gpu_fallback=options.dla_gpu_fallback)
         return BuildPlan(spec, precision, profiles,
                          engine_cache.timing_cache_path(options.cache_dir, key)), key
 
@@ -223,7 +226,7 @@ class TrtSession:
         is_input = [engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names]
         self.inputs = [s for s, i in zip(specs, is_input, strict=True) if i]
         self.outputs = [s for s, i in zip(specs, is_input, strict=True) if not i]
-        self.providers = [f"TensorRT {trt.__version__} {precision}"]
+        self.providers = [f"TensorRT {trt.__version__} {precision}" + dla.shown(options)]
         self._kind = memory.device_kind(options.memory)
         self._slots: queue.Queue[_Slot] = queue.Queue()
         self._all: list[_Slot] = []

@@ -40,7 +40,7 @@ def weakly_typed(trt: Any) -> bool:
 
 
 def plan_precision(asked: str, *, has_qdq: bool, weak_typing: bool,
-                   dla: bool = False) -> PrecisionPlan:
+                   dla: bool = False, gpu_fallback: bool = True) -> PrecisionPlan:
     """Builder flags for `asked` (fp32 | fp16 | int8). INT8 is explicit quantization only: a
     Q/DQ file, whose nodes say where INT8 runs (implicit calibration is deprecated in
     TensorRT 10 and removed in 11). TensorRT 10 needs the INT8 flag to honour Q/DQ nodes;
@@ -67,7 +67,7 @@ def plan_precision(asked: str, *, has_qdq: bool, weak_typing: bool,
     else:
         precision = asked
         flags += ["FP16"] if asked == "fp16" else []
-    if dla:
+    if dla and gpu_fallback:
         flags.append("GPU_FALLBACK")  # layers a DLA cannot run go to the GPU
     return PrecisionPlan(precision, tuple(flags), "; ".join(notes) or None)
 

@@ -120,6 +120,13 @@ class TensorRTOverrides:
     shapes: dict[str, ShapeRangeConfig] = setting(
         factory=dict, help="per input with dynamic non-batch dims: their min/opt/max; without "
         "one such a model stays on ONNX Runtime", check=_check_ranges)
+    dla_core: int | None = setting(
+        None, "Jetson: build this model's engine for DLA core 0 or 1 (Orin AGX/NX have two); "
+        "null = the daemon's backends.tensorrt.dla_core. Without that core: the GPU, logged",
+        check=between(0, 15))
+    gpu_fallback: bool = setting(True, "on a DLA: layers the DLA cannot run go to the GPU "
+                                       "(false: the build fails instead, and the model stays "
+                                       "on ONNX Runtime)")
 
 
 # Candidates above the score threshold that go on to NMS, best first (tools/bench/post.py).

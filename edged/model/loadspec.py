@@ -17,11 +17,16 @@ from edged.model.repository import ModelVersion
 
 
 def options_for(model: ModelVersion, base: BackendOptions) -> BackendOptions:
-    """The daemon's options with the model's own `onnxruntime:` overrides from model.yaml."""
+    """The daemon's options with the model's own `onnxruntime:` overrides and its
+    `tensorrt: {dla_core, gpu_fallback}` from model.yaml."""
     o = model.config.onnxruntime
-    changes = {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
+    changes: dict[str, Any] = {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
     if "providers" in changes:
         changes["providers"] = tuple(changes["providers"])
+    trt = model.config.tensorrt
+    if trt.dla_core is not None:
+        changes["dla_core"] = trt.dla_core
+    changes["dla_gpu_fallback"] = trt.gpu_fallback
     return dataclasses.replace(base, **changes)
 
 

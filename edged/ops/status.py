@@ -14,9 +14,9 @@ def render(report: dict[str, Any]) -> str:
     for problem in report.get("problems", []):
         lines.append(f"  STUCK {problem}")
     lines.append("")
-    lines += _table(["MODEL", "STATE", "BACKEND", "LOAD", "DETAIL"], [
+    lines += _table(["MODEL", "STATE", "BACKEND", "ON", "LOAD", "DETAIL"], [
         (f"{m['name']}:{m['version']}", m["state"],
-         m.get("backend") or "-",
+         m.get("backend") or "-", m.get("device") or "-",
          _seconds(m.get("load_seconds")),
          ", ".join(m.get("providers") or []) or m.get("reason") or "")
         for m in report.get("models", [])])
@@ -29,10 +29,11 @@ def render(report: dict[str, Any]) -> str:
     streams = report.get("streams", {})
     lines.append("")
     if streams:
-        lines += _table(["STREAM", "STATE", "MODEL", "IN", "DONE", "DROPPED", "RECONN",
-                         "LAST ERROR"], [
-            (name, s["state"], s["model"], str(s["frames_in"]), str(s["processed"]),
-             str(s["dropped"]), str(s["reconnects"]), _short(s.get("last_error") or ""))
+        lines += _table(["STREAM", "STATE", "MODEL", "DECODER", "IN", "DONE", "DROPPED",
+                         "RECONN", "LAST ERROR"], [
+            (name, s["state"], s["model"], s.get("decoder") or "-", str(s["frames_in"]),
+             str(s["processed"]), str(s["dropped"]), str(s["reconnects"]),
+             _short(s.get("last_error") or ""))
             for name, s in sorted(streams.items())])
     else:
         lines.append("no streams")
@@ -55,6 +56,9 @@ def render(report: dict[str, Any]) -> str:
                      f"{gpu.get('memory_total_bytes', 0) / 2**20:.0f} MiB"
                      + (f", utilisation {gpu['utilization_percent']}%"
                         if gpu.get("utilization_percent") is not None else ""))
+    jetson = report.get("jetson")
+    if jetson:
+        lines += _jetson(jetson)
     recent = report.get("recent", [])[-RECENT_SHOWN:]
     if recent:
         lines.append("")
@@ -64,6 +68,33 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"  {row['level'].lower():7} {_short(row['message'], 90)}"
                          + (f" [{where}]" if where else ""))
     return "\n".join(lines)
+
+
+def _jetson(j: dict[str, Any]) -> list[str]:
+    """Power mode and throttle state first (why frames are slow), then what feeds them."""
+    mode = j.get("power_mode") or (f"mode {j['power_mode_id']}"
+                                   if j.get("power_mode_id") is not None else "unknown")
+    state = ("THROTTLED" + (f" ({', '.join(j['hot_zones'])} hot)" if j.get("hot_zones")
+                            else " (over-current)")) if j.get("throttled") else "not throttled"
+    events = ", ".join(f"{k} {v}" for k, v in sorted((j.get("throttle_events") or {}).items()))
+    lines = [f"jetson: L4T {j.get('l4t') or '?'}, power mode {mode}, {state}"
+             + (f"; throttle events since start: {events}" if events else "")]
+    gpu = (j.get("clocks_hz") or {}).get("gpu")
+    if gpu:
+        cap = gpu.get("max")
+        top = gpu.get("hardware_max")
+        lines.append(f"  gpu clock {gpu['now'] / 1e6:.0f} MHz"
+                     + (f", capped at {cap / 1e6:.0f}" if cap else "")
+                     + (f" of {top / 1e6:.0f} MHz" if top and cap and top > cap else ""))
+    temps = j.get("temperatures_c") or {}
+    if temps:
+        hottest = sorted(temps.items(), key=lambda kv: -kv[1])[:3]
+        lines.append("  hottest " + ", ".join(f"{k} {v:.1f} C" for k, v in hottest))
+    rails = j.get("rails") or {}
+    if rails:
+        lines.append("  power " + ", ".join(f"{k} {v['watts']:.1f} W"
+                                             for k, v in sorted(rails.items())))
+    return lines
 
 
 def _headline(report: dict[str, Any]) -> str:

@@ -61,7 +61,8 @@ def open_source(cfg: StreamConfig, sensor: SensorLink) -> Source:
 
         return CameraSource(cfg.name, cfg.source, queue, fps=cfg.fps, watchdog_s=cfg.watchdog_s,
                             backoff=backoff, loop=cfg.loop,
-                            size=(cfg.size[0], cfg.size[1]) if cfg.size else None)
+                            size=(cfg.size[0], cfg.size[1]) if cfg.size else None,
+                            decoder=cfg.decoder, codec=cfg.codec)
     if scheme == "mqtt":
         from edged.sources.sensor import SensorSource
 

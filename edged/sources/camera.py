@@ -1,5 +1,6 @@
-"""Cameras through OpenCV: files, RTSP and HTTP(S) MJPEG (FFmpeg), V4L2 devices, and Jetson
-CSI cameras or any GStreamer pipeline (OpenCV built with GStreamer, as JetPack's is)."""
+"""Cameras through OpenCV: files, RTSP and HTTP(S) MJPEG (FFmpeg, or on a Jetson the hardware
+decoder through GStreamer: edged/sources/hwdecode.py), V4L2 devices, and Jetson CSI cameras
+or any GStreamer pipeline (OpenCV built with GStreamer, as JetPack's is)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
+from edged.sources import hwdecode
 from edged.sources.base import Source, SourceError, SourceUnavailable
 
 logger = logging.getLogger(__name__)
 
-APPSINK = "appsink drop=true max-buffers=1 sync=false"
+APPSINK = hwdecode.APPSINK
+_PROBE = hwdecode.DecodeProbe()  # what this machine decodes with, asked once per process
 GSTREAMER_FIX = ("this OpenCV has no GStreamer backend (opencv-python wheels from PyPI do not); "
                  "on Jetson use JetPack's OpenCV (apt install python3-opencv) and remove "
                  "opencv-python* from edged's environment")
@@ -54,11 +57,17 @@ class CameraSource(Source):
     kind = "camera"
 
     def __init__(self, *args: Any, loop: bool = False,
-                 size: tuple[int, int] | None = None, **kwargs: Any) -> None:
+                 size: tuple[int, int] | None = None, decoder: hwdecode.DecoderName = "auto",
+                 codec: hwdecode.Codec = "auto", probe: hwdecode.DecodeProbe | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.loop = loop
         self.size = size
         self.scheme = self.uri.partition("://")[0]
+        self.decoder = decoder
+        self.codec = codec
+        self._probe = probe or _PROBE
+        self._plan: hwdecode.DecodePlan | None = None  # decided at the first open, kept
         self._capture: Any = None
         self._frame_interval_s = 0.0
         self._next_due = 0.0
@@ -73,8 +82,16 @@ class CameraSource(Source):
             path = Path(unquote(urlsplit(self.uri).path))
             if not path.is_file():
                 raise SourceError(f"{path} is not a readable file")
+            plan = self.decode_plan(path)
+            if plan.pipeline is not None:
+                return plan.pipeline, cv2.CAP_GSTREAMER
             return str(path), cv2.CAP_ANY
-        if self.scheme in ("rtsp", "http", "https"):
+        if self.scheme == "rtsp":
+            plan = self.decode_plan(None)
+            if plan.pipeline is not None:
+                return plan.pipeline, cv2.CAP_GSTREAMER
+            return self.uri, cv2.CAP_FFMPEG
+        if self.scheme in ("http", "https"):
             return self.uri, cv2.CAP_FFMPEG
         if self.scheme == "v4l2":
             device = "/" + rest.lstrip("/")
@@ -91,6 +108,26 @@ class CameraSource(Source):
             return gst_pipeline(unquote(rest)), cv2.CAP_GSTREAMER
         raise SourceUnavailable(f"{self.uri}: not a camera URI")
 
+    def decode_plan(self, path: Path | None) -> hwdecode.DecodePlan:
+        """The stream's decoder, chosen at its first open and kept across reconnects; a
+        reason for FFmpeg where hardware was possible is logged once."""
+        if self._plan is None:
+            self._plan = hwdecode.plan(self.scheme, self.uri, path, self._probe,
+                                       decoder=self.decoder, codec=self.codec)
+            if self._plan.note:
+                logger.info("stream %s: %s", self.name, self._plan.note,
+                            extra={"stream": self.name})
+            else:
+                logger.info("stream %s: decoding with %s", self.name, self._plan.decoder,
+                            extra={"stream": self.name})
+        return self._plan
+
+    def _decoder_shown(self) -> str | None:
+        if self._plan is not None:
+            return self._plan.decoder
+        return {"file": None, "rtsp": None, "http": "ffmpeg", "https": "ffmpeg",
+                "v4l2": "v4l2", "csi": "nvarguscamerasrc", "gst": "gstreamer"}.get(self.scheme)
+
     def open(self) -> None:
         import cv2
 
@@ -98,10 +135,18 @@ class CameraSource(Source):
         if self.scheme == "rtsp":
             # TCP: UDP RTSP loses packets (grey smears) on the lossy links cameras sit on.
             os.environ.setdefault("OPENCV_FFMPEG_CAPTURE_OPTIONS", "rtsp_transport;tcp")
-        timeout_ms = int(self.watchdog_s * 1000)
-        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms,
-                  cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
-        capture = cv2.VideoCapture(target, api, params)
+        capture = self._capture_for(target, api)
+        if not capture.isOpened() and self._plan is not None and self._plan.pipeline:
+            # The hardware pipeline would not start (a plugin that fails to load, an RTSP
+            # camera sending H.265 where H.264 was assumed): FFmpeg from now on, said once.
+            capture.release()
+            logger.warning("stream %s: the nvv4l2decoder pipeline did not open; decoding with "
+                           "FFmpeg from now on (for an H.265 camera set codec: h265)",
+                           self.name, extra={"stream": self.name, "code": "decoder_fallback"})
+            self._plan = hwdecode.DecodePlan("ffmpeg", note="the hardware pipeline did not "
+                                                            "open")
+            target, api = self.target()
+            capture = self._capture_for(target, api)
         if not capture.isOpened():
             capture.release()
             raise SourceError(f"{self.uri}: cannot open")
@@ -114,12 +159,24 @@ class CameraSource(Source):
             self._next_due = self.clock()
         self._capture = capture
 
+    def _capture_for(self, target: str | int, api: int) -> Any:
+        import cv2
+
+        timeout_ms = int(self.watchdog_s * 1000)
+        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms,
+                  cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
+        return cv2.VideoCapture(target, api, params)
+
     def read(self) -> np.ndarray | None:
         ok, frame = self._capture.read()
         if not ok and self.scheme == "file" and self.loop:
             import cv2
 
-            self._capture.set(cv2.CAP_PROP_POS_FRAMES, 0)
+            if self._plan is not None and self._plan.pipeline:  # a pipeline at EOS: restart it
+                self._capture.release()
+                self._capture = self._capture_for(*self.target())
+            else:
+                self._capture.set(cv2.CAP_PROP_POS_FRAMES, 0)
             ok, frame = self._capture.read()
         if not ok:
             if self.scheme == "file":
@@ -143,6 +200,11 @@ class CameraSource(Source):
             self._stop.set()
             logger.info("stream %s: %s has ended", self.name, self.uri)
         return True
+
+    def snapshot(self) -> dict[str, Any]:
+        row = super().snapshot()
+        row["decoder"] = self._decoder_shown()
+        return row
 
     def close(self) -> None:
         if self._capture is not None:

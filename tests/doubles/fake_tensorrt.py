@@ -83,6 +83,7 @@ class Knobs:
     version: str = "10.13.0"
     weak_typing: bool = True  # TensorRT 10: FP16/INT8 builder flags exist
     fail_build: bool = False  # build_serialized_network returns None
+    dla_cores: int = 0  # Builder.num_DLA_cores: 0 on a discrete GPU, 2 on an AGX Orin
     build_gate: threading.Event | None = None  # set to let builds finish
     run_barrier: threading.Barrier | None = None  # contexts meet here inside execute
     builds: list[dict[str, Any]] = field(default_factory=list)
@@ -207,6 +208,10 @@ class Builder:
 
     def __init__(self, logger: ILogger) -> None:
         self.logger = logger
+
+    @property
+    def num_DLA_cores(self) -> int:
+        return self.knobs.dla_cores
 
     def create_network(self, flags: int = 0) -> INetworkDefinition:
         return INetworkDefinition()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from edged.health import HealthMonitor, RecentErrors
 from edged.ops.status import render
+from edged.tegra import Tegra
+from tests.support.jetson_sysfs import orin_root, set_value
 
 
 @dataclass
@@ -129,29 +132,55 @@ def test_status_render_when_stuck_shows_health_first_and_every_part() -> None:
         "systemd": {"notify": True, "watchdog_s": 30.0},
         "models": [{"name": "m", "version": 2, "state": "READY", "backend": "onnxruntime",
                     "providers": ["CPUExecutionProvider"], "load_seconds": 0.25,
-                    "reason": None},
+                    "reason": None, "device": "cpu"},
+                   {"name": "d", "version": 1, "state": "READY", "backend": "tensorrt",
+                    "providers": ["TensorRT 10.3.0 fp16 DLA0+GPU"], "load_seconds": 42.0,
+                    "reason": None, "device": "dla0"},
                    {"name": "n", "version": 1, "state": "UNAVAILABLE", "backend": None,
                     "providers": [], "load_seconds": None, "reason": "bad file"}],
         "queues": {"m": {"queued": 1, "pending": 2, "batches": 9}},
         "streams": {"cam": {"state": "reconnecting", "model": "m", "frames_in": 10,
                             "processed": 9, "dropped": 1, "reconnects": 3,
-                            "last_error": "no frames for 10 s"}},
+                            "last_error": "no frames for 10 s", "decoder": "nvv4l2decoder"}},
         "mqtt": {"connected": False, "published": 5, "buffered": 2, "dropped": 0},
         "process": {"rss_bytes": 200 * 2**20},
         "gpus": [{"index": 0, "name": "Orin", "memory_used_bytes": 2**30,
                   "memory_total_bytes": 8 * 2**30, "utilization_percent": 40}],
         "recent": [{"level": "ERROR", "message": "health: stuck", "code": "stalled"}],
+        "jetson": None,
     }
     text = render(report)
     lines = text.splitlines()
     assert lines[0] == ("edged 0.1.0 on edge-01: NOT LIVE, NOT READY, up 2h01m, pid 42 "
                         "under systemd (watchdog 30 s)")
     assert lines[1].startswith("  STUCK model m")
-    assert "m:2    READY        onnxruntime  250ms  CPUExecutionProvider" in text
-    assert "n:1    UNAVAILABLE  -            -      bad file" in text
+    assert "m:2    READY        onnxruntime  cpu   250ms  CPUExecutionProvider" in text
+    assert "d:1    READY        tensorrt     dla0  42.0s  TensorRT 10.3.0 fp16 DLA0+GPU" in text
+    assert "n:1    UNAVAILABLE  -            -     -      bad file" in text
     assert "m      1        1         9" in text
-    assert "cam     reconnecting  m      10  9     1        3       no frames for 10 s" in text
+    assert ("cam     reconnecting  m      nvv4l2decoder  10  9     1        3       "
+            "no frames for 10 s") in text
     assert "mqtt: NOT connected, published 5, buffered while offline 2, dropped 0" in text
     assert "process: rss 200 MiB" in text
     assert "gpu 0: Orin memory 1024/8192 MiB, utilisation 40%" in text
     assert "  error   health: stuck [code=stalled]" in text
+
+
+def test_status_render_on_a_jetson_shows_power_mode_throttling_clocks_and_rails(
+        tmp_path: Path) -> None:
+    clock = [0.0]
+    tegra = Tegra(orin_root(tmp_path), clock=lambda: clock[0])
+    tegra.read()
+    set_value(tmp_path, "sys/class/thermal/thermal_zone1/temp", 99500)
+    clock[0] = 5.0
+    stats = tegra.read()
+    assert stats is not None
+    text = render({"jetson": stats.as_dict(), "streams": {}})
+    assert ("jetson: L4T R36.4.3, power mode MODE_30W, THROTTLED (gpu-thermal hot); "
+            "throttle events since start: thermal 1") in text
+    assert "  gpu clock 918 MHz, capped at 918 of 1300 MHz" in text
+    assert "  hottest gpu-thermal 99.5 C, cpu-thermal 61.5 C, tj-thermal 61.5 C" in text
+    assert "VDD_GPU_SOC 28.1 W" in text
+    calm = render({"jetson": {**stats.as_dict(), "throttled": False, "hot_zones": [],
+                              "throttle_events": {}}, "streams": {}})
+    assert "power mode MODE_30W, not throttled" in calm

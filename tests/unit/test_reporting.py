@@ -4,14 +4,18 @@ survive a stream being replaced under its old name."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from edged.batching import InferenceCounters
 from edged.host import GpuStats
 from edged.modelstatus import ModelCounters, ModelStatus
-from edged.reporting import Reporter
+from edged.reporting import Reporter, throttle_warning
 from edged.states import ModelState
+from edged.tegra import Tegra
+from tests.support.jetson_sysfs import orin_root
 
 
 class FakePipeline:
@@ -84,3 +88,26 @@ def test_stats_when_requests_were_refused_or_timed_out_reports_them_per_model_ve
     assert reporter.stats()["inference"] == {
         "det": {"2": {"success": 40, "failure": 3, "rejected": 7, "timeouts": 3,
                       "pending": 5}}}
+
+
+def test_stats_on_a_jetson_carry_its_telemetry_and_the_throttle_warning_says_why(
+        tmp_path: Path) -> None:
+    tegra = Tegra(orin_root(tmp_path))
+    message = Reporter(list, None, list, gpus=list, jetson=tegra.read).stats()
+    jetson = message["jetson"]
+    assert (jetson["l4t"], jetson["power_mode"], jetson["power_mode_id"]) == (
+        "R36.4.3", "MODE_30W", 2)
+    assert jetson["rails"]["VDD_CPU_CV"] == {"volts": 19.112, "amperes": 0.488,
+                                             "watts": 9.327}
+    assert jetson["clocks_hz"]["gpu"] == {"now": 918000000, "max": 918000000,
+                                          "hardware_max": 1300500000}
+    assert jetson["throttled"] is False and jetson["gpu_load"] == 0.734
+    json.dumps(message)  # what goes on the wire
+    assert "jetson" not in Reporter(list, None, list, gpus=list, jetson=lambda: None).stats()
+    stats = tegra.read()
+    assert stats is not None
+    warning = json.loads(throttle_warning("edge-01", "gpu-thermal past its passive trip "
+                                          "point", stats))
+    assert warning["warning"] == "throttled" and warning["device_id"] == "edge-01"
+    assert warning["reason"].startswith("gpu-thermal") and warning["power_mode"] == "MODE_30W"
+    assert warning["clocks_hz"]["gpu"] == {"now": 918000000, "max": 918000000}

@@ -245,6 +245,7 @@ def test_load_when_contexts_cannot_start_falls_back(
 
 def test_build_for_a_dla_core_runs_fp16_with_gpu_fallback(
         trt: Knobs, repo: ModelRepository, tmp_path: Path) -> None:
+    trt.dla_cores = 2  # an AGX Orin
     built(TensorRTBackend(), spec_of(repo, "tiny_cls"), opts(tmp_path, dla_core=1)).close()
     (build,) = trt.builds
     assert build["dla_core"] == 1 and sorted(build["flags"]) == ["FP16", "GPU_FALLBACK"]
