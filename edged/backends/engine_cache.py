@@ -35,9 +35,10 @@ class EngineKey:
     profiles: tuple[tuple[InputProfile, ...], ...]  # one per execution context
     dla_core: int | None = None
     workspace_mb: int = 0
+    flags: tuple[str, ...] = ()  # BuilderFlags set, and cleared as "-NAME"
 
     def fields(self) -> dict[str, Any]:
-        return {"model_sha256": self.model_sha256, "tensorrt": self.tensorrt, "gpu": self.gpu,
+        return {"flags": list(self.flags), "model_sha256": self.model_sha256, "tensorrt": self.tensorrt, "gpu": self.gpu,
                 "compute_capability": self.compute_capability, "precision": self.precision,
                 "profiles": [[p.as_json() for p in profile] for profile in self.profiles],
                 "dla_core": self.dla_core, "workspace_mb": self.workspace_mb}
