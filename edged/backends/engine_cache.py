@@ -38,7 +38,8 @@ class EngineKey:
     flags: tuple[str, ...] = ()  # BuilderFlags set, and cleared as "-NAME"
 
     def fields(self) -> dict[str, Any]:
-        return {"flags": list(self.flags), "model_sha256": self.model_sha256, "tensorrt": self.tensorrt, "gpu": self.gpu,
+        return {"flags": list(self.flags), "model_sha256": self.model_sha256,
+                "tensorrt": self.tensorrt, "gpu": self.gpu,
                 "compute_capability": self.compute_capability, "precision": self.precision,
                 "profiles": [[p.as_json() for p in profile] for profile in self.profiles],
                 "dla_core": self.dla_core, "workspace_mb": self.workspace_mb}

@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-
 ALIGNMENT = 256  # cudaMalloc and friends return 256-byte aligned memory
 
 
