@@ -33,6 +33,21 @@ def encode(arg: Any) -> Any:
     return int(arg)
 
 
+def replay_problems(calls: list[tuple[str, Any, int]], real: list[dict[str, Any]]
+                    ) -> list[str]:
+    """Where the real module disagrees with the double on a replayed call."""
+    problems = []
+    for (name, _args, length), answer in zip(calls, real, strict=True):
+        if "raised" in answer:
+            problems.append(f"{name}: the real call refuses edged's arguments: {answer}")
+        elif answer["len"] != length:
+            problems.append(f"{name}: the real one returns {answer['len']} items, the double "
+                            f"{length}")
+        elif answer["error"] != "cudaErrorInsufficientDriver":  # it reached the runtime
+            problems.append(f"{name}: {answer['error']}")
+    return problems
+
+
 def exercise(monkeypatch: pytest.MonkeyPatch, props: Props, api: int) -> FakeCudart:
     """edged's memory and stream code on the double, every buffer kind and path."""
     fake = fake_cudart.install(monkeypatch, FakeCudart(props, api=api))
@@ -92,11 +107,7 @@ def test_every_cuda_call_edged_makes_fits_the_real_cuda_python(
     assert not {n: v for n, v in wrong.items() if int(v[0]) != v[1]}, \
         "the double's constants differ from the real ones"
     assert answer["structs"] == {"cudaDeviceProp": [], "cudaMemLocation": []}
-    for (name, _args, length), real in zip(calls, answer["calls"], strict=True):
-        assert "raised" not in real, f"{name}: the real call refuses edged's arguments: {real}"
-        assert real["len"] == length, f"{name}: the real one returns {real['len']} items, " \
-                                      f"the double {length}"
-        assert real["error"] == "cudaErrorInsufficientDriver"  # it reached the runtime
+    assert not replay_problems(calls, answer["calls"])
     names = {name for name, *_ in calls}
     assert {"cudaStreamAttachMemAsync", "cudaMemPrefetchAsync", "cudaMemcpyAsync"} <= names
 
@@ -135,3 +146,12 @@ def test_the_double_refuses_what_the_real_runtime_refuses(
     assert not back.any()  # nothing arrives before the stream is synchronized
     gpu.synchronize(stream)
     np.testing.assert_array_equal(back, host)
+
+
+def test_a_double_returning_another_tuple_or_taking_other_arguments_fails_the_replay() -> None:
+    real = [{"name": "cudaMalloc", "len": 2, "error": "cudaErrorInsufficientDriver"},
+            {"name": "cudaMemPrefetchAsync", "raised": "TypeError: an int was expected"}]
+    calls = [("cudaMalloc", [16], 1), ("cudaMemPrefetchAsync", [1, 2, 3, 4], 1)]
+    assert [p.split(":")[0] for p in replay_problems(calls, real)] == [
+        "cudaMalloc", "cudaMemPrefetchAsync"]
+    assert not replay_problems([("cudaMalloc", [16], 2)], real[:1])
