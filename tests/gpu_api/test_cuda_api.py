@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 from callsites import CUDA_FILES, TOOLS, chains
-from conftest import TARGETS, install, probe
 from doubles import fake_cudart
 from doubles.fake_cudart import DISCRETE, JETSON, FakeCudart, Props
+from realmods import TARGETS, install, probe
 
 from edged import gpu, memory
 from edged.backends.onnxruntime import device_inputs

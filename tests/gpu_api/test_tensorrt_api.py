@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 from callsites import TOOLS, TRT_FILES, chains
-from conftest import TARGETS, build_stubs, install, probe
 from doubles import fake_cudart, fake_tensorrt, surface
 from doubles.fake_cudart import DISCRETE, JETSON, FakeCudart
+from realmods import TARGETS, build_stubs, install, probe
 
 from edged.backends import BackendOptions, EngineBuilding, LoadSpec
 from edged.backends.tensorrt import TensorRTBackend
