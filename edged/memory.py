@@ -108,6 +108,13 @@ class DeviceBuffer:
     def attach(self, stream: int) -> None:
         """Let kernels on `stream` use the buffer (managed memory needs it; others do not)."""
 
+    def detach(self, stream: int) -> None:
+        """After the work queued on `stream`, give the buffer back to the CPU (managed memory
+        needs it; the caller synchronizes `stream` before the CPU touches the buffer)."""
+
+    def host_access(self) -> None:
+        """Before the CPU writes: make sure no stream holds the buffer (managed memory)."""
+
     def to_device(self, stream: int, offset: int = 0, nbytes: int | None = None) -> None:
         """Mapped memory: the GPU reads the host pages themselves."""
 
@@ -128,7 +135,9 @@ class DeviceBuffer:
 class ManagedBuffer(DeviceBuffer):
     """Unified memory, allocated attached to the host: on devices without concurrent managed
     access (Jetson) the CPU may write it while other streams run. Before a launch it is
-    attached to the launching stream (or prefetched to the GPU where access is concurrent)."""
+    attached to the launching stream (or prefetched to the GPU where access is concurrent),
+    and after it attached back to the host: left attached to a stream, the next CPU write
+    would fault whenever another worker's batch is running on that stream."""
 
     kind = "managed"
 
@@ -144,6 +153,19 @@ class ManagedBuffer(DeviceBuffer):
             gpu.call(cudart.cudaStreamAttachMemAsync, stream, self.device_ptr, 0,
                      cudart.cudaMemAttachSingle)
             self._attached = stream
+
+    def detach(self, stream: int) -> None:
+        if not self._device.concurrent_managed_access and self._attached is not None:
+            cudart = gpu.runtime()
+            gpu.call(cudart.cudaStreamAttachMemAsync, stream, self.device_ptr, 0,
+                     cudart.cudaMemAttachHost)
+            self._attached = None
+
+    def host_access(self) -> None:
+        if self._attached is not None:  # a backend left it on a stream: wait for that one
+            stream = self._attached
+            self.detach(stream)
+            gpu.synchronize(stream)
 
     def to_device(self, stream: int, offset: int = 0, nbytes: int | None = None) -> None:
         if self._device.concurrent_managed_access:
@@ -280,6 +302,7 @@ class DeviceBufferPool:
                 return self._host.take(name, rows, tail, dtype)
             held = (buffer, tail, dtype, capacity)
             self._buffers[name] = held
+        held[0].host_access()  # the caller writes the batch next
         return held[0].view((held[3], *tail), dtype)[:rows]
 
     def concatenate(self, name: str, parts: Sequence[np.ndarray],

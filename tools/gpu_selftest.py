@@ -9,6 +9,9 @@ Sections, each skipped with the reason when its library or device is missing (th
   tensorrt  FP16 and INT8 engines (built by edged's TensorRT backend, served from its engine
             cache) against ONNX Runtime on the CPU; INT8 needs a Q/DQ variant that passed
             `edged quantize`'s gate (made here from random samples with --quantize)
+  pool      the daemon's own path: batches of several sizes written in place into mapped,
+            managed and pinned pool buffers, read by a two-instance TensorRT session from two
+            threads at once, every output checked against ONNX Runtime on the CPU
   timing    p50 of TensorRT, ORT-CUDA and ORT-CPU at batch 1 and at the tuned batch size
 
 Models: the tiny test models (tools/make_test_models.py) and PP-OCR cls/det from the
@@ -26,6 +29,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -227,11 +231,14 @@ def _ort_cuda(report: Report, model: ModelVersion, work: Path) -> None:
     pool = memory.new_pool(max(model.max_batch_size, 1))
     pooled = {k: pool.concatenate(k, [v]) if model.max_batch_size else v
               for k, v in inputs.items()}
+    from edged.backends.onnxruntime import device_inputs
+
+    bound = device_inputs(pooled) is not None  # the IOBinding path, not ORT's own copy
     bound_ok, bound_detail, _ = close_enough(want, cuda.infer(pooled), TOLERANCES["ort-cuda"])
     pool.close()
-    report.add("ort-cuda", model.name, ok and bound_ok,
-               f"{detail}; IOBinding from a {memory.resolve('auto')} pool: {bound_detail}",
-               max_abs=worst)
+    report.add("ort-cuda", model.name, ok and bound_ok and bound,
+               f"{detail}; IOBinding {'ran' if bound else 'did NOT run'} from a "
+               f"{memory.resolve('auto')} pool: {bound_detail}", max_abs=worst)
 
 
 def int8_file(model: ModelVersion, make: bool, samples: int) -> tuple[Path | None, str]:
@@ -307,6 +314,75 @@ def _tensorrt(report: Report, backend: Any, model: ModelVersion, path: Path, pre
         sessions[model.name] = session
     else:
         session.close()
+
+
+def section_pool(report: Report, models: list[ModelVersion], device: gpu.Device | None,
+                 args: argparse.Namespace) -> None:
+    for model in models:
+        for kind in ("mapped", "managed", "pinned"):
+            check = f"{model.name} {kind}"
+            reason = gpu.unavailable_reason() if device is None else _no_tensorrt()
+            if reason:
+                report.skip("pool", check, reason)
+            elif not model.max_batch_size:
+                report.skip("pool", check, "not a batched model")
+            else:
+                report.guard("pool", check, lambda m=model, k=kind: _pool(report, m, k, args))
+
+
+def _no_tensorrt() -> str | None:
+    try:
+        importlib.import_module("tensorrt")
+    except ImportError as exc:
+        return f"TensorRT is not installed ({exc})"
+    return None
+
+
+def _pool(report: Report, model: ModelVersion, kind: str, args: argparse.Namespace) -> None:
+    """Two instances, two threads, each writing batches of 1, opt and max rows into its own
+    pool of `kind` and running them in place; every output against ORT on the CPU (fp16)."""
+    from edged.backends.tensorrt import TensorRTBackend
+
+    spec = dataclasses.replace(load_spec(model, precision="fp16"), instances=2)
+    options = BackendOptions(providers=("cpu",), cache_dir=args.cache_dir, memory=kind)
+    try:
+        session = TensorRTBackend().load(spec, options)
+    except EngineBuilding as building:
+        building.upgrade.result(timeout=args.build_timeout)  # type: ignore[union-attr]
+        session = TensorRTBackend().load(spec, options)
+    cpu = OrtSession(dataclasses.replace(spec, precision="fp32"),
+                     BackendOptions(providers=("cpu",), cache_dir=args.cache_dir))
+    sizes = sorted({1, spec.opt_batch_size or 1, model.max_batch_size})
+    worst: list[str] = []
+    failures: list[str] = []
+
+    def worker(seed: int) -> None:
+        pool = memory.new_pool(model.max_batch_size, kind)
+        try:
+            for round_ in range(3):
+                for rows in sizes:
+                    inputs = sample(model, rows, seed * 100 + round_ * 10 + rows)
+                    placed = {k: pool.concatenate(k, [v]) for k, v in inputs.items()}
+                    ok, detail, _ = close_enough(cpu.infer(inputs), session.infer(placed),
+                                                 TOLERANCES["fp16"])
+                    worst.append(detail)
+                    if not ok:
+                        failures.append(f"b{rows}: {detail}")
+        except Exception as exc:  # reported as this check's failure
+            failures.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            pool.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    session.close()
+    report.add("pool", f"{model.name} {kind}", not failures,
+               "; ".join(failures[:3]) or f"{len(worst)} batches of {sizes} rows, 2 threads, "
+               f"2 instances, in place from {memory.resolve(kind)} buffers: all within fp16",
+               batches=len(worst))
 
 
 def section_timing(report: Report, models: list[ModelVersion], trt: dict[str, Any],
@@ -402,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         section_ort_cuda(report, models, device, Path(tmp))
         engines: dict[str, Any] = {}
         section_tensorrt(report, models, device, args, engines)
+        section_pool(report, models, device, args)
         section_timing(report, models, engines, args)
         for session in engines.values():
             session.close()

@@ -35,17 +35,14 @@ class EngineKey:
     profiles: tuple[tuple[InputProfile, ...], ...]  # one per execution context
     dla_core: int | None = None
     workspace_mb: int = 0
-    gpu_fallback: bool = True  # on a DLA: whether layers it cannot run went to the GPU
+    flags: tuple[str, ...] = ()  # BuilderFlags set, and cleared as "-NAME"
 
     def fields(self) -> dict[str, Any]:
-        fields = {"model_sha256": self.model_sha256, "tensorrt": self.tensorrt,
-                  "gpu": self.gpu, "compute_capability": self.compute_capability,
-                  "precision": self.precision,
-                  "profiles": [[p.as_json() for p in profile] for profile in self.profiles],
-                  "dla_core": self.dla_core, "workspace_mb": self.workspace_mb}
-        if self.dla_core is not None and not self.gpu_fallback:
-            fields["gpu_fallback"] = False  # only then: every other key keeps its digest
-        return fields
+        return {"flags": list(self.flags), "model_sha256": self.model_sha256,
+                "tensorrt": self.tensorrt, "gpu": self.gpu,
+                "compute_capability": self.compute_capability, "precision": self.precision,
+                "profiles": [[p.as_json() for p in profile] for profile in self.profiles],
+                "dla_core": self.dla_core, "workspace_mb": self.workspace_mb}
 
     @property
     def digest(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,10 @@ def provider_chain(spec: LoadSpec, options: BackendOptions,
                 **_trt_profile_options(spec),
             }
             if options.dla_core is not None:
-                provider_options.update(trt_dla_enable=True, trt_dla_core=options.dla_core)
+                # The EP ignores the DLA unless fp16 or int8 is on; DLA cores run no fp32, so
+                # fp32 runs fp16 there, as on the TensorRT backend.
+                provider_options.update(trt_dla_enable=True, trt_dla_core=options.dla_core,
+                                        trt_fp16_enable=True)
         elif short == "cuda":
             provider_options = cuda_options(options)
         chain.append((name, provider_options))
@@ -135,7 +139,9 @@ class OrtSession:
         for name, provider_options in chain:
             if name == PROVIDER_NAMES["tensorrt"]:
                 Path(provider_options["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
-        self._session, dropped = _create_session(spec, session_options(options), chain)
+        self._so, self._chain = session_options(options), chain
+        self._fallback_lock = threading.Lock()
+        self._session, dropped = _create_session(spec, self._so, chain)
         self.providers: list[str] = list(self._session.get_providers())
         asked = [name for name, _ in chain]
         if self.providers[:1] != asked[:1]:
@@ -156,21 +162,47 @@ class OrtSession:
         return self._session
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = self._session
+        try:
+            return self._infer(session, inputs)
+        except Exception as exc:  # a lazy TensorRT EP build fails on the first run: EPFail
+            if not self._drop_tensorrt(session, exc):
+                raise
+        return self._infer(self._session, inputs)
+
+    def _infer(self, session: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._on_gpu:
             placed = device_inputs(inputs)
             if placed is not None:
-                return self._run_bound(placed)
+                return self._run_bound(session, placed)
         # ORT releases the GIL inside run(), so instance threads truly overlap.
-        results = self._session.run(self._output_names, _text_inputs(inputs))
+        results = session.run(self._output_names, _text_inputs(inputs))
         return dict(zip(self._output_names, results, strict=True))
 
-    def _run_bound(self, placed: Mapping[str, tuple[np.ndarray, int]]) -> dict[str, np.ndarray]:
-        binding = self._session.io_binding()  # one per call: a binding is not thread-safe
+    def _drop_tensorrt(self, failed: Any, exc: Exception) -> bool:
+        """After `failed` (a session on the TensorRT EP) raised from run(): serve on the rest
+        of the chain from now on. False when that is not the case (the error stands)."""
+        if not _provider_failure(exc) or self.providers[0] != PROVIDER_NAMES["tensorrt"]:
+            return False
+        with self._fallback_lock:
+            if self._session is failed:  # the first thread here rebuilds; others reuse it
+                rest = [p for p in self._chain if p[0] != PROVIDER_NAMES["tensorrt"]]
+                logger.warning("%s: the TensorRT EP failed at run time (%s); dropping to %s",
+                               self.spec.label, str(exc).splitlines()[0][-160:],
+                               ", ".join(name for name, _ in rest))
+                self._session, _ = _create_session(self.spec, self._so, rest)
+                self.providers = list(self._session.get_providers())
+                self._on_gpu = self.providers[0] == PROVIDER_NAMES["cuda"]
+        return True
+
+    def _run_bound(self, session: Any, placed: Mapping[str, tuple[np.ndarray, int]]
+                   ) -> dict[str, np.ndarray]:
+        binding = session.io_binding()  # one per call: a binding is not thread-safe
         for name, (array, address) in placed.items():
             binding.bind_input(name, "cuda", 0, array.dtype, list(array.shape), address)
         for name in self._output_names:
             binding.bind_output(name, "cpu")
-        self._session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         return dict(zip(self._output_names, binding.copy_outputs_to_cpu(), strict=True))
 
     def close(self) -> None:
@@ -227,13 +259,29 @@ def _create_session(spec: LoadSpec, so: Any,
             # enable_fallback=0: no silent retry with a stdout banner; this loop retries.
             return ort.InferenceSession(str(spec.path), so, providers=chain,
                                         enable_fallback=0), dropped
-        except RuntimeError as exc:  # ORT's own error types are not RuntimeErrors
-            if len(chain) <= 1:
+        except Exception as exc:
+            # A provider failing (RuntimeError when its libraries are missing, EPFail when the
+            # TensorRT EP cannot build an engine, ...) drops to the next; a file ONNX Runtime
+            # cannot read fails the load whatever runs it.
+            if len(chain) <= 1 or not _provider_failure(exc):
                 raise ModelLoadError(f"{spec.path}: ONNX Runtime cannot load it: {exc}") from exc
             dropped.append(f"{chain[0][0]} failed: {str(exc).splitlines()[0][-160:]}")
             chain = chain[1:]
-        except Exception as exc:  # InvalidProtobuf, NoSuchFile, Fail, InvalidGraph, ...
-            raise ModelLoadError(f"{spec.path}: ONNX Runtime cannot load it: {exc}") from exc
+
+
+# ORT's pybind exceptions that say the model or file is bad, not the provider.
+_MODEL_ERRORS = ("InvalidProtobuf", "NoSuchFile", "NoModel", "InvalidGraph", "InvalidArgument")
+
+
+def _provider_failure(exc: Exception) -> bool:
+    """Whether `exc` is a provider's failure (worth trying the next one): a RuntimeError, or
+    one of ORT's pybind exceptions (EPFail, Fail, RuntimeException, EngineError, ...; none of
+    them RuntimeErrors) other than those about the model itself."""
+    if isinstance(exc, RuntimeError):
+        return True
+    kind = type(exc)
+    return kind.__module__.endswith("onnxruntime_pybind11_state") and \
+        kind.__name__ not in _MODEL_ERRORS
 
 
 _ORT_TYPES = {

@@ -48,6 +48,7 @@ from edged.model.tensor import TensorSpec
 logger = logging.getLogger(__name__)
 
 CONTEXT_WAIT_S = 60.0  # an infer() finds every context busy only if callers outnumber instances
+ALIGNMENT = 256  # TensorRT wants device tensors 256-byte aligned (what cudaMalloc returns)
 
 
 def _tensorrt() -> ModuleType:
@@ -129,10 +130,17 @@ class TensorRTBackend:
                                    weak_typing=weakly_typed(trt),
                                    dla=options.dla_core is not None,
                                    gpu_fallback=options.dla_gpu_fallback)
-        profiles = (derive_profile(spec),) * max(spec.instances, 1)
+        profile = derive_profile(spec)
+        # Contexts running at once need a profile each when shapes vary (TensorRT binds the
+        # shapes to the profile); with fixed shapes they share one, and the engine stays one
+        # engine whatever the instance count.
+        fixed = all(p.min == p.max for p in profile)
+        profiles = (profile,) * (1 if fixed else max(spec.instances, 1))
+        # The flags carry GPU_FALLBACK too: a DLA engine without it is another engine.
+        flags = precision.flags + tuple(f"-{f}" for f in precision.cleared)
         key = EngineKey(sha, str(trt.__version__), device.name, device.compute_capability,
                         precision.precision, profiles, options.dla_core, options.workspace_mb,
-                        gpu_fallback=options.dla_gpu_fallback)
+                        flags)
         return BuildPlan(spec, precision, profiles,
                          engine_cache.timing_cache_path(options.cache_dir, key)), key
 
@@ -226,6 +234,9 @@ class TrtSession:
         is_input = [engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names]
         self.inputs = [s for s, i in zip(specs, is_input, strict=True) if i]
         self.outputs = [s for s, i in zip(specs, is_input, strict=True) if not i]
+        # Shape tensors live on the host: TensorRT reads them at enqueue, from host memory.
+        self._on_host = {n: engine.get_tensor_location(n) == trt.TensorLocation.HOST
+                         for n in names}
         self.providers = [f"TensorRT {trt.__version__} {precision}" + dla.shown(options)]
         self._kind = memory.device_kind(options.memory)
         self._slots: queue.Queue[_Slot] = queue.Queue()
@@ -267,6 +278,8 @@ class TrtSession:
 
     def _run(self, slot: _Slot, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         context, stream = slot.context, slot.stream
+        held: list[np.ndarray] = []  # host inputs TensorRT reads at enqueue: alive until then
+        lent: list[memory.DeviceBuffer] = []  # pool buffers to give back to the CPU after
         for tensor in self.inputs:
             if tensor.name not in inputs:
                 raise InvalidInput(f"{self.spec.label}: input {tensor.name} is missing")
@@ -274,7 +287,8 @@ class TrtSession:
             if not context.set_input_shape(tensor.name, array.shape):
                 raise InvalidInput(f"{self.spec.label}: input {tensor.name} of shape "
                                    f"{list(array.shape)} is outside the engine's profile")
-            context.set_tensor_address(tensor.name, self._upload(slot, tensor.name, array))
+            held.append(array)
+            self._address(context, tensor.name, self._upload(slot, tensor.name, array, lent))
         shapes = {}
         for tensor in self.outputs:
             shape = tuple(context.get_tensor_shape(tensor.name))
@@ -284,24 +298,41 @@ class TrtSession:
             shapes[tensor.name] = shape
             nbytes = int(np.prod(shape)) * tensor.dtype.itemsize
             buffer = self._buffer(slot.outputs, tensor.name, nbytes)
+            if self._on_host[tensor.name]:
+                self._address(context, tensor.name, buffer.host_ptr)
+                continue
             buffer.attach(stream)
-            context.set_tensor_address(tensor.name, buffer.address())
+            self._address(context, tensor.name, buffer.address())
         if not context.execute_async_v3(stream):
             raise InferenceFailed(f"{self.spec.label}: TensorRT could not enqueue the batch")
+        del held  # enqueued: TensorRT has read the host inputs
         for tensor in self.outputs:
-            slot.outputs[tensor.name].to_host(stream, 0, int(np.prod(shapes[tensor.name])) *
-                                              tensor.dtype.itemsize)
+            if not self._on_host[tensor.name]:
+                slot.outputs[tensor.name].to_host(
+                    stream, 0, int(np.prod(shapes[tensor.name])) * tensor.dtype.itemsize)
+        for buffer in lent:  # managed: back to the host, or the worker's next write faults
+            buffer.detach(stream)
         gpu.synchronize(stream)
         # Copies: the slot's buffers are reused by the next batch, and callers own outputs.
         return {t.name: slot.outputs[t.name].view(shapes[t.name], t.dtype).copy()
                 for t in self.outputs}
 
-    def _upload(self, slot: _Slot, name: str, array: np.ndarray) -> int:
-        """The device address of `array`: in place when it lies in a CUDA buffer (the
-        batcher's pool), else through this slot's staging buffer (the one copy)."""
+    def _address(self, context: Any, name: str, address: int) -> None:
+        if not context.set_tensor_address(name, address):
+            raise InferenceFailed(f"{self.spec.label}: TensorRT refused the address "
+                                  f"{address:#x} of {name}")
+
+    def _upload(self, slot: _Slot, name: str, array: np.ndarray,
+                lent: list[memory.DeviceBuffer]) -> int:
+        """The address TensorRT reads `array` at: a host one for a HOST tensor; else in place
+        when it lies, aligned, in a CUDA buffer (the batcher's pool), else through this
+        slot's staging buffer (the one copy)."""
         found = memory.locate(array)
-        if found is not None:
+        if self._on_host[name]:
+            return int(array.ctypes.data)  # pool buffers are host memory too
+        if found is not None and (found[0].address() + found[1]) % ALIGNMENT == 0:
             buffer, offset = found
+            lent.append(buffer)
         else:
             buffer, offset = self._buffer(slot.staged, name, array.nbytes), 0
             buffer.view(array.shape, array.dtype)[...] = array

@@ -31,6 +31,7 @@ class PrecisionPlan:
     precision: str  # what the engine runs: fp32 | fp16 | int8
     flags: tuple[str, ...]  # BuilderFlag names to set
     note: str | None = None  # why it differs from what was asked (log, sidecar)
+    cleared: tuple[str, ...] = ()  # BuilderFlag names to clear (TensorRT sets TF32 itself)
 
 
 def weakly_typed(trt: Any) -> bool:
@@ -43,8 +44,11 @@ def plan_precision(asked: str, *, has_qdq: bool, weak_typing: bool,
                    dla: bool = False, gpu_fallback: bool = True) -> PrecisionPlan:
     """Builder flags for `asked` (fp32 | fp16 | int8). INT8 is explicit quantization only: a
     Q/DQ file, whose nodes say where INT8 runs (implicit calibration is deprecated in
-    TensorRT 10 and removed in 11). TensorRT 10 needs the INT8 flag to honour Q/DQ nodes;
-    TensorRT 11 has no precision flags at all."""
+    TensorRT 10 and removed in 11). TensorRT 10 needs the INT8 flag to honour Q/DQ nodes, and
+    FP16 beside it lets the layers between Q/DQ islands run in half (ONNX Runtime's TensorRT EP
+    sets both too); TensorRT 11 has no precision flags at all. An fp32 engine clears TF32,
+    which TensorRT enables by default: on Ampere and Orin it rounds matmul and convolution
+    inputs to 10 mantissa bits, outside fp32's tolerance."""
     notes = []
     if asked == "int8" and not has_qdq:
         notes.append("int8 needs a Q/DQ (explicitly quantized) ONNX file and this one has no "
@@ -58,7 +62,7 @@ def plan_precision(asked: str, *, has_qdq: bool, weak_typing: bool,
         precision = "int8"
         if weak_typing:
             flags.append("INT8")
-            if asked == "fp16":
+            if asked in ("fp16", "int8"):
                 flags.append("FP16")  # layers between the Q/DQ islands may run in half
     elif asked == "fp16" and not weak_typing:
         notes.append("this TensorRT has no FP16 builder flag (strongly typed networks); the "
@@ -69,7 +73,8 @@ def plan_precision(asked: str, *, has_qdq: bool, weak_typing: bool,
         flags += ["FP16"] if asked == "fp16" else []
     if dla and gpu_fallback:
         flags.append("GPU_FALLBACK")  # layers a DLA cannot run go to the GPU
-    return PrecisionPlan(precision, tuple(flags), "; ".join(notes) or None)
+    cleared = ("TF32",) if precision == "fp32" else ()
+    return PrecisionPlan(precision, tuple(flags), "; ".join(notes) or None, cleared)
 
 
 def inspect_qdq(path: Path) -> tuple[bool, str | None]:
@@ -103,7 +108,7 @@ def inspect_qdq(path: Path) -> tuple[bool, str | None]:
 class BuildPlan:
     spec: LoadSpec
     precision: PrecisionPlan
-    profiles: tuple[tuple[InputProfile, ...], ...]  # one per execution context
+    profiles: tuple[tuple[InputProfile, ...], ...]  # one per context (one if shapes are fixed)
     timing_cache: Path
 
 
@@ -150,6 +155,8 @@ def build_engine(trt: Any, plan: BuildPlan, options: BackendOptions,
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mb << 20)
     for flag in plan.precision.flags:
         config.set_flag(getattr(trt.BuilderFlag, flag))
+    for flag in plan.precision.cleared:
+        config.clear_flag(getattr(trt.BuilderFlag, flag))
     if options.dla_core is not None:
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = options.dla_core

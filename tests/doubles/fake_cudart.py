@@ -3,7 +3,15 @@ item is a `cudaError_t`, as the real one does. Memory is real process memory (ct
 so host and "device" addresses both work with memmove and the data really flows through the
 copies; the double records what was called so tests can check the strategy, not just the
 result. `driver=False` answers every call with cudaErrorInsufficientDriver, as on a machine
-without an NVIDIA driver."""
+without an NVIDIA driver.
+
+It enforces what the real runtime enforces (tests/gpu_api checks its names, arguments and
+return tuples against the real cuda-python): allocations are 256-byte aligned; async copies
+and kernels (fake_tensorrt's) run in stream order only when the stream is synchronized;
+managed memory follows the attach rules of a device without concurrent managed access (the
+GPU may not touch memory attached to the host or to another stream, the CPU may not touch
+memory attached to a stream with work in flight: `cpu_access` is that rule's oracle); and
+`api=12` gives cuda-python 12's cudaMemPrefetchAsync (a device ordinal)."""
 
 from __future__ import annotations
 
@@ -17,6 +25,8 @@ from typing import Any
 
 import pytest
 
+ALIGNMENT = 256  # cudaMalloc and friends return 256-byte aligned memory
+
 
 class cudaError_t(enum.IntEnum):
     cudaSuccess = 0
@@ -24,6 +34,16 @@ class cudaError_t(enum.IntEnum):
     cudaErrorMemoryAllocation = 2
     cudaErrorInsufficientDriver = 35
     cudaErrorNoDevice = 100
+    cudaErrorInvalidResourceHandle = 400
+    cudaErrorIllegalAddress = 700
+
+
+class Fault(AssertionError):
+    """What the real device would do to the process: a bus error or a sticky illegal address."""
+
+
+current: FakeCudart | None = None  # the installed double, for fake_tensorrt's checks
+ATTACH = {1: "global", 2: "host", 4: "single"}
 
 
 class cudaMemcpyKind(enum.IntEnum):
@@ -71,7 +91,12 @@ class FakeCudart:
     allocations: dict[int, tuple[str, Any]] = field(default_factory=dict)  # ptr -> (kind, buf)
     streams: set[int] = field(default_factory=set)
     fail: set[str] = field(default_factory=set)  # names of calls to fail with MemoryAllocation
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    api: int = 13  # cuda-python's major version: 12 has the older cudaMemPrefetchAsync
+    returns: list[tuple[str, tuple[Any, ...], int]] = field(default_factory=list)
+    attached: dict[int, Any] = field(default_factory=dict)  # managed ptr -> host|global|stream
+    pending: dict[int, list[Any]] = field(default_factory=dict)  # stream -> queued work
+    faults: list[str] = field(default_factory=list)
+    lock: threading.RLock = field(default_factory=threading.RLock)
     _next_stream: int = 0x1000
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -85,11 +110,66 @@ class FakeCudart:
         return cudaError_t.cudaSuccess
 
     def _alloc(self, kind: str, size: int) -> int:
-        buf = ctypes.create_string_buffer(size)
-        ptr = ctypes.addressof(buf)
+        buf = ctypes.create_string_buffer(size + ALIGNMENT)
+        ptr = -(-ctypes.addressof(buf) // ALIGNMENT) * ALIGNMENT
         with self.lock:
-            self.allocations[ptr] = (kind, buf)
+            self.allocations[ptr] = (kind, (buf, size))
         return ptr
+
+    # -- the rules ---------------------------------------------------------------------------
+    def kind_of(self, address: int) -> tuple[str, int] | None:
+        """The allocation kind `address` lies in and that allocation's start, or None."""
+        with self.lock:
+            for ptr, (kind, (_buf, size)) in self.allocations.items():
+                if ptr <= address < ptr + max(size, 1):
+                    return kind, ptr
+        return None
+
+    def _concurrent(self) -> bool:
+        return bool(self.props and self.props.concurrentManagedAccess)
+
+    def gpu_access(self, address: int, stream: int) -> str | None:
+        """Why a kernel on `stream` may not read or write `address` (None: it may)."""
+        found = self.kind_of(address)
+        if found is None:
+            return f"{address:#x} is not device-accessible memory (a plain host pointer)"
+        kind, ptr = found
+        if kind == "managed" and not self._concurrent():
+            where = self.attached.get(ptr)
+            if where == "host" or (where not in ("global", None) and where != stream):
+                return (f"managed {ptr:#x} is attached to {where} but stream {stream:#x} "
+                        "touched it (no concurrent managed access)")
+        return None
+
+    def cpu_access(self, address: int) -> None:
+        """Raise Fault when the CPU may not touch `address` now: managed memory attached to a
+        stream with work in flight (or globally while any stream has), on a device without
+        concurrent managed access."""
+        found = self.kind_of(address)
+        if found is None or found[0] != "managed" or self._concurrent():
+            return
+        with self.lock:
+            where = self.attached.get(found[1])
+            busy = [s for s, work in self.pending.items() if work]
+        if (where == "global" and busy) or (where in busy):
+            message = f"CPU touched managed {found[1]:#x} attached to {where} while it ran"
+            self.faults.append(message)
+            raise Fault(message)
+
+    def enqueue(self, stream: int, work: Any) -> None:
+        """Queue `work` (a callable) on `stream`: it runs when the stream is synchronized."""
+        with self.lock:
+            self.pending.setdefault(stream, []).append(work)
+
+    def launch(self, stream: int) -> None:
+        """Another worker's kernel in flight on `stream` (until it is synchronized)."""
+        self.enqueue(stream, lambda: None)
+
+    def _drain(self, stream: int) -> None:
+        with self.lock:
+            work, self.pending[stream] = self.pending.get(stream, []), []
+        for item in work:
+            item()
 
     def called(self, name: str) -> list[tuple[Any, ...]]:
         with self.lock:
@@ -123,7 +203,13 @@ class FakeCudart:
 
     def cudaMallocManaged(self, size: int, flags: int) -> tuple[cudaError_t, int | None]:
         err = self._enter("cudaMallocManaged", (size, flags))
-        return (err, None) if err else (err, self._alloc("managed", size))
+        if not err and int(flags) not in (1, 2):
+            err = cudaError_t.cudaErrorInvalidValue
+        if err:
+            return err, None
+        ptr = self._alloc("managed", size)
+        self.attached[ptr] = ATTACH[int(flags)]
+        return err, ptr
 
     def cudaMalloc(self, size: int) -> tuple[cudaError_t, int | None]:
         err = self._enter("cudaMalloc", (size,))
@@ -134,6 +220,7 @@ class FakeCudart:
         with self.lock:
             if not err and self.allocations.pop(ptr, None) is None:
                 err = cudaError_t.cudaErrorInvalidValue
+            self.attached.pop(ptr, None)
         return (err,)
 
     def cudaFree(self, ptr: int) -> tuple[cudaError_t]:
@@ -145,17 +232,34 @@ class FakeCudart:
     def cudaMemcpyAsync(self, dst: int, src: int, count: int, kind: cudaMemcpyKind,
                         stream: int) -> tuple[cudaError_t]:
         err = self._enter("cudaMemcpyAsync", (dst, src, count, kind, stream))
-        if not err and count:
-            ctypes.memmove(dst, src, count)
+        if not err and count:  # asynchronous: the bytes move when the stream gets there
+            self.enqueue(stream, lambda: ctypes.memmove(dst, src, count))
         return (err,)
 
-    def cudaMemPrefetchAsync(self, ptr: int, count: int, location: cudaMemLocation,
-                             flags: int, stream: int) -> tuple[cudaError_t]:
-        return (self._enter("cudaMemPrefetchAsync", (ptr, count, location.type, stream)),)
+    def cudaMemPrefetchAsync(self, ptr: int, count: int, *rest: Any) -> tuple[cudaError_t]:
+        if self.api == 12:  # (devPtr, count, dstDevice: int, stream)
+            if len(rest) != 2 or not isinstance(rest[0], int):
+                raise TypeError("cudaMemPrefetchAsync(devPtr, count, dstDevice, stream)")
+            return (self._enter("cudaMemPrefetchAsync", (ptr, count, rest[0], rest[1])),)
+        if len(rest) != 3 or not isinstance(rest[0], cudaMemLocation):
+            raise TypeError("cudaMemPrefetchAsync(devPtr, count, location, flags, stream)")
+        return (self._enter("cudaMemPrefetchAsync", (ptr, count, rest[0], rest[1], rest[2])),)
 
     def cudaStreamAttachMemAsync(self, stream: int, ptr: int, length: int,
                                  flags: int) -> tuple[cudaError_t]:
-        return (self._enter("cudaStreamAttachMemAsync", (stream, ptr, length, flags)),)
+        err = self._enter("cudaStreamAttachMemAsync", (stream, ptr, length, flags))
+        if err:
+            return (err,)
+        found = self.kind_of(ptr)
+        where = ATTACH.get(int(flags))
+        if (found is None or found[0] != "managed" or found[1] != ptr or where is None
+                or (where == "single" and (not stream or stream not in self.streams))):
+            return (cudaError_t.cudaErrorInvalidValue,)
+        size = self.allocations[ptr][1][1]
+        if length not in (0, size):  # memory from cudaMallocManaged: the whole of it
+            return (cudaError_t.cudaErrorInvalidValue,)
+        self.attached[ptr] = stream if where == "single" else where
+        return (err,)
 
     def cudaStreamCreateWithFlags(self, flags: int) -> tuple[cudaError_t, int | None]:
         err = self._enter("cudaStreamCreateWithFlags", (flags,))
@@ -167,19 +271,37 @@ class FakeCudart:
             return err, self._next_stream
 
     def cudaStreamSynchronize(self, stream: int) -> tuple[cudaError_t]:
-        return (self._enter("cudaStreamSynchronize", (stream,)),)
+        err = self._enter("cudaStreamSynchronize", (stream,))
+        if not err and stream and stream not in self.streams:
+            return (cudaError_t.cudaErrorInvalidResourceHandle,)
+        if not err:
+            self._drain(stream)
+        return (err,)
 
     def cudaStreamDestroy(self, stream: int) -> tuple[cudaError_t]:
         err = self._enter("cudaStreamDestroy", (stream,))
+        self._drain(stream)  # the real one lets queued work finish first
         with self.lock:
             self.streams.discard(stream)
         return (err,)
+
+    def _recorded(self, name: str) -> Any:
+        fn = getattr(self, name)
+
+        def call(*args: Any) -> Any:
+            result = fn(*args)
+            with self.lock:
+                self.returns.append((name, args, len(result)))
+            return result
+
+        call.__name__ = name
+        return call
 
     def module(self) -> types.ModuleType:
         mod = types.ModuleType("cuda.bindings.runtime")
         for name in dir(self):
             if name.startswith("cuda") and callable(getattr(self, name)):
-                setattr(mod, name, getattr(self, name))
+                setattr(mod, name, self._recorded(name))
         mod.cudaError_t = cudaError_t
         mod.cudaMemcpyKind = cudaMemcpyKind
         mod.cudaMemLocation = cudaMemLocation
@@ -201,6 +323,7 @@ def install(monkeypatch: pytest.MonkeyPatch, fake: FakeCudart) -> FakeCudart:
     monkeypatch.setitem(sys.modules, "cuda", cuda)
     monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
     monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", runtime)
+    monkeypatch.setattr(sys.modules[__name__], "current", fake)
     forget_probe(monkeypatch)
     return fake
 

@@ -6,7 +6,14 @@ A "built" engine is bytes: a magic, a JSON header (version, flags, profiles) and
 file itself. `Runtime.deserialize_cuda_engine` returns None for anything else, or for an
 engine of another version, as the real one does for a foreign plan. Contexts run the ONNX
 file on ONNX Runtime's CPU EP, reading inputs from and writing outputs to the addresses set
-with `set_tensor_address` (real memory: see fake_cudart), so outputs can be compared."""
+with `set_tensor_address` (real memory: see fake_cudart), so outputs can be compared.
+
+With fake_cudart installed it enforces what the real runtime does: device tensors need
+256-byte aligned addresses the GPU can reach from the launching stream (managed memory's
+attach rules included), HOST-location tensors (`Knobs.host_tensors`: shape tensors) need host
+addresses and are read at enqueue, and the kernel runs in stream order when the stream is
+synchronized. Classes record the surface edged uses (doubles.surface), which tests/gpu_api
+holds against the real bindings."""
 
 from __future__ import annotations
 
@@ -24,6 +31,9 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+
+from doubles import fake_cudart
+from doubles.surface import Recorded
 
 MAGIC = b"FAKETRT1"
 
@@ -48,6 +58,11 @@ class TensorIOMode(enum.IntEnum):
     NONE = 0
     INPUT = 1
     OUTPUT = 2
+
+
+class TensorLocation(enum.IntEnum):
+    DEVICE = 0
+    HOST = 1
 
 
 class MemoryPoolType(enum.IntEnum):
@@ -90,41 +105,43 @@ class Knobs:
     runs: list[tuple[int, int, str]] = field(default_factory=list)  # (context id, stream, thread)
     phases: list[str] = field(default_factory=list)
     timing_caches_loaded: list[bytes] = field(default_factory=list)
+    host_tensors: set[str] = field(default_factory=set)  # tensors whose location is HOST
+    faults: list[str] = field(default_factory=list)  # what the real runtime would refuse
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 # -- building ---------------------------------------------------------------------------------
 @dataclass
-class _Tensor:
+class ITensor(Recorded):
     name: str
     shape: tuple[int, ...]
     dtype: DataType
 
 
-class INetworkDefinition:
+class INetworkDefinition(Recorded):
     def __init__(self) -> None:
-        self.inputs: list[_Tensor] = []
-        self.outputs: list[_Tensor] = []
+        self.inputs: list[ITensor] = []
+        self.outputs: list[ITensor] = []
         self.onnx = b""
 
     @property
     def num_inputs(self) -> int:
         return len(self.inputs)
 
-    def get_input(self, i: int) -> _Tensor:
+    def get_input(self, i: int) -> ITensor:
         return self.inputs[i]
 
 
-def _tensors(values: Any) -> list[_Tensor]:
+def _tensors(values: Any) -> list[ITensor]:
     out = []
     for v in values:
         dims = tuple(d.dim_value if d.HasField("dim_value") else -1
                      for d in v.type.tensor_type.shape.dim)
-        out.append(_Tensor(v.name, dims, _FROM_ONNX[v.type.tensor_type.elem_type]))
+        out.append(ITensor(v.name, dims, _FROM_ONNX[v.type.tensor_type.elem_type]))
     return out
 
 
-class OnnxParser:
+class OnnxParser(Recorded):
     def __init__(self, network: INetworkDefinition, logger: ILogger) -> None:
         self.network = network
         self.errors: list[str] = []
@@ -151,7 +168,7 @@ class OnnxParser:
         return True
 
 
-class IOptimizationProfile:
+class IOptimizationProfile(Recorded):
     def __init__(self) -> None:
         self.shapes: dict[str, list[list[int]]] = {}
 
@@ -159,7 +176,7 @@ class IOptimizationProfile:
         self.shapes[name] = [list(min), list(opt), list(max)]
 
 
-class ITimingCache:
+class ITimingCache(Recorded):
     def __init__(self, entries: int) -> None:
         self.entries = entries
 
@@ -167,7 +184,7 @@ class ITimingCache:
         return b"TC" + str(self.entries).encode()
 
 
-class IBuilderConfig:
+class IBuilderConfig(Recorded):
     def __init__(self, knobs: Knobs) -> None:
         self.knobs = knobs
         self.flags: list[Any] = []
@@ -183,6 +200,10 @@ class IBuilderConfig:
 
     def set_flag(self, flag: Any) -> None:
         self.flags.append(flag)
+
+    def clear_flag(self, flag: Any) -> None:
+        self.flags = [f for f in self.flags if f != flag]
+        self.cleared = [*getattr(self, "cleared", []), flag]
 
     def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
         self.profiles.append(profile)
@@ -203,7 +224,7 @@ class IBuilderConfig:
         return self.timing_cache
 
 
-class Builder:
+class Builder(Recorded):
     knobs: Knobs  # set on the module's class
 
     def __init__(self, logger: ILogger) -> None:
@@ -237,6 +258,7 @@ class Builder:
             if not keep_going:
                 return None
         header = {"version": knobs.version, "flags": [f.name for f in config.flags],
+                  "cleared": [f.name for f in getattr(config, "cleared", [])],
                   "profiles": [p.shapes for p in config.profiles],
                   "workspace": config.pools.get(MemoryPoolType.WORKSPACE),
                   "dla_core": config.DLA_core if config.default_device_type == DeviceType.DLA
@@ -255,7 +277,7 @@ class Builder:
 
 
 # -- running ----------------------------------------------------------------------------------
-class Runtime:
+class Runtime(Recorded):
     knobs: Knobs
 
     def __init__(self, logger: ILogger) -> None:
@@ -274,7 +296,7 @@ class Runtime:
         return ICudaEngine(header, self.knobs)
 
 
-class ICudaEngine:
+class ICudaEngine(Recorded):
     def __init__(self, header: dict[str, Any], knobs: Knobs) -> None:
         self.header, self.knobs = header, knobs
         self.tensors = {name: (tuple(shape), DataType(dt), TensorIOMode.INPUT)
@@ -308,11 +330,14 @@ class ICudaEngine:
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
         return self.tensors[name][0]
 
+    def get_tensor_location(self, name: str) -> TensorLocation:
+        return TensorLocation.HOST if name in self.knobs.host_tensors else TensorLocation.DEVICE
+
     def create_execution_context(self) -> IExecutionContext:
         return IExecutionContext(self)
 
 
-class IExecutionContext:
+class IExecutionContext(Recorded):
     def __init__(self, engine: ICudaEngine) -> None:
         self.engine = engine
         self.profile = 0
@@ -339,17 +364,11 @@ class IExecutionContext:
         return True
 
     def _run_onnx(self) -> dict[str, np.ndarray]:
-        feeds = {}
-        for name, (_shape, dtype, mode) in self.engine.tensors.items():
-            if mode == TensorIOMode.INPUT:
-                shape = self.shapes[name]
-                nbytes = int(np.prod(shape)) * np.dtype(_NP[dtype]).itemsize
-                raw = (ctypes.c_uint8 * max(nbytes, 1)).from_address(self.addresses.get(name, 0)) \
-                    if name in self.addresses else bytearray(max(nbytes, 1))
-                feeds[name] = np.frombuffer(raw, dtype=_NP[dtype], count=int(np.prod(shape))
-                                            ).reshape(shape).copy()
-        names = [n for n, t in self.engine.tensors.items() if t[2] == TensorIOMode.OUTPUT]
-        return dict(zip(names, self.engine.session.run(names, feeds), strict=True))
+        """Output shapes come from a run on zeros of the set input shapes (the inputs' bytes
+        may not be on the device yet: copies are asynchronous)."""
+        feeds = {n: np.zeros(self.shapes[n], _NP[t[1]])
+                 for n, t in self.engine.tensors.items() if t[2] == TensorIOMode.INPUT}
+        return self._compute({}, {}, feeds)
 
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
         if name in self.shapes:
@@ -359,8 +378,34 @@ class IExecutionContext:
         return self._out_shapes[name]
 
     def set_tensor_address(self, name: str, address: int) -> bool:
+        if name not in self.engine.tensors:
+            return False
+        if self.engine.get_tensor_location(name) == TensorLocation.DEVICE and \
+                address % fake_cudart.ALIGNMENT:
+            self.engine.knobs.faults.append(f"{name}: address {address:#x} is not 256-byte "
+                                            "aligned")
+            return False  # TensorRT logs an error and refuses it
         self.addresses[name] = address
         return True
+
+    def _refusal(self, stream: int) -> str | None:
+        """Why the real runtime would fault on these addresses, with fake_cudart installed."""
+        cuda = fake_cudart.current
+        if cuda is None:
+            return None
+        for name in self.engine.names:
+            if name not in self.addresses:
+                return f"{name} has no address"
+            address = self.addresses[name]
+            found = cuda.kind_of(address)
+            if self.engine.get_tensor_location(name) == TensorLocation.HOST:
+                if found is not None and found[0] == "device":
+                    return f"{name} is a HOST tensor but was given device memory {address:#x}"
+            else:
+                why = cuda.gpu_access(address, stream)
+                if why is not None:
+                    return f"{name}: {why}"
+        return None
 
     def execute_async_v3(self, stream_handle: int) -> bool:
         knobs = self.engine.knobs
@@ -368,9 +413,40 @@ class IExecutionContext:
             knobs.runs.append((id(self), stream_handle, threading.current_thread().name))
         if knobs.run_barrier is not None:
             knobs.run_barrier.wait(5)
-        for name, value in self._run_onnx().items():
-            ctypes.memmove(self.addresses[name], value.ctypes.data, value.nbytes)
+        refusal = self._refusal(stream_handle)
+        if refusal is not None:
+            knobs.faults.append(refusal)
+            return False
+        # HOST tensors are read now (at enqueue); device ones when the stream runs the kernel.
+        host = {n: self._read(n) for n in self.engine.names if n in knobs.host_tensors}
+        addresses, shapes = dict(self.addresses), dict(self.shapes)
+
+        def kernel() -> None:
+            outputs = self._compute(addresses, shapes, host)
+            for name, value in outputs.items():
+                ctypes.memmove(addresses[name], value.ctypes.data, value.nbytes)
+
+        if fake_cudart.current is None:
+            kernel()
+        else:
+            fake_cudart.current.enqueue(stream_handle, kernel)
         return True
+
+    def _read(self, name: str, addresses: dict[str, int] | None = None,
+              shapes: dict[str, tuple[int, ...]] | None = None) -> np.ndarray:
+        addresses, shapes = addresses or self.addresses, shapes or self.shapes
+        shape, dtype = shapes[name], _NP[self.engine.tensors[name][1]]
+        count = int(np.prod(shape))
+        raw = (ctypes.c_uint8 * max(count * np.dtype(dtype).itemsize, 1)).from_address(
+            addresses[name])
+        return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape).copy()
+
+    def _compute(self, addresses: dict[str, int], shapes: dict[str, tuple[int, ...]],
+                 host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds = {n: host[n] if n in host else self._read(n, addresses, shapes)
+                 for n, t in self.engine.tensors.items() if t[2] == TensorIOMode.INPUT}
+        names = [n for n, t in self.engine.tensors.items() if t[2] == TensorIOMode.OUTPUT]
+        return dict(zip(names, self.engine.session.run(names, feeds), strict=True))
 
 
 def nptype(dtype: DataType) -> type:
@@ -380,7 +456,8 @@ def nptype(dtype: DataType) -> type:
 def make_module(knobs: Knobs) -> types.ModuleType:
     mod = types.ModuleType("tensorrt")
     mod.__version__ = knobs.version
-    flags = ["GPU_FALLBACK", "REFIT"] + (["FP16", "INT8"] if knobs.weak_typing else [])
+    flags = ["GPU_FALLBACK", "REFIT", "TF32"] + (["FP16", "INT8"] if knobs.weak_typing
+                                                 else [])
     mod.BuilderFlag = enum.Enum("BuilderFlag", flags)
     builder = type("Builder", (Builder,), {"knobs": knobs})
     runtime = type("Runtime", (Runtime,), {"knobs": knobs})
@@ -388,6 +465,7 @@ def make_module(knobs: Knobs) -> types.ModuleType:
                         "ILogger": ILogger, "IProgressMonitor": IProgressMonitor,
                         "DataType": DataType, "TensorIOMode": TensorIOMode,
                         "MemoryPoolType": MemoryPoolType, "DeviceType": DeviceType,
+                        "TensorLocation": TensorLocation,
                         "nptype": nptype, "knobs": knobs}.items():
         setattr(mod, name, value)
     return mod

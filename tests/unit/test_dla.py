@@ -84,12 +84,13 @@ def test_model_on_a_dla_this_machine_lacks_builds_for_the_gpu_and_says_so_once(
                      "building its engine for the GPU"]
 
 
-def test_engine_key_tells_dla_placements_apart_and_keeps_old_digests() -> None:
-    key = EngineKey("sha", "10.13.0", "Orin", "8.7", "fp16", (), None, 1024)
-    assert "gpu_fallback" not in key.fields()  # engines built before keep their names
-    on_dla = EngineKey("sha", "10.13.0", "Orin", "8.7", "fp16", (), 0, 1024)
-    alone = EngineKey("sha", "10.13.0", "Orin", "8.7", "fp16", (), 0, 1024,
-                      gpu_fallback=False)
+def test_engine_key_tells_dla_placements_apart() -> None:
+    # GPU_FALLBACK is one of the builder flags the key carries (issue 21): a DLA engine built
+    # without it is another engine.
+    key = EngineKey("sha", "10.13.0", "Orin", "8.7", "fp16", (), None, 1024, ("FP16",))
+    on_dla = EngineKey("sha", "10.13.0", "Orin", "8.7", "fp16", (), 0, 1024,
+                       ("FP16", "GPU_FALLBACK"))
+    alone = EngineKey("sha", "10.13.0", "Orin", "8.7", "fp16", (), 0, 1024, ("FP16",))
     assert len({key.digest, on_dla.digest, alone.digest}) == 3
 
 

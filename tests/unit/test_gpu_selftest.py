@@ -31,6 +31,8 @@ def test_selftest_without_gpu_skips_each_gpu_section_with_its_reason(
     assert "cudaErrorInsufficientDriver" in rows["memory pinned"]["detail"]
     assert rows["tensorrt tiny_cls fp16"]["status"] == "skip"
     assert "TensorRT is not installed" in rows["tensorrt tiny_cls int8"]["detail"]
+    assert rows["pool tiny_cls managed"]["status"] == "skip"
+    assert "cudaErrorInsufficientDriver" in rows["pool tiny_cls pinned"]["detail"]
     assert rows["timing tiny_cls b16"]["status"] == "pass"  # ORT-CPU still measured
     assert run(tmp_path, "--require-gpu")[0] == 1
 
@@ -44,6 +46,9 @@ def test_selftest_on_doubles_of_a_gpu_and_tensorrt_runs_every_check(
     assert code == 0, [r for r in rows.values() if r["status"] == "FAIL"]
     assert {rows[f"memory {k}"]["status"] for k in ("mapped", "managed", "pinned")} == {"pass"}
     assert rows["tensorrt tiny_cnn fp16"]["status"] == "pass"
+    for kind in ("mapped", "managed", "pinned"):  # in place, 2 instances, 2 threads
+        assert rows[f"pool tiny_cls {kind}"]["status"] == "pass", rows[f"pool tiny_cls {kind}"]
+        assert rows[f"pool tiny_cls {kind}"]["data"]["batches"] == 2 * 3 * 2  # 1 and 16 rows
     assert "engine built in" in rows["tensorrt tiny_cls fp16"]["detail"]
     assert "TensorRT fp16" in rows["timing tiny_cls b16"]["data"]["p50_ms"]
     assert "edged quantize" in rows["tensorrt tiny_cls int8"]["detail"]  # no variant: skipped

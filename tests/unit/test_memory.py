@@ -110,12 +110,16 @@ def test_pinned_buffer_copies_both_ways_on_the_given_stream(discrete: FakeCudart
     buffer = memory.allocate("pinned", 16)
     assert discrete.live("device") == 0  # the device mirror waits for a GPU user
     buffer.view((4,), np.dtype(np.float32))[:] = [1, 2, 3, 4]
-    buffer.to_device(stream=7, offset=4, nbytes=8)
-    (dst, src, count, kind, stream), = discrete.called("cudaMemcpyAsync")
-    assert (dst - buffer.address(), src - buffer.host_ptr, count, stream) == (4, 4, 8, 7)
+    stream = gpu.create_stream()
+    buffer.to_device(stream, offset=4, nbytes=8)
+    (dst, src, count, kind, on), = discrete.called("cudaMemcpyAsync")
+    assert (dst - buffer.address(), src - buffer.host_ptr, count, on) == (4, 4, 8, stream)
     assert kind == fake_cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+    gpu.synchronize(stream)  # asynchronous: the bytes are on the device only after this
     buffer.view((4,), np.dtype(np.float32))[:] = 0
-    buffer.to_host(stream=7)
+    buffer.to_host(stream)
+    assert not buffer.view((4,), np.dtype(np.float32)).any()  # not back before a synchronize
+    gpu.synchronize(stream)
     np.testing.assert_array_equal(buffer.view((4,), np.dtype(np.float32)), [0, 2, 3, 0])
     buffer.free()
     assert discrete.live() == 0
@@ -125,11 +129,12 @@ def test_managed_buffer_attaches_to_the_stream_where_access_is_not_concurrent(
         jetson: FakeCudart) -> None:
     buffer = memory.allocate("managed", 64)
     assert flags_of(jetson, "cudaMallocManaged") == 2  # cudaMemAttachHost first
-    buffer.to_device(stream=5)
-    buffer.to_device(stream=5)  # already attached there: no second call
-    buffer.to_device(stream=6)
+    five, six = gpu.create_stream(), gpu.create_stream()
+    buffer.to_device(five)
+    buffer.to_device(five)  # already attached there: no second call
+    buffer.to_device(six)
     assert [(s, flags) for s, _ptr, _len, flags in jetson.called("cudaStreamAttachMemAsync")] \
-        == [(5, 4), (6, 4)]  # cudaMemAttachSingle
+        == [(five, 4), (six, 4)]  # cudaMemAttachSingle
     assert not jetson.called("cudaMemPrefetchAsync")
     buffer.free()
 
@@ -137,9 +142,9 @@ def test_managed_buffer_attaches_to_the_stream_where_access_is_not_concurrent(
 def test_managed_buffer_prefetches_where_access_is_concurrent(discrete: FakeCudart) -> None:
     buffer = memory.allocate("managed", 64)
     buffer.to_device(stream=5, offset=16, nbytes=32)
-    (ptr, count, where, stream), = discrete.called("cudaMemPrefetchAsync")
-    assert (ptr - buffer.device_ptr, count, stream) == (16, 32, 5)
-    assert where == fake_cudart.cudaMemLocationType.cudaMemLocationTypeDevice
+    (ptr, count, where, flags, stream), = discrete.called("cudaMemPrefetchAsync")
+    assert (ptr - buffer.device_ptr, count, flags, stream) == (16, 32, 0, 5)
+    assert where.type == fake_cudart.cudaMemLocationType.cudaMemLocationTypeDevice
     buffer.free()
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from doubles import fake_cudart
 from doubles.fake_cudart import DISCRETE, JETSON, FakeCudart
+from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
 from support.backends import options
 from support.models import write_yaml
 
@@ -150,3 +151,68 @@ class FakeGpuSession:
 
     def run(self, *args: Any) -> Any:
         raise AssertionError("a bound batch must not take the plain path")
+
+
+# -- the TensorRT EP failing: EPFail is no RuntimeError ---------------------------------------
+class ReportedSession:
+    """A real CPU session that reports the providers it was asked for as running, and whose
+    run() raises EPFail while the TensorRT EP heads them (a lazy engine build failing)."""
+
+    def __init__(self, real: Any, names: list[str]) -> None:
+        self.real, self.names = real, names
+
+    def get_providers(self) -> list[str]:
+        return self.names
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def run(self, *args: Any) -> Any:
+        if self.names[0] == TRT:
+            raise EPFail("[ONNXRuntimeError] : 11 : EP_FAIL : TensorRT EP failed to create "
+                         "engine from network")
+        return self.real.run(*args)
+
+
+
+def trt_ep_failing(monkeypatch: pytest.MonkeyPatch, lazy: bool) -> list[list[str]]:
+    import onnxruntime
+
+    real, asked = onnxruntime.InferenceSession, []
+
+    def session(path: str, so: Any, providers: list[Any], **kwargs: Any) -> Any:
+        names = [p[0] for p in providers]
+        asked.append(names)
+        if names[0] == TRT and not lazy:
+            raise EPFail("[ONNXRuntimeError] : 11 : EP_FAIL : TensorRT EP failed to create "
+                         "engine from network")
+        return ReportedSession(real(path, so, providers=[CPU]), names)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [TRT, CUDA, CPU])
+    return asked
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["at-load", "at-first-run"])
+def test_tensorrt_ep_failing_with_epfail_drops_to_the_cuda_ep(
+        lazy: bool, monkeypatch: pytest.MonkeyPatch, repo: ModelRepository,
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spec = spec_of(repo, "tiny_cls")
+    want = OrtSession(spec, options(tmp_path)).infer({"x": X})["prob"]
+    asked = trt_ep_failing(monkeypatch, lazy)
+    session = OrtSession(spec, BackendOptions(providers=("tensorrt", "cuda", "cpu"),
+                                              cache_dir=tmp_path))
+    np.testing.assert_allclose(session.infer({"x": X})["prob"], want, rtol=1e-6)
+    assert session.providers[0] == CUDA
+    assert asked == [[TRT, CUDA, CPU], [CUDA, CPU]]
+    assert "EP_FAIL" in caplog.text
+    session.infer({"x": X})  # stays on the CUDA EP: no second rebuild
+    assert len(asked) == 2
+
+
+def test_ort_dla_turns_fp16_on_for_an_fp32_model(repo: ModelRepository, tmp_path: Path) -> None:
+    """The TensorRT EP ignores trt_dla_enable unless fp16 or int8 is on."""
+    opts = BackendOptions(cache_dir=tmp_path, dla_core=1)
+    (_, trt), *_ = provider_chain(spec_of(repo, "tiny_cls", "fp32"), opts, [TRT, CUDA, CPU])
+    assert (trt["trt_dla_enable"], trt["trt_dla_core"], trt["trt_fp16_enable"]) == (True, 1, True)
+    assert trt["trt_int8_enable"] is False

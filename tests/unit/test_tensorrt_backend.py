@@ -315,3 +315,67 @@ def test_session_with_managed_memory_on_jetson_attaches_its_buffers_to_its_strea
     assert len(attached) == 2  # the staged input and the output, before the launch
     assert {s for s, *_ in attached} == {stream}
     session.close()
+
+
+# -- what the real runtime enforces (the doubles now do too) ---------------------------------
+def test_managed_pool_buffer_goes_back_to_the_host_after_a_batch_on_jetson(
+        monkeypatch: pytest.MonkeyPatch, repo: ModelRepository, tmp_path: Path) -> None:
+    """Without concurrent managed access, a pool buffer left attached to the stream of the
+    context that ran it faults when the worker writes its next batch while another worker's
+    batch runs on that stream."""
+    cuda = fake_cudart.install(monkeypatch, FakeCudart(fake_cudart.JETSON))
+    fake_tensorrt.install(monkeypatch)
+    spec = spec_of(repo, "tiny_cls", instances=2)
+    session = built(TensorRTBackend(), spec, opts(tmp_path, memory="managed"))
+    pool = DeviceBufferPool(16, "managed")
+    for _ in range(3):
+        batch = pool.concatenate("x", [X])
+        out = session.infer({"x": batch})
+        for stream in list(cuda.streams):  # the other worker's batch, in flight
+            cuda.launch(stream)
+        cuda.cpu_access(batch.ctypes.data)  # the worker writes its next batch: allowed
+        for stream in list(cuda.streams):
+            cuda.cudaStreamSynchronize(stream)
+    np.testing.assert_allclose(out["prob"], reference(spec, tmp_path, {"x": X})["prob"],
+                               rtol=1e-6)
+    assert not cuda.faults
+    pool.close()
+    session.close()
+
+
+def test_host_location_inputs_get_host_addresses(
+        monkeypatch: pytest.MonkeyPatch, repo: ModelRepository, tmp_path: Path) -> None:
+    """A shape tensor lives on the host: TensorRT reads it at enqueue from a host address;
+    on a discrete GPU the staged device mirror is no such address."""
+    fake_cudart.install(monkeypatch, FakeCudart(DISCRETE))
+    knobs = fake_tensorrt.install(monkeypatch, Knobs(host_tensors={"b"}))
+    spec = spec_of(repo, "tiny_two_input")
+    session = built(TensorRTBackend(), spec, opts(tmp_path))
+    inputs = {"a": np.ones((2, 4), np.float32), "b": np.full((2, 4), 3, np.float32)}
+    pool = DeviceBufferPool(4, "pinned")
+    for feed in (inputs, {k: pool.concatenate(k, [v]) for k, v in inputs.items()}):
+        out = session.infer(feed)
+        want = reference(spec, tmp_path, inputs)
+        np.testing.assert_allclose(out["sum"], want["sum"], rtol=1e-6)
+    assert not knobs.faults
+    pool.close()
+    session.close()
+
+
+def test_fixed_shape_engines_share_one_profile_whatever_the_instances(
+        trt: Knobs, repo: ModelRepository, tmp_path: Path) -> None:
+    backend, options = TensorRTBackend(), opts(tmp_path)
+    for instances in (1, 3):
+        built_or_cached = spec_of(repo, "tiny_nobatch", instances=instances)
+        try:
+            backend.load(built_or_cached, options).close()
+        except EngineBuilding as building:
+            assert building.upgrade is not None
+            building.upgrade.result(timeout=10)
+            backend.load(built_or_cached, options).close()
+    assert len(trt.builds) == 1  # one engine serves both instance counts
+
+
+def test_fp32_engines_clear_tf32(trt: Knobs, repo: ModelRepository, tmp_path: Path) -> None:
+    built(TensorRTBackend(), spec_of(repo, "tiny_cls"), opts(tmp_path)).close()
+    assert trt.builds[0]["cleared"] == ["TF32"]

@@ -101,7 +101,8 @@ def test_ort_trt_profile_options_use_the_ep_shape_syntax() -> None:
     ("fp32", False, True, False, "fp32", (), False),
     ("fp16", False, True, False, "fp16", ("FP16",), False),
     ("fp16", False, False, False, "fp32", (), True),  # TensorRT 11: no FP16 flag
-    ("int8", True, True, False, "int8", ("INT8",), False),  # TensorRT 10 needs INT8 for Q/DQ
+    # TensorRT 10 needs INT8 for Q/DQ, and FP16 for the layers between them (as ORT's EP sets)
+    ("int8", True, True, False, "int8", ("INT8", "FP16"), False),
     ("int8", True, False, False, "int8", (), False),  # TensorRT 11: Q/DQ alone
     ("int8", False, True, False, "fp16", ("FP16",), True),  # no Q/DQ: no implicit INT8
     ("fp32", True, True, False, "int8", ("INT8",), False),  # a Q/DQ file is INT8 anyway
@@ -132,7 +133,7 @@ KEY = EngineKey("ab" * 32, "10.13.0", "Orin", "8.7", "fp16", (PROFILE, PROFILE),
     {"model_sha256": "cd" * 32}, {"tensorrt": "10.14.1"}, {"gpu": "RTX 4090"},
     {"compute_capability": "8.9"}, {"precision": "int8"}, {"profiles": (PROFILE,)},
     {"profiles": ((InputProfile("x", (1, 4), (4, 4), (16, 4)),),) * 2}, {"dla_core": 0},
-    {"workspace_mb": 2048},
+    {"workspace_mb": 2048}, {"flags": ("-TF32",)},
 ])
 def test_engine_key_when_any_field_changes_names_another_file(change: dict[str, object],
                                                                tmp_path: Path) -> None:
