@@ -1,0 +1,211 @@
+"""Shadow rollouts through a real mosquitto and the daemon in-process, on real tiny_cls models
+and live socket requests: a candidate that agrees with the serving version is promoted after
+min_samples; one that disagrees is rejected while the serving version never changes and no
+request fails; an operator's signed command decides early; a newer update supersedes a
+shadow; progress stays retained on <prefix>/ota/<model>/shadow."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import make_test_models
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from onnx import numpy_helper
+from support.artifacts import ArtifactServer
+from support.broker import Broker, Subscriber
+from support.daemon import Served, ServeFactory
+from support.ota import Pusher, expected, fresh, statuses, tiny_cls_bytes
+
+from edged.ota.manifest import sign_document
+
+INPUTS = np.random.default_rng(7).random((16, 1, 3, 8, 8), dtype=np.float32)
+
+
+def nudged_cls_bytes(seed: int, scale: float = 1.02) -> bytes:
+    """tiny_cls(seed) with its weights scaled a little: other bytes, the same top-1 answers."""
+    model = make_test_models.make_tiny_cls(seed)
+    for init in model.graph.initializer:
+        if init.name == "W":
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * scale, "W"))
+    return model.SerializeToString()
+
+
+def shadow(min_samples: int, **extra: Any) -> dict[str, Any]:
+    return {"rollout": {"mode": "shadow", "sample": 1.0, "min_samples": min_samples,
+                        "max_duration_s": 120, **extra}}
+
+
+class Traffic:
+    """Socket requests on a thread until stopped: every answer checked against the version
+    that must be serving (v1 until `switch_to` says otherwise), every failure kept."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.answers = 0
+        self.failures: list[str] = []
+        self.mismatches = 0
+        self.stop = threading.Event()
+        self.want = [expected(0, x) for x in INPUTS]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self.served.client() as client:
+            i = 0
+            while not self.stop.is_set():
+                x = INPUTS[i % len(INPUTS)]
+                try:
+                    got = client.infer("tiny_cls", {"x": x}).outputs["prob"]
+                except Exception as exc:  # every failure is a finding
+                    self.failures.append(repr(exc))
+                else:
+                    self.answers += 1
+                    if not np.allclose(got, self.want[i % len(INPUTS)], rtol=1e-5):
+                        self.mismatches += 1
+                i += 1
+
+
+@contextmanager
+def traffic(served: Served) -> Iterator[Traffic]:
+    live = Traffic(served)
+    live.thread.start()
+    try:
+        yield live
+    finally:
+        live.stop.set()
+        live.thread.join(30)
+
+
+@pytest.fixture
+def device(broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
+           key: tuple[Ed25519PrivateKey, Path], request: pytest.FixtureRequest
+           ) -> Iterator[tuple[Served, Pusher, Subscriber, str]]:
+    private, public = key
+    prefix = f"t/shadow/{request.node.name[-24:]}"
+    sub = Subscriber(broker, f"{prefix}/ota/tiny_cls/status", f"{prefix}/ota/tiny_cls/shadow")
+    try:
+        served = make_served(mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}",
+                             ota=f"trusted_keys: [{public}], shadow: {{max_share: 1.0}}")
+        assert served.daemon.mqtt is not None and served.daemon.mqtt.wait_connected(10)
+        assert served.daemon.ota is not None and served.daemon.ota.wait_listening(10)
+        yield served, Pusher(sub, artifacts, private), sub, prefix
+    finally:
+        sub.close()
+
+
+def retained(broker: Broker, topic: str) -> dict[str, Any]:
+    """What a subscriber that comes later reads on `topic` (the broker kept it)."""
+    late = Subscriber(broker, topic)
+    try:
+        return dict(json.loads(late.wait_for(topic, 10).payload))
+    finally:
+        late.close()
+
+
+def test_shadow_when_the_candidate_agrees_is_promoted_after_min_samples(
+        device: tuple[Served, Pusher, Subscriber, str], broker: Broker) -> None:
+    served, pusher, sub, prefix = device
+    status, progress = f"{prefix}/ota/tiny_cls/status", f"{prefix}/ota/tiny_cls/shadow"
+    pusher.push(f"{prefix}/ota/tiny_cls", 2, nudged_cls_bytes(0), **shadow(25))
+    assert statuses(sub, status, "shadowing")[-1]["version"] == 2
+    cache = served.daemon.cache
+    assert cache.default_version("tiny_cls") == 1 and cache.ready("tiny_cls", 2)
+    with traffic(served) as live:
+        events = statuses(sub, status, "active", timeout=60)
+    assert events[-1]["version"] == 2 and "promoted after 25 shadow samples" in \
+        events[-1]["detail"]
+    assert live.failures == [] and live.answers >= 25
+    assert cache.default_version("tiny_cls") == 2
+    assert served.daemon.repository.active_version("tiny_cls") == 2
+    final = retained(broker, progress)  # a dashboard that comes later sees it
+    assert final["state"] == "promoted" and final["samples"] >= 25
+    assert final["metrics"]["top1_agreement"] == 1.0 and final["failures"] == 0
+    assert {c["name"]: c["passed"] for c in final["checks"]} == {
+        "max_failure_rate": True, "min_top1_agreement": True}
+
+
+def test_shadow_when_the_candidate_disagrees_is_rejected_and_serving_never_changes(
+        device: tuple[Served, Pusher, Subscriber, str], broker: Broker) -> None:
+    served, pusher, sub, prefix = device
+    status, progress = f"{prefix}/ota/tiny_cls/status", f"{prefix}/ota/tiny_cls/shadow"
+    with traffic(served) as live:
+        pusher.push(f"{prefix}/ota/tiny_cls", 2, tiny_cls_bytes(1),
+                    **shadow(30, promote_if={"min_top1_agreement": 0.9}))
+        statuses(sub, status, "shadowing")
+        failed = statuses(sub, status, "failed", timeout=60)[-1]
+    final = retained(broker, progress)
+    assert final["state"] == "rejected"
+    assert failed["reason"] == "shadow_rejected" and failed["version"] == 2
+    assert "min_top1_agreement" in failed["detail"] and "version 1 serves on" in failed["detail"]
+    assert final["metrics"]["top1_agreement"] < 0.9 and final["samples"] >= 30
+    assert live.failures == [] and live.mismatches == 0 and live.answers > 30
+    cache = served.daemon.cache
+    assert cache.default_version("tiny_cls") == 1 and not cache.ready("tiny_cls", 2)
+    assert served.daemon.repository.versions_on_disk("tiny_cls") == [1]
+    assert served.daemon.scheduler.taps == {}
+
+
+def test_shadow_when_the_operator_signs_a_decision_acts_on_it_and_refuses_stale_ones(
+        device: tuple[Served, Pusher, Subscriber, str],
+        key: tuple[Ed25519PrivateKey, Path]) -> None:
+    served, pusher, sub, prefix = device
+    private, _public = key
+    status, topic = f"{prefix}/ota/tiny_cls/status", f"{prefix}/ota/tiny_cls/command"
+    pusher.push(f"{prefix}/ota/tiny_cls", 2, nudged_cls_bytes(0), **shadow(10_000))
+    statuses(sub, status, "shadowing")
+
+    def send(doc: dict[str, Any]) -> None:
+        pusher.publish(topic, json.dumps(doc).encode())
+
+    unsigned = {"model": "tiny_cls", "action": "promote", "version": 2, **fresh(prefix)}
+    send(unsigned)
+    assert statuses(sub, status, "failed")[-1]["reason"] == "unsigned"
+    wrong = sign_document({"model": "tiny_cls", "action": "reject", "version": 3,
+                           **fresh(prefix)}, private)
+    send(wrong)  # a decision about another version: refused, the shadow goes on
+    refused = statuses(sub, status, "failed")[-1]
+    assert refused["reason"] == "no_shadow"
+    assert served.daemon.updater.shadows.get("tiny_cls") is not None
+    promote = sign_document({"model": "tiny_cls", "action": "promote", "version": 2,
+                             **fresh(prefix)}, private)
+    send(promote)
+    active = statuses(sub, status, "active")[-1]
+    assert active["version"] == 2 and "promoted by the operator" in active["detail"]
+    send(promote)  # the same signed command again: a replay
+    assert statuses(sub, status, "failed")[-1]["reason"] == "replayed"
+    assert served.daemon.cache.default_version("tiny_cls") == 2
+
+
+def test_shadow_when_a_newer_update_comes_gives_way_to_it(
+        device: tuple[Served, Pusher, Subscriber, str]) -> None:
+    served, pusher, sub, prefix = device
+    status = f"{prefix}/ota/tiny_cls/status"
+    pusher.push(f"{prefix}/ota/tiny_cls", 2, nudged_cls_bytes(0), **shadow(10_000))
+    statuses(sub, status, "shadowing")
+    pusher.push(f"{prefix}/ota/tiny_cls", 3, tiny_cls_bytes(2))  # urgent, direct
+    events = statuses(sub, status, "active")
+    superseded = [e for e in events if e.get("reason") == "superseded"]
+    assert superseded and superseded[0]["version"] == 2
+    assert "superseded by version 3" in superseded[0]["detail"]
+    assert events[-1]["version"] == 3
+    assert served.daemon.repository.versions_on_disk("tiny_cls") == [1, 3]
+    assert served.daemon.cache.default_version("tiny_cls") == 3
+
+
+def test_shadow_when_both_versions_do_not_fit_the_cache_budget_is_refused_before_loading(
+        device: tuple[Served, Pusher, Subscriber, str]) -> None:
+    served, pusher, sub, prefix = device
+    status = f"{prefix}/ota/tiny_cls/status"
+    cache = served.daemon.cache
+    cache.budget_bytes = sum(r.nbytes or 0 for r in cache.status() if r.nbytes)  # full now
+    pusher.push(f"{prefix}/ota/tiny_cls", 2, nudged_cls_bytes(0), **shadow(10))
+    failed = statuses(sub, status, "failed")[-1]
+    assert failed["reason"] == "no_memory" and "cache budget" in failed["detail"]
+    assert statuses(sub, status, "rolled_back")[-1]["version"] == 1
+    assert cache.default_version("tiny_cls") == 1 and not cache.ready("tiny_cls", 2)
