@@ -231,7 +231,7 @@ class Shadow:
             return {"model": self.name, "serving": self.serving, "candidate": self.candidate,
                     "state": self.state, "detail": self.detail, "kind": self.kind,
                     "samples": self._agreement.samples, "min_samples": self.rollout.min_samples,
-                    "sample": self.rollout.sample, "seen": self.seen, "sampled": self.sampled,
+                    "sample": self.rollout.sample, "offered": self.seen, "sampled": self.sampled,
                     "runs": self.runs, "failures": self.failures, "skipped": dict(self.skipped),
                     "metrics": {k: _round(v) for k, v in metrics.items()},
                     "checks": [{"name": c.name, "threshold": c.threshold,
