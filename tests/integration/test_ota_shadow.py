@@ -6,13 +6,18 @@ shadow; progress stays retained on <prefix>/ota/<model>/shadow."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import make_test_models
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from make_demo import color_of, write_color_video
+from onnx import numpy_helper
 from support.artifacts import ArtifactServer
 from support.broker import Broker, Subscriber
 from support.daemon import Served, ServeFactory
@@ -154,3 +159,60 @@ def test_shadow_when_both_versions_do_not_fit_the_cache_budget_is_refused_before
     assert failed["reason"] == "no_memory" and "cache budget" in failed["detail"]
     assert statuses(sub, status, "rolled_back")[-1]["version"] == 1
     assert cache.default_version("tiny_cls") == 1 and not cache.ready("tiny_cls", 2)
+
+
+def swapped_colors_bytes() -> bytes:
+    """The colors classifier with red and green swapped: it disagrees on those frames and
+    agrees on blue ones."""
+    model = make_test_models.make_colors()
+    for init in model.graph.initializer:
+        if init.name == "sharpen":
+            swapped = numpy_helper.to_array(init)[:, [1, 0, 2]]
+            init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(swapped), "sharpen"))
+    return model.SerializeToString()
+
+
+def test_shadow_when_a_candidate_disagrees_on_live_frames_is_rejected_and_results_stay_right(
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path], tmp_path: Path) -> None:
+    private, public = key
+    prefix = "t/shadow/stream"
+    video = write_color_video(tmp_path / "colors.avi", fps=60, frames_per_color=10)
+    results, status = f"{prefix}/streams/cam/results", f"{prefix}/ota/colors/status"
+    sub = Subscriber(broker, results, status)
+    try:
+        served = make_served(
+            cache="preload: [colors]",
+            mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}",
+            ota=f"trusted_keys: [{public}], shadow: {{max_share: 1.0}}",
+            streams=f"[{{name: cam, source: 'file://{video}', model: colors, loop: true, "
+                    "backpressure: block}]")
+        assert served.daemon.ota is not None and served.daemon.ota.wait_listening(10)
+        data = swapped_colors_bytes()
+        (artifacts.root / "colors-2.onnx").write_bytes(data)
+        doc = sign_document({"model": "colors", "version": 2, "format": "onnx",
+                             "artifact": {"url": artifacts.url("colors-2.onnx"),
+                                          "size": len(data),
+                                          "sha256": hashlib.sha256(data).hexdigest()},
+                             **shadow(30, promote_if={"min_top1_agreement": 0.9}),
+                             **fresh(prefix)}, private)
+        sub.client.publish(f"{prefix}/ota/colors", json.dumps(doc).encode(),
+                           qos=1).wait_for_publish(5)
+        got = sub.collect(results, status, timeout=60, what="the shadow's rejection",
+                          until=lambda m: m[-1].topic == status and
+                          json.loads(m[-1].payload)["state"] == "failed")
+    finally:
+        sub.close()
+    events = [json.loads(m.payload) for m in got if m.topic == status]
+    assert [e["state"] for e in events if e["state"] != "downloading"] == [
+        "received", "verifying", "installing", "warming", "shadowing", "failed"]
+    assert events[-1]["reason"] == "shadow_rejected"
+    frames = [json.loads(m.payload) for m in got if m.topic == results]
+    assert len(frames) > 30
+    for message in frames:  # every frame answered by version 1, and rightly
+        assert message["version"] == 1
+        assert message["results"]["classes"][0]["label"] == color_of((message["seq"] - 1) % 30,
+                                                                     10)
+    final = retained(broker, f"{prefix}/ota/colors/shadow")
+    assert final["state"] == "rejected" and 0.2 < final["metrics"]["top1_agreement"] < 0.5
+    assert served.daemon.repository.versions_on_disk("colors") == [1]
