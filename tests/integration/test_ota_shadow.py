@@ -121,7 +121,8 @@ def test_shadow_when_the_operator_signs_a_decision_acts_on_it_and_refuses_stale_
     send(wrong)  # a decision about another version: refused, the shadow goes on
     refused = statuses(sub, status, "failed")[-1]
     assert refused["reason"] == "no_shadow"
-    assert served.daemon.updater.shadows.get("tiny_cls") is not None
+    running = served.daemon.status_report()["ota"]["shadows"]["tiny_cls"]  # `edged status`
+    assert running["state"] == "running" and running["candidate"] == 2
     promote = sign_document({"model": "tiny_cls", "action": "promote", "version": 2,
                              **fresh(prefix)}, private)
     send(promote)
