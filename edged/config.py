@@ -270,6 +270,21 @@ def _positive_or_null(value: float | None) -> str | None:
     return None if value is None or value > 0 else f"must be > 0 or null, got {value}"
 
 
+def _share(value: float) -> str | None:
+    return None if 0 < value <= 1 else f"must be in (0, 1], got {value}"
+
+
+@dataclass(frozen=True)
+class ShadowConfig:
+    max_share: float = setting(0.25, "shadow rollouts: the candidate's runs may take at most "
+                                     "this share of wall-clock time (samples over it are "
+                                     "skipped and counted)", check=_share)
+    queue: int = setting(4, "shadow rollouts: sampled inputs waiting for the candidate at most "
+                            "(more are skipped and counted)", check=at_least(1))
+    publish_every_s: float = setting(2.0, "shadow rollouts: progress on <prefix>/ota/<model>/"
+                                          "shadow at most this often", check=at_least(0.05))
+
+
 @dataclass(frozen=True)
 class OtaConfig:
     trusted_keys: list[Path] = setting(factory=list, help="Ed25519 public keys (PEM)")
@@ -287,6 +302,7 @@ class OtaConfig:
     groups: list[str] = setting(factory=list, help="fleet groups this device takes updates "
                                                    "for: <fleet_prefix>/groups/<g>/ota/<model>",
                                 check=_check_names)
+    shadow: ShadowConfig = setting(factory=ShadowConfig, help="what a shadow rollout may cost")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from edged.mqtt import MqttLink
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import TrustStore
 from edged.ota.service import OtaService
+from edged.ota.shadows import ShadowHooks
 from edged.pipeline import StreamPipeline
 from edged.reload import plan as reload_plan
 from edged.reporting import Reporter, throttle_warning
@@ -105,6 +106,10 @@ class Daemon:
                                groups=config.ota.groups,
                                chunk_timeout_s=config.ota.chunk_timeout_s)
                     if self.mqtt is not None else None)
+        self.updater.shadows.hooks = ShadowHooks(
+            self.scheduler.taps, self.scheduler.busy,
+            self.ota.report_shadow if self.ota is not None else None,
+            self.ota.defer if self.ota is not None else ShadowHooks().defer)
         self.reporter = Reporter(self.streams.pipelines, self.mqtt.stats if self.mqtt else None,
                                  self.cache.status, model_counters=self.cache.counters,
                                  inference=self.scheduler.counters)
@@ -281,7 +286,8 @@ class Daemon:
             "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
             # takes updates: every OTA subscription confirmed by the broker on this connection
-            "ota": {"listening": self.ota.listening} if self.ota is not None else None,
+            "ota": {"listening": self.ota.listening, "shadows": self.updater.shadows.status()}
+            if self.ota is not None else None,
             "process": {"rss_bytes": host.rss_bytes()},
             "gpus": [dataclasses.asdict(gpu) for gpu in host.gpus()],
             "jetson": jetson.as_dict() if (jetson := host.jetson()) is not None else None,
@@ -383,6 +389,7 @@ class Daemon:
             await self.api.stop_accepting()
             if self.ota is not None:  # a download stops; an install in progress finishes
                 await asyncio.to_thread(self.ota.stop, OTA_STOP_S)
+            await asyncio.to_thread(self.updater.shadows.stop_all)
             await asyncio.to_thread(self.streams.stop)
             await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)
             await self.api.stop()

@@ -1,13 +1,17 @@
 """Routing requests to per-model batchers (`edged.batcher`), made on first use: one per model
 (its active version) and one per explicitly named version. `Scheduler.submit()` raises at once
 for what is known at once and returns a future; `infer()` waits, running on the caller's
-thread when the model is idle. The counters and queues of every batcher are read here."""
+thread when the model is idle. The counters and queues of every batcher are read here.
+
+A model can have a tap (`taps[model]`, a shadow rollout's sampler): requests to its active
+version are offered to it, and a sampled one gets the request's outputs once they are in."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +21,10 @@ from edged.cache import ModelCache
 from edged.errors import ShuttingDown
 from edged.model.repository import ModelVersion
 
-__all__ = ["Outputs", "Pending", "Scheduler"]
+__all__ = ["Outputs", "Pending", "Scheduler", "Tap"]
+
+# inputs -> None (not sampled), or a sink that takes the request's future, outputs or None
+Tap = Callable[[Mapping[str, np.ndarray]], "Callable[[Any], None] | None"]
 
 
 class Scheduler:
@@ -29,18 +36,40 @@ class Scheduler:
         self._lock = threading.Lock()
         self._batchers: dict[tuple[str, int | None], Batcher] = {}
         self._closed = False
+        self.taps: dict[str, Tap] = {}
 
     def submit(self, model: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
                priority: int | None = None, timeout_s: float | None = None) -> Pending:
         """Queue one request. Raises at once for what is known at once (unknown model, bad
         input, full queue, shutting down); the future carries execution errors and timeouts."""
-        return self._batcher(model, version).submit(inputs, priority, timeout_s)
+        batcher = self._batcher(model, version)
+        tap = self.taps.get(model) if version is None else None
+        sink = tap(inputs) if tap is not None else None  # before: it counts the queue as is
+        future = batcher.submit(inputs, priority, timeout_s)
+        if sink is not None:
+            future.add_done_callback(sink)
+        return future
 
     def infer(self, model: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
               priority: int | None = None, timeout_s: float | None = None) -> Outputs:
         """Run one request and wait for its outputs: on the calling thread when the model is
         idle (see Batcher.run_inline), else queued like submit()."""
-        return self._batcher(model, version).run_inline(inputs, priority, timeout_s)
+        batcher = self._batcher(model, version)
+        tap = self.taps.get(model) if version is None else None
+        sink = tap(inputs) if tap is not None else None
+        if sink is None:
+            return batcher.run_inline(inputs, priority, timeout_s)
+        try:
+            outputs = batcher.run_inline(inputs, priority, timeout_s)
+        except BaseException:
+            sink(None)
+            raise
+        sink(outputs)
+        return outputs
+
+    def busy(self) -> bool:
+        """Whether serving work is waiting in any queue (a shadow's sample then waits not)."""
+        return any(batcher.depth for batcher in list(self._batchers.values()))
 
     def has_batcher(self, model: str, version: int | None = None) -> bool:
         return (model, version) in self._batchers

@@ -50,6 +50,7 @@ class OtaState(StrEnum):
     VERIFYING = "verifying"
     INSTALLING = "installing"
     WARMING = "warming"
+    SHADOWING = "shadowing"  # a shadow rollout: installed beside the serving version, proving
     ACTIVE = "active"
     FAILED = "failed"
     ROLLED_BACK = "rolled_back"

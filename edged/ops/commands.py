@@ -28,6 +28,23 @@ if TYPE_CHECKING:
 
 Command = Callable[[argparse.Namespace], int]
 
+ROLLOUT_HELP = """rollouts:
+  A manifest's "rollout" says how the new version earns its place on each device:
+    {"mode": "direct"}   (the default) serve it once warmed and golden-checked
+    {"mode": "shadow", "sample": 0.1, "min_samples": 500, "max_duration_s": 3600,
+     "promote_if": {"min_top1_agreement": 0.98, "max_failure_rate": 0}}
+                         install it beside the serving version, run that share of live
+                         inputs through it too (lowest priority, skipped when busy),
+                         promote it after min_samples if every bound holds, else
+                         reject it; progress retained on <prefix>/ota/<model>/shadow
+  Bounds: min_top1_agreement (classifiers), min_box_f1, min_label_agreement
+  (detectors, IoU >= 0.5), min_cosine, min_cosine_sample, max_mean_abs_error,
+  max_abs_error, max_relative_error, max_failure_rate, max_p99_ms.
+  Decide early with a signed command on <prefix>/ota/<model>/command:
+  {"model", "action": "promote" | "reject", "version"}: edged ota decide.
+  --waves 1,10%,100% sends wave by wave and halts on the first unhealthy wave.
+"""
+
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
     """Add the operator's subcommands to the `edged` parser; returns their handlers by name."""
@@ -63,7 +80,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
                            "<fleet>/groups/<group> (devices refuse it elsewhere)")
     sign.add_argument("--seq", type=int, help="its sequence number (default: the time in ms)")
     _add_ttl(sign)
-    push = ota_sub.add_parser("push", help="publish a manifest and follow the devices' status")
+    push = ota_sub.add_parser(
+        "push", help="publish a manifest and follow the devices' status",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Publish a manifest and follow the devices' status to the end (exit 0: all "
+        "active, 1: a device failed or a wave halted, 2: a device did not answer in time).",
+        epilog=ROLLOUT_HELP)
     push.add_argument("manifest", type=Path)
     push.add_argument("--key", type=Path, help="sign it (filling in the artifact) before sending")
     push.add_argument("--artifact", type=Path, help="the artifact file (size, sha256, sending)")
@@ -74,6 +96,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
                       help="send --artifact as MQTT chunks of 64 KiB (small models)")
     push.add_argument("--retain", action="store_true",
                       help="retain the manifest: devices offline now get it when they connect")
+    push.add_argument("--waves", metavar="N|N%,...",
+                      help="canary waves, e.g. 1,10%%,100%%: cumulative device counts or shares "
+                           "of the fleet (the devices named, or those whose retained status "
+                           "says online); each wave must be healthy (active; for a shadow "
+                           "rollout, promoted) before the next is sent. Needs --key")
+    push.add_argument("--rollback-on-halt", action="store_true",
+                      help="with --waves: when a wave halts, reject its candidates still in "
+                           "their shadow run and roll back its devices that took the version")
     _add_ota_target(push, timeout=600.0)
     _add_ttl(push)
     roll = ota_sub.add_parser("rollback", help="ask devices to serve the previous version")
@@ -84,6 +114,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
                       help="only devices serving this version roll back (fleet-wide use)")
     _add_ota_target(roll, timeout=120.0)
     _add_ttl(roll)
+    decide = ota_sub.add_parser("decide", help="promote or reject the candidate of a shadow "
+                                              "rollout now (a signed command)")
+    decide.add_argument("model")
+    choice = decide.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--promote", action="store_true", help="serve the candidate now")
+    choice.add_argument("--reject", action="store_true", help="drop the candidate")
+    decide.add_argument("--version", type=int, help="only if the candidate is this version")
+    decide.add_argument("--key", type=Path, help="sign the command (devices require it unless "
+                                                 "ota.allow_unsigned)")
+    _add_ota_target(decide, timeout=120.0)
+    _add_ttl(decide)
     quantize = sub.add_parser("quantize", help="make a model's INT8 variant and gate it on "
                               "accuracy (exit 0 accepted, 1 refused, 2 usage, 3 failed)")
     add_quantize_arguments(quantize)
@@ -307,12 +348,24 @@ def cmd_ota(args: argparse.Namespace) -> int:
         print(f"private key: {args.key} (keep it off the devices)\npublic key:  {public} "
               f"(list it in ota.trusted_keys)\nkey_id:      {key_id}")
         return 0
-    if args.ota_command in ("push", "rollback"):
+    if args.ota_command in ("push", "rollback", "decide"):
         from edged.ops import push
 
         broker = push.Broker.parse(args.broker, username=args.username,
                                    password_file=args.password_file, ca_file=args.ca_file)
         target = push.Target.of(args.device, args.fleet, args.group, args.watch, args.expect)
+        if args.ota_command == "push" and args.waves:
+            from edged.ops.waves import push_waves
+
+            return push_waves(args.manifest, broker, waves=args.waves, devices=args.device,
+                              fleet=args.fleet, watch=args.watch, key=args.key,
+                              artifact=args.artifact, serve_at=args.serve,
+                              url_host=args.url_host, inline=args.inline,
+                              timeout_s=args.timeout, ttl_s=args.ttl,
+                              rollback_on_halt=args.rollback_on_halt)
+        if args.ota_command == "decide":
+            return push.decide(args.model, args.promote, broker, target, args.key,
+                               version=args.version, timeout_s=args.timeout, ttl_s=args.ttl)
         if args.ota_command == "rollback":
             return push.rollback(args.model, broker, target, args.key,
                                  from_version=args.from_version, timeout_s=args.timeout,

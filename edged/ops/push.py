@@ -365,12 +365,7 @@ def _push(manifest_path: Path, broker: Broker, target: Target, key: Path | None,
     try:
         session.follow([f"{w}/ota/{model}/status" for w in target.watch])
         for topic in target.topics:
-            payload = json.dumps(docs[topic], separators=(",", ":")).encode()
-            session.publish(f"{topic}/ota/{model}", payload, retain=retain)
-            if data is not None:
-                for index in range(0, len(data), CHUNK_BYTES):
-                    session.publish(f"{topic}/ota/{model}/chunk/{index // CHUNK_BYTES}",
-                                    data[index:index + CHUNK_BYTES])
+            publish_manifest(session, topic, model, docs[topic], data, retain=retain)
         out.write(f"pushed {model}:{version} to {', '.join(target.topics)}"
                   f"{' (retained)' if retain else ''}\n")
         outcome = follow_status(session, target, model, version, timeout_s, out)
@@ -379,16 +374,48 @@ def _push(manifest_path: Path, broker: Broker, target: Target, key: Path | None,
     return summary(outcome, target, out)
 
 
+def publish_manifest(session: Session, root: str, model: str, doc: dict[str, Any],
+                     data: bytes | None, *, retain: bool = False) -> None:
+    """The manifest on `<root>/ota/<model>`, then the artifact's chunks when sent inline."""
+    session.publish(f"{root}/ota/{model}", json.dumps(doc, separators=(",", ":")).encode(),
+                    retain=retain)
+    if data is not None:
+        for index in range(0, len(data), CHUNK_BYTES):
+            session.publish(f"{root}/ota/{model}/chunk/{index // CHUNK_BYTES}",
+                            data[index:index + CHUNK_BYTES])
+
+
 def rollback(model: str, broker: Broker, target: Target, key: Path | None, *,
              from_version: int | None = None, timeout_s: float = 120.0,
              ttl_s: float = DEFAULT_TTL_S, out: TextIO | None = None) -> int:
     """Signed rollback commands on `<target>/ota/<model>/command`, each fresh for its topic
     root; with `from_version`, only devices serving that version roll back (the others answer
     that nothing was to do)."""
-    out = out or sys.stdout
     unsigned: dict[str, Any] = {"model": model, "action": "rollback"}
     if from_version is not None:
         unsigned["from_version"] = from_version
+    return _command(unsigned, broker, target, key, timeout_s, ttl_s, out or sys.stdout,
+                    f"to roll {model} back")
+
+
+def decide(model: str, promote: bool, broker: Broker, target: Target, key: Path | None, *,
+           version: int | None = None, timeout_s: float = 120.0,
+           ttl_s: float = DEFAULT_TTL_S, out: TextIO | None = None) -> int:
+    """Signed `promote` or `reject` commands for the candidate that a shadow rollout is
+    proving (only `version`, when given); a rejection clears the retained manifest too."""
+    unsigned: dict[str, Any] = {"model": model, "action": "promote" if promote else "reject"}
+    if version is not None:
+        unsigned["version"] = version
+    return _command(unsigned, broker, target, key, timeout_s, ttl_s, out or sys.stdout,
+                    f"to {unsigned['action']} the candidate of {model}", clear=not promote)
+
+
+def _command(unsigned: dict[str, Any], broker: Broker, target: Target, key: Path | None,
+             timeout_s: float, ttl_s: float, out: TextIO, what: str, *,
+             clear: bool = True) -> int:
+    """Send one command to each topic root (signed and fresh for it when `key` is given) and
+    follow the devices' status."""
+    model = str(unsigned["model"])
     commands = {topic: unsigned for topic in target.topics}
     if key is not None:
         private = load_private_key(key)
@@ -398,13 +425,17 @@ def rollback(model: str, broker: Broker, target: Target, key: Path | None, *,
     try:
         session.follow([f"{w}/ota/{model}/status" for w in target.watch])
         for topic in target.topics:
-            # A retained manifest would bring the version back at the next reconnect.
-            session.publish(f"{topic}/ota/{model}", b"", retain=True)
+            if clear:  # a retained manifest would bring the version back at the next reconnect
+                session.publish(f"{topic}/ota/{model}", b"", retain=True)
             session.publish(f"{topic}/ota/{model}/command",
                             json.dumps(commands[topic], separators=(",", ":")).encode())
-        out.write(f"asked {', '.join(target.topics)} to roll {model} back (and cleared any "
-                  "retained manifest there)\n")
+        out.write(f"asked {', '.join(target.topics)} {what}"
+                  f"{' (and cleared any retained manifest there)' if clear else ''}\n")
         outcome = follow_status(session, target, model, None, timeout_s, out)
     finally:
         session.close()
+    if unsigned["action"] == "reject":  # what was asked for: the candidate is gone
+        for event in outcome.states.values():
+            if event.get("reason") == "rejected_by_operator":
+                event["ok"] = True
     return summary(outcome, target, out)

@@ -17,7 +17,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from edged.ota.bundle import GOLDEN, unpack
 from edged.ota.fetch import ChunkAssembler, Fetcher, download_deadline_s
 from edged.ota.journal import InstallJournal
 from edged.ota.manifest import Manifest, Rejected, TrustStore
+from edged.ota.shadows import ShadowRollouts
 from edged.ota.verify import check_io, golden_check, verify_artifact
 from edged.states import OtaState
 
@@ -86,6 +88,7 @@ class Updater:
         self.journal = InstallJournal(repository)
         self._lock = threading.Lock()
         self._busy: dict[str, int] = {}
+        self.shadows = ShadowRollouts(self)  # the daemon lends it its hooks
 
     def reconfigure(self, cfg: OtaConfig) -> OtaConfig:
         """Take a reloaded `ota` section (its restart-only keys already held by the reload
@@ -109,6 +112,8 @@ class Updater:
             held = self._busy.get(manifest.model)
             if held == manifest.version:  # the same push again (a retained manifest re-sent)
                 return False
+            if held is None and self.shadows.proving(manifest):
+                return False  # being proven now: a retained manifest re-sent at a reconnect
             if held is not None:
                 raise Rejected("busy", f"an update of {manifest.model} to version {held} is in "
                                        "progress; push again when it has finished")
@@ -131,9 +136,23 @@ class Updater:
         with self._lock:
             self._busy.pop(manifest.model, None)
 
+    @contextmanager
+    def holding(self, name: str, version: int) -> Iterator[None]:
+        """The model reserved (as by claim) while a shadow's candidate is promoted."""
+        with self._lock:
+            self._busy.setdefault(name, version)
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._busy.get(name) == version:
+                    del self._busy[name]
+
     def apply(self, manifest: Manifest, chunks: ChunkAssembler | None = None) -> None:
         """Check, stage, install, warm, golden-check, switch. The caller holds claim().
-        Raises Rejected (with nothing changed, or after an automatic rollback)."""
+        Raises Rejected (with nothing changed, or after an automatic rollback). A shadow
+        rollout of the model in progress gives way to it."""
+        self.shadows.cancel(manifest.model, f"superseded by version {manifest.version}")
         try:
             stage = self._stage(manifest, chunks)
         except Rejected as exc:
@@ -218,10 +237,18 @@ class Updater:
         try:
             self._emit(manifest, OtaState.WARMING)
             self._step("warming")
+            shadow = manifest.shadow and current is not None  # a new model has no live data
+            if shadow:
+                self.shadows.check_memory(manifest, self.repository.get(name, version)
+                                          .onnx_path.stat().st_size)
             self.cache.load(name, version)
             with self.cache.acquire(name, version) as lease:
                 golden_check(self.repository.version_dir(name, version) / GOLDEN,
                              lease.session.infer)
+            if shadow:
+                assert current is not None
+                self.shadows.start(manifest, current)  # the journal stays until decided
+                return
             self.cache.swap(name, version, drain_timeout_s=self.drain_timeout_s)
             self._step("switched")
             self.repository.set_active(name, version)
@@ -263,7 +290,9 @@ class Updater:
         """Serve the newest version older than the active one again and remove the active
         one. Returns the version now serving; Rejected('no_previous') if there is none, and
         Rejected('not_active') when `from_version` is given and is not the active one (a
-        fleet-wide rollback must not take a device that never updated one step further)."""
+        fleet-wide rollback must not take a device that never updated one step further). A
+        shadow rollout of the model in progress is cancelled first."""
+        self.shadows.cancel(name, "cancelled by a rollback")
         current = self._current(name)
         if current is None:
             raise Rejected("no_previous", f"model {name!r} is not in the repository")

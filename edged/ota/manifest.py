@@ -19,11 +19,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from edged.errors import ModelNotFound, UpdateRejected
 from edged.model.repository import check_model_name
 from edged.states import OtaState
+
+if TYPE_CHECKING:
+    from edged.ota.rollout import Rollout
 
 MAX_MANIFEST_BYTES = 64 * 1024
 MAX_COMMAND_BYTES = 4 * 1024  # a rollback command is a few hundred bytes
@@ -35,9 +38,11 @@ _KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 _DTYPES = {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
            "float16", "float32", "float64", "bfloat16", "string"}
 _FIELDS = {"model", "version", "format", "artifact", "precision", "force", "io",
-           "allow_io_change", "key_id", "signature", "group", "note", "target", "seq", "expires"}
-_COMMAND_FIELDS = {"model", "action", "from_version", "target", "seq", "expires", "key_id",
-                   "signature"}
+           "allow_io_change", "key_id", "signature", "group", "note", "target", "seq", "expires",
+           "rollout"}
+_COMMAND_FIELDS = {"model", "action", "from_version", "version", "target", "seq", "expires",
+                   "key_id", "signature"}
+ACTIONS = ("rollback", "promote", "reject")
 _MAX_JSON_INT = 2 ** 53 - 1  # RFC 8785 numbers are IEEE doubles: larger ints do not survive
 
 
@@ -81,6 +86,11 @@ class Manifest:
     signature: str | None = None
     group: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    rollout: Rollout | None = None  # None: direct (edged/ota/rollout.py)
+
+    @property
+    def shadow(self) -> bool:
+        return self.rollout is not None and self.rollout.shadow
 
     def canonical(self) -> bytes:
         return canonical_bytes(self.raw)
@@ -142,9 +152,12 @@ def parse_manifest(payload: bytes) -> Manifest:
     if group is not None and not isinstance(group, str):
         raise Rejected("bad_manifest", "group must be a string")
     _freshness_types(doc, "bad_manifest")
+    from edged.ota.rollout import parse_rollout  # it reads Rejected from here
+
     return Manifest(name, version, fmt, _artifact(doc.get("artifact")), precision,
                     _get(doc, "force", bool, False), _get(doc, "allow_io_change", bool, False),
-                    _io(doc.get("io")), key_id, signature, group, doc)
+                    _io(doc.get("io")), key_id, signature, group, doc,
+                    parse_rollout(doc.get("rollout")))
 
 
 def _freshness_types(doc: Mapping[str, Any], bad: str) -> None:
@@ -162,28 +175,40 @@ def _freshness_types(doc: Mapping[str, Any], bad: str) -> None:
 
 @dataclass(frozen=True)
 class Command:
-    """A rollback command: serve the previous version of `model` (only if the active one is
-    `from_version`, when given)."""
+    """An operator's command about `model`: `rollback` (serve the previous version; only if
+    the active one is `from_version`, when given), or `promote` / `reject` the candidate that
+    a shadow rollout is proving (only if it is `version`, when given)."""
 
     model: str
     from_version: int | None
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    action: str = "rollback"
+    version: int | None = None
 
 
 def parse_command(payload: bytes) -> Command:
     """A command from its JSON bytes, or Rejected('bad_command', why)."""
     doc = _bounded_json(payload, MAX_COMMAND_BYTES, "bad_command", "command")
     usage = ('commands are {"model": "<model>", "action": "rollback", optional '
-             '"from_version": <int>, "target", "seq", "expires"}, signed like manifests')
-    if not isinstance(doc, dict) or doc.get("action") != "rollback" or \
+             '"from_version": <int>} or {"model", "action": "promote" | "reject", optional '
+             '"version": <the shadowed candidate>}, with "target", "seq", "expires", signed '
+             'like manifests')
+    if not isinstance(doc, dict) or doc.get("action") not in ACTIONS or \
             not isinstance(doc.get("model"), str) or set(doc) - _COMMAND_FIELDS:
         raise Rejected("bad_command", usage)
-    version = doc.get("from_version")
-    if version is not None and (not isinstance(version, int) or isinstance(version, bool)
-                                or version < 1):
+    versions = {}
+    for key in ("from_version", "version"):
+        value = doc.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise Rejected("bad_command", usage)
+        versions[key] = value
+    if (doc["action"] == "rollback" and versions["version"] is not None) or \
+            (doc["action"] != "rollback" and versions["from_version"] is not None):
         raise Rejected("bad_command", usage)
     _freshness_types(doc, "bad_command")
-    return Command(doc["model"], version, doc)
+    return Command(doc["model"], versions["from_version"], doc, doc["action"],
+                   versions["version"])
 
 
 def _no_constant(name: str) -> None:

@@ -78,6 +78,21 @@ class OtaService:
             except (CancelledError, FutureTimeout):  # run() reports its own failures
                 pass
 
+    def report_shadow(self, model: str, progress: Mapping[str, Any]) -> None:
+        """A shadow rollout's progress, retained on `<prefix>/ota/<model>/shadow`."""
+        payload = json.dumps(progress, separators=(",", ":")).encode()
+        self.link.publish("ota", f"ota/{model}/shadow", payload, retain=True)
+
+    def defer(self, job: Callable[[], None]) -> None:
+        """Run `job` on the OTA worker, after the updates and commands queued before it."""
+        def run() -> None:
+            try:
+                job()
+            except Exception:  # a bug must not kill the worker
+                logger.exception("OTA: a deferred job failed")
+
+        self._submit(run)
+
     def report(self, event: Event) -> None:
         """Updater events to `<prefix>/ota/<model>/status`; final states retained."""
         payload = json.dumps(event.to_dict(), separators=(",", ":")).encode()
@@ -177,7 +192,11 @@ class OtaService:
 
         def run() -> None:
             try:
-                self.updater.rollback(model, command.from_version)
+                if command.action == "rollback":
+                    self.updater.rollback(model, command.from_version)
+                else:
+                    self.updater.shadows.decide(model, command.action == "promote",
+                                                command.version, "the operator")
             except Rejected as exc:
                 if exc.reason == "not_active":  # not on that version: nothing to do is fine
                     self.report(Event(model, self.updater.serving(model) or 0, OtaState.ACTIVE,

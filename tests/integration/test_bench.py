@@ -64,6 +64,12 @@ def test_bench_ota_when_run_quick_updates_under_load_without_a_failed_request(
                    for p in ("before", "after"))
         assert update["during"]["failed"] == 0 and update["received_to_active_s"] > 0
         assert set(update["answers_by_version"]) == {"1", "2"}  # both served, under load
+    cost, promotion = results["shadow"]["cost"], results["shadow"]["promotion"]
+    assert all(cost[p]["requests"] > 0 and cost[p]["failed"] == 0
+               for p in ("without", "with_shadow", "without_after"))
+    assert promotion["failed"] == 0 and promotion["shadow"]["state"] == "promoted"
+    assert promotion["shadow"]["samples"] >= promotion["min_samples"]
+    assert promotion["pushed_to_promoted_s"] > promotion["pushed_to_shadowing_s"] > 0
 
 
 def test_bench_post_when_run_quick_keeps_the_same_detections_before_and_after(

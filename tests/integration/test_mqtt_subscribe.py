@@ -73,12 +73,12 @@ def test_ota_when_the_broker_restarts_subscribes_again_and_takes_updates(
     ota, mqtt = served.daemon.ota, served.daemon.mqtt
     assert ota is not None and mqtt is not None
     assert ota.wait_listening(10)
-    assert served.daemon.status_report()["ota"] == {"listening": True}
+    assert served.daemon.status_report()["ota"] == {"listening": True, "shadows": {}}
     try:
         broker.stop()
         wait_until(lambda: not ota.listening and not mqtt.connected, timeout=10,
                    what="the daemon noticed the broker is gone")
-        assert served.daemon.status_report()["ota"] == {"listening": False}
+        assert served.daemon.status_report()["ota"] == {"listening": False, "shadows": {}}
     finally:
         if broker.process is None:
             broker.start()

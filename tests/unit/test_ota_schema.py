@@ -51,6 +51,11 @@ GOOD = {
     "signed-fresh": sign_document(doc(target="edged/fleet/groups/line-1", seq=2 ** 53 - 1,
                                       expires=1_900_000_000), Ed25519PrivateKey.generate()),
     "freshness-nulls": doc(target=None, seq=None, expires=None),
+    "rollout-shadow-every-field": doc(rollout={
+        "mode": "shadow", "sample": 0.1, "min_samples": 500, "max_duration_s": 3600,
+        "promote_if": {"min_top1_agreement": 0.98, "max_failure_rate": 0, "max_p99_ms": 25}}),
+    "rollout-direct-and-defaults": doc(rollout={"mode": "direct"}),
+    "rollout-null": doc(rollout=None),
 }
 
 BAD = {
@@ -105,6 +110,16 @@ BAD = {
     "seq-beyond-2^53": doc(seq=2 ** 53),
     "seq-string": doc(seq="17"),
     "expires-bool": doc(expires=True),
+    "rollout-not-an-object": doc(rollout="shadow"),
+    "rollout-mode-canary": doc(rollout={"mode": "canary"}),
+    "rollout-sample-0": doc(rollout={"mode": "shadow", "sample": 0}),
+    "rollout-sample-above-1": doc(rollout={"mode": "shadow", "sample": 1.5}),
+    "rollout-min-samples-0": doc(rollout={"mode": "shadow", "min_samples": 0}),
+    "rollout-min-samples-string": doc(rollout={"mode": "shadow", "min_samples": "500"}),
+    "rollout-duration-beyond-a-week": doc(rollout={"mode": "shadow", "max_duration_s": 10**6}),
+    "rollout-unknown-bound": doc(rollout={"mode": "shadow", "promote_if": {"min_vibes": 1}}),
+    "rollout-bound-not-a-number": doc(rollout={"promote_if": {"min_cosine": "0.9"}}),
+    "rollout-unknown-field": doc(rollout={"mode": "shadow", "waves": [1]}),
 }
 
 

@@ -6,7 +6,9 @@ while the bench pushes signed updates (each a new version of the same network, s
 stay comparable) from an HTTP artifact server on 127.0.0.1, the way `edged ota push --serve`
 does. Every answer is kept with its time and model_version, so the table shows latency p50/p99
 before, during (manifest received to active) and after each swap, failed requests, and how
-long each step of the update took by the daemon's own status events.
+long each step of the update took by the daemon's own status events. A shadow rollout's cost
+to serving (p50/p99 with and without a shadow at 10% sampling) and its push-to-promotion time
+follow (tools/bench/ota_shadow.py).
 """
 
 from __future__ import annotations
@@ -141,9 +143,12 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
                 watch.close()
             cases.append({"model": name, "file": filename, "input": list(shape),
                           "artifact_bytes": source.stat().st_size, "rounds": rounds})
+        from tools.bench.ota_shadow import run_shadow
+
+        shadow = run_shadow(workdir, port, key, quick=quick)
     return {"setup": f"ORT CPU, {THREADS} intra-op threads, {CONCURRENCY} closed-loop clients "
                      "over the socket, binary tensors",
-            "broker": broker, "cases": cases}
+            "broker": broker, "cases": cases, "shadow": shadow}
 
 
 def update_round(workdir: Path, name: str, source: Path, target: Target, request: bytes,
@@ -215,4 +220,8 @@ def format_table(r: dict[str, Any]) -> str:
                          f"v{rnd['version']} | {rnd['received_to_active_s']:.3f} | "
                          f"{rnd['published_to_active_s']:.3f} | {steps} | "
                          f"{rnd['answers_by_version']} |")
+    if "shadow" in r:
+        from tools.bench.ota_shadow import format_shadow
+
+        lines += ["", format_shadow(r["shadow"])]
     return "\n".join(lines)
