@@ -45,8 +45,8 @@ def exercise(monkeypatch: pytest.MonkeyPatch, repo: ModelRepository, tmp_path: P
     surface.SURFACE.clear()
     for props in (DISCRETE, JETSON):
         fake_cudart.install(monkeypatch, FakeCudart(props))
-        fake_tensorrt.install(monkeypatch, fake_tensorrt.Knobs(
-            weak_typing=weak, host_tensors={"b"}))
+        fake_tensorrt.install(monkeypatch, fake_tensorrt.Knobs(  # DLA builds: a core to see
+            weak_typing=weak, host_tensors={"b"}, dla_cores=2 if props is JETSON else 0))
         backend = TensorRTBackend()
         for name, precision, dla in (("tiny_cls", "fp32", None), ("tiny_nobatch", "fp16", None),
                                      ("tiny_two_input", "fp16", 0)):
