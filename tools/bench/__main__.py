@@ -1,5 +1,6 @@
 """Run one benchmark from a source checkout and print its table:
-`python -m tools.bench {core,api,streams,ota,quantize,post,events} [--quick] [--out DIR]`.
+`python -m tools.bench {core,api,streams,ota,quantize,post,events,soak} [--quick] [--out DIR]`
+(`soak` also takes `--minutes N`).
 
 Benchmarks are the operator's and the developer's tool, not the device's: they need the
 tiny-model generator beside them in tools/ and the PP-OCR models of the rapidocr-onnxruntime
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from tools.bench.assets import run_and_report
 
-SUITES = ("core", "api", "streams", "ota", "quantize", "post", "events")
+SUITES = ("core", "api", "streams", "ota", "quantize", "post", "events", "soak")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suite", choices=SUITES)
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON folder")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
+    parser.add_argument("--minutes", type=float, help="soak: how long (default 60)")
     args = parser.parse_args(argv)
 
     from edged.systemd import setup_logging
@@ -30,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     suite = importlib.import_module(f"tools.bench.{args.suite}")
     # Every suite is a run_bench(workdir, quick=) that returns its results and a
     # format_table(results) that prints them; running and reporting is the same for all.
-    return run_and_report(args.suite, lambda tmp: suite.run_bench(tmp, quick=args.quick),
+    extra = {} if args.minutes is None else {"minutes": args.minutes}
+    if extra and args.suite != "soak":
+        parser.error("--minutes is for the soak")
+    return run_and_report(args.suite, lambda tmp: suite.run_bench(tmp, quick=args.quick, **extra),
                           suite.format_table, out_dir=args.out, quick=args.quick)
 
 

@@ -65,3 +65,43 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(5)
+
+
+class RestartableBroker:
+    """A private mosquitto on one loopback port that can be stopped and started again (the
+    soak's broker outage); a context manager that stops it at the end."""
+
+    def __init__(self, workdir: Path) -> None:
+        if shutil.which("mosquitto") is None:
+            raise RuntimeError("no MQTT broker: install mosquitto (apt-get install mosquitto)")
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
+        self.port = free_port()
+        self.config = workdir / "mosquitto.conf"
+        self.config.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+                               f"persistence false\nuser {getpass.getuser()}\n"
+                               "max_queued_messages 10000\n")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with (self.workdir / "mosquitto.log").open("ab") as log:
+            self.process = subprocess.Popen(["mosquitto", "-c", str(self.config)],
+                                            stdout=log, stderr=log)
+        deadline = time.monotonic() + 10
+        while not _listening(self.port):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("private mosquitto did not start: "
+                                   + (self.workdir / "mosquitto.log").read_text()[-2000:])
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process, 10)
+            self.process = None
+
+    def __enter__(self) -> RestartableBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
