@@ -25,6 +25,7 @@ import numpy as np
 
 from edged.events.assign import cluster_assign
 from edged.events.config import TrackConfig
+from edged.processing.post import iou_matrix
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +38,6 @@ VELOCITY_SMOOTHING = 0.5  # share of the newest measured speed in the smoothed o
 # about its own width between frames (a walker at 5 fps) is still found.
 FIRST_STEP_BUFFER = 0.5
 DROP_LOG_INTERVAL_S = 60.0  # stream seconds between two "objects dropped" warnings
-
-
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[N, 4] and [M, 4] boxes (x1, y1, x2, y2) → [N, M] intersection over union."""
-    ix = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
-    iy = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    inter = ix.clip(0) * iy.clip(0)
-    area_a = ((a[:, 2] - a[:, 0]).clip(0) * (a[:, 3] - a[:, 1]).clip(0))[:, None]
-    area_b = ((b[:, 2] - b[:, 0]).clip(0) * (b[:, 3] - b[:, 1]).clip(0))[None, :]
-    union = area_a + area_b - inter
-    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
 @dataclass(eq=False, slots=True)

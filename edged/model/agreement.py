@@ -18,6 +18,7 @@ import numpy as np
 from edged.model.config import QuantizationConfig
 from edged.model.int8_report import Check
 from edged.model.repository import ModelVersion
+from edged.processing.post import iou_matrix
 
 Outputs = dict[str, np.ndarray]  # one sample's outputs, batch dim removed
 Metrics = dict[str, float | None]
@@ -42,17 +43,6 @@ def flat(outputs: Outputs) -> np.ndarray:
     parts = [np.asarray(v, np.float64).ravel() for _, v in sorted(outputs.items())
              if np.issubdtype(np.asarray(v).dtype, np.floating)]
     return np.concatenate(parts) if parts else np.zeros(0)
-
-
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[N, 4] and [M, 4] boxes (x1, y1, x2, y2) -> [N, M] intersection over union."""
-    ix = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
-    iy = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    inter = ix.clip(0) * iy.clip(0)
-    area_a = ((a[:, 2] - a[:, 0]).clip(0) * (a[:, 3] - a[:, 1]).clip(0))[:, None]
-    area_b = ((b[:, 2] - b[:, 0]).clip(0) * (b[:, 3] - b[:, 1]).clip(0))[None, :]
-    union = area_a + area_b - inter
-    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
 def match_boxes(ref_boxes: np.ndarray, ref_classes: np.ndarray, boxes: np.ndarray,

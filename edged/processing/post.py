@@ -122,6 +122,17 @@ def _to_frame(boxes: np.ndarray, g: Geometry, normalized: bool) -> np.ndarray:
     return out
 
 
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[N, 4] and [M, 4] boxes (x1, y1, x2, y2) → [N, M] intersection over union."""
+    ix = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
+    iy = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
+    inter = ix.clip(0) * iy.clip(0)
+    area_a = ((a[:, 2] - a[:, 0]).clip(0) * (a[:, 3] - a[:, 1]).clip(0))[:, None]
+    area_b = ((b[:, 2] - b[:, 0]).clip(0) * (b[:, 3] - b[:, 1]).clip(0))[None, :]
+    union = area_a + area_b - inter
+    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
 def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray,
         iou_threshold: float) -> list[int]:
     """Greedy non-maximum suppression per class (OpenCV's batched NMS: a box goes when it
