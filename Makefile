@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 DEMO   := var/demo
 
-.PHONY: setup run ota-demo test lint bench clean
+.PHONY: setup run ota-demo test lint bench soak clean
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ test: lint
 bench: setup
 	$(BIN)/pip install --quiet -e '.[bench]'
 	for suite in core api streams ota quantize post events; do $(BIN)/python -m tools.bench $$suite || exit 1; done
+
+# The daemon under mixed load with faults for MINUTES (60): failures, RSS, fds, p99 per window.
+soak: setup
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m tools.bench soak --minutes $(or $(MINUTES),60)
 
 clean:
 	rm -rf $(VENV) var bench-results

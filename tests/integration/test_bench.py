@@ -72,6 +72,25 @@ def test_bench_ota_when_run_quick_updates_under_load_without_a_failed_request(
     assert promotion["pushed_to_promoted_s"] > promotion["pushed_to_shadowing_s"] > 0
 
 
+def test_bench_soak_when_run_briefly_meets_every_fault_and_reports_each_bound(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    assert bench(["soak", "--minutes", "0.5", "--out", str(tmp_path)]) == 0
+    assert "p99 within 1.5x of the first window" in capsys.readouterr().out
+    r = json.loads((tmp_path / "soak.json").read_text())
+    kinds = [f["kind"] for f in r["faults"]]
+    assert kinds.count("burst") == kinds.count("ota") == len(r["windows"]) == 3
+    assert kinds.count("broker") == 1
+    s = r["summary"]  # the faults were met, and none of them cost a request or a frame
+    assert s["failed_requests"] == s["failed_frames"] == s["failed_updates"] == 0, r["errors"]
+    assert s["bad_requests_answered_wrong"] == 0, r["faults"]
+    assert all(w["requests"] > 0 for w in r["windows"]) and r["streams"]["processed:colors"] > 0
+    assert set(r["checks"]) == {"0 failed requests outside the faults",
+                                "RSS growth <= 2% after the first window", "fd count flat",
+                                "p99 within 1.5x of the first window"}
+
+
 def test_bench_post_when_run_quick_keeps_the_same_detections_before_and_after(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert bench(["post", "--quick", "--out", str(tmp_path)]) == 0

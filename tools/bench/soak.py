@@ -275,7 +275,9 @@ def _soak(workdir: Path, sock: Path, pid: int, region: SharedRegion, broker: Res
     target = Target(unix=str(sock))
     with EdgedClient(sock, timeout_s=30) as client:
         binary, shm = _requests(client, region)
-    capacity = closed_loop(target, binary, concurrency=CLIENTS, seconds=15, warmup_s=2).rate
+    calibrate_s = min(15.0, minutes * 15)
+    capacity = closed_loop(target, binary, concurrency=CLIENTS, seconds=calibrate_s,
+                           warmup_s=2).rate
     rate = LOAD_SHARE * capacity
     recorder = Recorder()
     stop = threading.Event()
