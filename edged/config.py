@@ -144,6 +144,9 @@ class ApiConfig:
                                    check=between(1, 60000))
     header_timeout_s: float = setting(10.0, "a new connection must send its first request's "
                                             "headers within this", check=at_least(0.1))
+    body_timeout_s: float = setting(30.0, "a request's whole body must arrive within this of "
+                                          "its headers (else 408): a stalled body holds its "
+                                          "share of max_bodies_mb", check=at_least(0.1))
     keepalive_s: float = setting(75.0, "an idle kept-alive connection is closed after this",
                                  check=at_least(0.1))
     shm_copy_inputs: Literal["auto", "always", "never"] = setting(

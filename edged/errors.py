@@ -129,6 +129,13 @@ class Timeout(EdgedError):
     http_status = 504
 
 
+class BodyTimeout(EdgedError):
+    """A request body that did not arrive within `api.body_timeout_s` of its headers."""
+
+    code = "body_timeout"
+    http_status = 408
+
+
 class ShuttingDown(EdgedError):
     code = "shutting_down"
     http_status = 503

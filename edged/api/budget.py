@@ -6,18 +6,22 @@ before more of it is read, and one that could never fit gets 413. A JSON tensor 
 more than its bytes once parsed (a Python object per number), so it is charged at
 JSON_WEIGHT times its length before it is parsed. Compressed bodies are read compressed and
 inflated on a thread, never past `api.max_request_mb`: a small gzip bomb neither stalls the
-event loop nor fills memory before it is refused (issue 20 #6)."""
+event loop nor fills memory before it is refused (issue 20 #6). The whole body must arrive
+within `api.body_timeout_s` of its headers (else 408, and the connection is closed): a body
+is charged before its bytes come, and a client that stalls must not hold that for good."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import zlib
 
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
-from edged.errors import InvalidInput, Overloaded, TooLarge
+from edged.errors import BodyTimeout, InvalidInput, Overloaded, TooLarge
 
 ALIGN = 64
 # Parsed JSON tensors weigh up to ~7x their text (measured: `[0,0,...]` 7.0x, random floats
@@ -26,6 +30,9 @@ JSON_WEIGHT = 10
 INFLATE_CHUNK = 1 << 20
 # aiohttp's parser would inflate on the loop, unbounded; edged inflates these itself.
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "identity": 0}
+# The app's `api.body_timeout_s` (small JSON routes read their bodies through here too).
+BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
+DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 class BodyBudget:
@@ -88,10 +95,11 @@ async def read_body(request: web.Request, limit: int, charge: Charge | None = No
     if length is not None and length > limit:
         raise TooLarge(f"the body's {length} bytes exceed the {_mb(limit)} allowed here")
     charge = charge or BodyBudget(limit).charge()  # uncharged: the size limit alone
+    chunks = _Chunks(request)
     if length is not None and not ENCODINGS[encoding]:
         charge.add(length)
-        return await _read_exactly(request, length, json_length)
-    raw = await _read_chunks(request, limit, charge)  # chunked, or compressed
+        return await _read_exactly(chunks, length, json_length)
+    raw = await _read_chunks(chunks, limit, charge)  # chunked, or compressed
     if not ENCODINGS[encoding]:
         return raw
     # Inflating runs on a thread: a hostile body is seconds of CPU.
@@ -99,12 +107,33 @@ async def read_body(request: web.Request, limit: int, charge: Charge | None = No
                                    json_length)
 
 
-async def _read_exactly(request: web.Request, length: int,
-                        json_length: int | None) -> memoryview:
+class _Chunks:
+    """A request's body as it arrives, all of it within the body timeout of the headers; a
+    connection lost mid-body is the client's doing (400: it hears nothing), not a 500."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.content = request.content
+        self.timeout_s = request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
+        self.deadline = time.monotonic() + self.timeout_s
+
+    async def next(self) -> bytes:
+        left = self.deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise asyncio.TimeoutError
+            return await asyncio.wait_for(self.content.readany(), left)
+        except asyncio.TimeoutError:
+            raise BodyTimeout(f"the body did not arrive within {self.timeout_s:g} s "
+                              "(api.body_timeout_s)") from None
+        except (ConnectionError, HttpProcessingError) as exc:  # a hang-up, a broken chunk
+            raise InvalidInput(f"the body cannot be read: {exc}") from exc
+
+
+async def _read_exactly(chunks: _Chunks, length: int, json_length: int | None) -> memoryview:
     view = _aligned(length, json_length)
     filled = 0
     while filled < length:
-        chunk = await request.content.readany()
+        chunk = await chunks.next()
         if not chunk or filled + len(chunk) > length:
             raise InvalidInput(f"the body does not match its Content-Length of {length}")
         view[filled:filled + len(chunk)] = chunk
@@ -112,20 +141,15 @@ async def _read_exactly(request: web.Request, length: int,
     return view
 
 
-async def _read_chunks(request: web.Request, limit: int, charge: Charge) -> memoryview:
+async def _read_chunks(chunks: _Chunks, limit: int, charge: Charge) -> memoryview:
     parts: list[bytes] = []
     size = 0
-    try:
-        while chunk := await request.content.readany():
-            size += len(chunk)
-            if size > limit:
-                raise TooLarge(f"the body exceeds the {_mb(limit)} allowed here")
-            charge.add(len(chunk))
-            parts.append(chunk)
-    except (TooLarge, Overloaded):
-        raise
-    except Exception as exc:  # a broken chunk, a connection reset mid-body
-        raise InvalidInput(f"the body cannot be read: {exc}") from exc
+    while chunk := await chunks.next():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the body exceeds the {_mb(limit)} allowed here")
+        charge.add(len(chunk))
+        parts.append(chunk)
     return memoryview(b"".join(parts))
 
 

@@ -20,7 +20,7 @@ from aiohttp import web
 from edged import __version__
 from edged.api import browsers, describe, logsettings
 from edged.api.bodies import json_body
-from edged.api.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
+from edged.api.budget import BODY_TIMEOUT, JSON_WEIGHT, BodyBudget, Charge, read_body
 from edged.api.connections import ConnectionGuard, GuardedSite
 from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
@@ -35,7 +35,7 @@ from edged.api.shm_routes import Asker, ShmRoutes
 from edged.api.snapshots import SnapshotRoutes
 from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
-from edged.errors import EdgedError, Forbidden, InvalidInput, ModelNotFound
+from edged.errors import BodyTimeout, EdgedError, Forbidden, InvalidInput, ModelNotFound
 from edged.events.store import SnapshotStore
 from edged.metrics import CONTENT_TYPE, Metrics
 from edged.model.repository import ModelVersion
@@ -81,6 +81,7 @@ class ApiServer:
     def _make_app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_request_mb * 1024 * 1024,
                               middlewares=[self._errors])
+        app[BODY_TIMEOUT] = self.config.body_timeout_s
         get, post = web.get, web.post
         model = "/v2/models/{model}"
         versioned = "/v2/models/{model}/versions/{version}"
@@ -177,6 +178,10 @@ class ApiServer:
             self._check_peer(request)
             self._check_not_a_browser(request)
             return await handler(request)
+        except BodyTimeout as exc:  # the rest of the body may still come: not on this one
+            response = self._error(exc.http_status, exc.code, str(exc))
+            response.force_close()
+            return response
         except EdgedError as exc:
             return self._error(exc.http_status, exc.code, str(exc))
         except web.HTTPException as exc:
@@ -386,6 +391,7 @@ class ApiServer:
 
         await asyncio.to_thread(unload_all)
         return web.json_response({})
+
 
 def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
     """Unknown requested outputs fail before the model runs, not after."""
