@@ -313,7 +313,8 @@ class ApiServer:
         if not self.scheduler.has_batcher(name, version):  # an unknown model: 404, body unread
             await asyncio.to_thread(self.scheduler.prepare, name, version)
         charge = self.bodies.charge()
-        lease = self.shm.lease(Asker(request))  # the asking peer, looked up at a first region
+        # The asking peer is looked up at a first region; inputs copied in are charged.
+        lease = self.shm.lease(Asker(request), charge.add)
         try:
             return await self._infer(request, name, version, charge, lease)
         finally:
@@ -330,7 +331,7 @@ class ApiServer:
         reader = lease.read
         if json_length == 0:  # a raw binary request: the body is the one input's bytes
             parsed = decode_raw(self.scheduler.model(name, version), body)
-        elif head > DECODE_ON_THREAD_BYTES:  # a large JSON part takes a while: not on the loop
+        elif _slow_to_decode(body, head, lease):  # not on the loop
             parsed = await asyncio.to_thread(decode_request, body, json_length, read_shm=reader)
         else:
             parsed = decode_request(body, json_length, read_shm=reader)
@@ -391,6 +392,17 @@ class ApiServer:
 
         await asyncio.to_thread(unload_all)
         return web.json_response({})
+
+
+def _slow_to_decode(body: memoryview, head: int, lease: Lease) -> bool:
+    """Whether decoding may take a while: a large body (a Python object per JSON number, or
+    a Python loop per binary BYTES element), or inputs copied in from shared memory (a pread
+    of up to the whole region). The text test is a hint only; a key spelled with escapes is
+    taken to be that key."""
+    if len(body) > DECODE_ON_THREAD_BYTES:
+        return True
+    text = bytes(body[:head])
+    return (b"shared_memory_region" in text or b"\\u" in text) and lease.copies()
 
 
 def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:

@@ -9,7 +9,8 @@ close is a client shrinking its object *while* a model reads a view of it: the k
 kills the daemon with SIGBUS. So views are lent only to peers that could kill the daemon anyway
 (its own uid, or root: they may signal it); every other peer's inputs are copied in with pread
 as the request is read, where a shrink is a short read and a 400 for that request only
-(`api.shm_copy_inputs: auto`; `always` copies for everyone, `never` maps for everyone).
+(`api.shm_copy_inputs: auto`; `always` copies for everyone, `never` maps for everyone). A
+copy is request memory: it is charged to the body budget before it is made.
 Outputs are always written with pwrite (it cannot fault).
 
 A request holds the regions it names (a `Lease`) from its first use until it has answered.
@@ -161,6 +162,13 @@ class ShmRegistry:
             return self.copy_inputs == "never"
         return peer is None or peer.uid in (0, os.geteuid())
 
+    def _copies_for(self, owner: Owner) -> bool:
+        """Whether any of `owner`'s regions has its inputs copied in rather than viewed."""
+        if self.copy_inputs == "always":
+            return True
+        with self._lock:
+            return any(r.mapping is None for (o, _), r in self._regions.items() if o == owner)
+
     def unregister(self, name: str | None = None, peer: Peer | None = None) -> None:
         """Unregister one of `peer`'s regions, or all of them when name is None. Unknown
         names are not an error (as in Triton): the outcome the client asked for holds."""
@@ -193,9 +201,11 @@ class ShmRegistry:
                 raise InvalidInput(f"shared memory region {name!r} is not registered")
             return [region.describe()]
 
-    def lease(self, peer: Callable[[], Peer | None] = lambda: None) -> Lease:
-        """A request's hold on the regions it uses; `peer` is asked (once) at the first."""
-        return Lease(self, peer)
+    def lease(self, peer: Callable[[], Peer | None] = lambda: None,
+              charge: Callable[[int], None] | None = None) -> Lease:
+        """A request's hold on the regions it uses; `peer` is asked (once) at the first.
+        `charge` is told the size of each input copied in, before the copy is made."""
+        return Lease(self, peer, charge)
 
     def _acquire(self, name: str, owner: Owner) -> Region:
         with self._lock:
@@ -249,9 +259,11 @@ class Lease:
     """The regions one request uses, each held from its first use until `release` (when the
     request has answered): unregistering one meanwhile does not take it from the request."""
 
-    def __init__(self, registry: ShmRegistry, peer: Callable[[], Peer | None]) -> None:
+    def __init__(self, registry: ShmRegistry, peer: Callable[[], Peer | None],
+                 charge: Callable[[int], None] | None = None) -> None:
         self._registry = registry
         self._peer = peer
+        self._charge = charge
         self._owner: Owner = None
         self._asked = False
         self._held: dict[str, Region] = {}
@@ -272,7 +284,16 @@ class Lease:
 
     def read(self, ref: ShmRef) -> memoryview:
         region, position = self.hold(ref)
-        return _read(region, ref, position)
+        return _read(region, ref, position, self._charge)
+
+    def copies(self) -> bool:
+        """Whether this request's shm inputs are copied in (pread) rather than viewed."""
+        with self._lock:
+            if not self._asked:
+                self._owner = _owner(self._peer())
+                self._asked = True
+            owner = self._owner
+        return self._registry._copies_for(owner)
 
     def write(self, ref: ShmRef, array: np.ndarray) -> int:
         region, position = self.hold(ref)
@@ -292,11 +313,14 @@ def _position(region: Region, ref: ShmRef) -> int:
     return region.offset + ref.offset
 
 
-def _read(region: Region, ref: ShmRef, position: int) -> memoryview:
+def _read(region: Region, ref: ShmRef, position: int,
+          charge: Callable[[int], None] | None = None) -> memoryview:
     _check_size(region, position + ref.byte_size)
     if region.mapping is not None and position % ALIGN == 0:
         start = position - region.offset + region.skip
         return memoryview(region.mapping)[start:start + ref.byte_size]
+    if charge is not None:  # the copy is request memory, as a body's bytes are
+        charge(ref.byte_size)
     raw = np.empty(ref.byte_size + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     view = raw.data[start:start + ref.byte_size]

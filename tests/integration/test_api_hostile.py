@@ -3,12 +3,19 @@ off the loop): what a buggy client or another user on the device can make edged 
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import threading
 
 import numpy as np
 import pytest
 from support.daemon import ServeFactory
 from support.polling import wait_until
+
+from edged.api import server as server_module
+from edged.api.protocol import HEADER_LENGTH, ShmRef, ShmTensor, encode_request
+from edged.ops.client import SharedRegion
 
 INFER = "/v2/models/tiny_cls/infer"
 X = np.zeros((1, 3, 8, 8), np.float32)
@@ -55,3 +62,71 @@ def test_api_when_a_client_hangs_up_mid_body_answers_no_500(
     assert api_errors.labels("internal")._value.get() == 0
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], \
         [r.getMessage() for r in caplog.records]
+
+
+def shm_request(region: str, extra_bytes: int) -> tuple[bytes, int | None]:
+    """tiny_cls's input from a region, and one more input naming `extra_bytes` of it."""
+    parts, json_length = encode_request(
+        {"x": ShmTensor(ShmRef(region, 0, X.nbytes), "FP32", X.shape),
+         "pad": ShmTensor(ShmRef(region, 0, extra_bytes), "UINT8", (extra_bytes,))}, [])
+    return b"".join(bytes(p) for p in parts), json_length
+
+
+def test_shm_when_inputs_are_copied_the_copies_are_charged_to_the_body_budget(
+        make_served: ServeFactory) -> None:
+    """A few hundred bytes of JSON that name a large region: copying it in is request memory
+    like a body, within api.max_bodies_mb; else a client of another uid fills the daemon's
+    memory with one small request naming its region many times."""
+    served = make_served(api="max_bodies_mb: 1, shm_copy_inputs: always")
+    size = 4 << 20
+    with SharedRegion(f"edged-rv-{os.getpid()}", size) as region, served.client() as client:
+        client.register_shm("big", region.key, size)
+        body, _ = shm_request("big", size)
+        status, _, raw = client.request("POST", INFER, body)
+        answer = json.loads(raw)
+        assert status == 413 and answer["code"] == "too_large", answer
+        assert served.daemon.api.bodies.held == 0
+        client.unregister_shm("big")
+        assert client.shm_status() == []
+
+
+def test_shm_when_inputs_are_copied_a_large_copy_is_made_off_the_loop(
+        make_served: ServeFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    served = make_served(api="shm_copy_inputs: always")
+    threads: list[str] = []
+    real = server_module.decode_request
+
+    def recording(*args: object, **kwargs: object) -> object:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server_module, "decode_request", recording)
+    size = 4 << 20
+    with SharedRegion(f"edged-rv-{os.getpid()}", size) as region, served.client() as client:
+        client.register_shm("big", region.key, size)
+        body, _ = shm_request("big", size)
+        status, _, raw = client.request("POST", INFER, body)
+        assert status == 400, raw  # no input "pad": refused after the copy
+    assert threads and threads[0] != "edged-test-daemon"
+
+
+def test_api_when_binary_bytes_hold_many_elements_decodes_them_off_the_loop(
+        served: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short JSON head and a binary BYTES tensor of a million elements: unpacking is a
+    Python loop per element, seconds of the event loop if it ran there."""
+    threads: list[str] = []
+    real = server_module.decode_request
+
+    def recording(*args: object, **kwargs: object) -> object:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server_module, "decode_request", recording)
+    count = 1 << 20
+    head = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [count],
+                                   "parameters": {"binary_data_size": 4 * count}}]}).encode()
+    body = head + b"\0" * (4 * count)
+    with served.client() as client:  # type: ignore[attr-defined]
+        status, _, raw = client.request("POST", INFER, body, {HEADER_LENGTH: str(len(head))})
+        assert status == 400, raw  # tiny_cls has no input s
+    assert threads and threads[0] != "edged-test-daemon"
