@@ -7,7 +7,8 @@ copied. Every use is bounds-checked against the region and against the object's 
 so a client that has shrunk or recreated its object gets a 400, not a crash. What no check can
 close is a client shrinking its object *while* a model reads a view of it: the kernel then
 kills the daemon with SIGBUS. So views are lent only to peers that could kill the daemon anyway
-(its own uid, or root: they may signal it); every other peer's inputs are copied in with pread
+(its own uid, or root: they may signal it), and only of objects no one else can shrink (owned
+by those uids, not world-writable); every other peer's inputs are copied in with pread
 as the request is read, where a shrink is a short read and a 400 for that request only
 (`api.shm_copy_inputs: auto`; `always` copies for everyone, `never` maps for everyone). A
 copy is request memory: it is charged to the body budget before it is made.
@@ -129,7 +130,7 @@ class ShmRegistry:
                 raise InvalidInput(f"region {name!r} ({offset}+{byte_size} bytes) exceeds the "
                                    f"{info.st_size} bytes of {key!r}")
             region = Region(name, key, offset, byte_size, fd, owner=owner)
-            if self._may_view(peer):
+            if self._may_view(peer, info):
                 region.skip = offset % mmap.ALLOCATIONGRANULARITY
                 region.mapping = mmap.mmap(fd, byte_size + region.skip, mmap.MAP_SHARED,
                                            mmap.PROT_READ, offset=offset - region.skip)
@@ -154,13 +155,15 @@ class ShmRegistry:
                     offset)
         return region
 
-    def _may_view(self, peer: Peer | None) -> bool:
+    def _may_view(self, peer: Peer | None, info: os.stat_result | None = None) -> bool:
         """Whether `peer`'s inputs may be handed to models as views of its mapping: only if a
         SIGBUS it provokes (by shrinking the object under a queued request) gives it nothing
-        it did not have, i.e. it may signal the daemon already."""
+        it did not have, i.e. it may signal the daemon already, and (`info`: the object's
+        stat) no other user can shrink the object either."""
         if self.copy_inputs != "auto":
             return self.copy_inputs == "never"
-        return peer is None or peer.uid in (0, os.geteuid())
+        return (peer is None or peer.uid in (0, os.geteuid())) and \
+            (info is None or _only_trusted_write(info))
 
     def _copies_for(self, owner: Owner) -> bool:
         """Whether any of `owner`'s regions has its inputs copied in rather than viewed."""
@@ -374,6 +377,13 @@ def _close(region: Region) -> None:
             region.mapping.close()
         except BufferError:
             pass  # an in-flight request still views it: unmapped when that view goes
+
+
+def _only_trusted_write(info: os.stat_result) -> bool:
+    """Whether the object is safe to lend views of: owned by edged's uid or root (a peer of
+    those uids may still register one that another user made first, a squatted name) and
+    not writable by every user. Its group's write is its owner's choice to trust."""
+    return info.st_uid in (0, os.geteuid()) and not stat.S_IMODE(info.st_mode) & 0o002
 
 
 def _may_use(peer: Peer, info: os.stat_result) -> bool:

@@ -83,11 +83,61 @@ with EdgedClient(sys.argv[1], timeout_s=60) as client, \\
 """
 
 
-def victim(repo_dir: Path, short_dir: Path, copy_inputs: str) -> subprocess.CompletedProcess[str]:
+# The client: edged's own uid (root), with an object that nobody made first (a squatted name,
+# mode 0666): nobody truncates it, and the daemon's trust in its peer must not reach it.
+SQUATTED = """
+import json, mmap, os, sys, threading
+import numpy as np
+from edged.ops.client import ApiError, EdgedClient
+from edged.api.protocol import ShmRef, ShmTensor
+
+def as_nobody(action):
+    pid = os.fork()
+    if pid == 0:
+        os.setgid(65534); os.setgroups([]); os.setuid(65534)
+        action()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+
+key = f"edged-squat-{os.getpid()}"
+path = "/dev/shm/" + key
+def squat():
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    os.fchmod(fd, 0o666); os.ftruncate(fd, 4096); os.close(fd)
+as_nobody(squat)
+x = np.ones((1, 3, 8, 8), np.float32)
+seen = {}
+try:
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
+        m[:x.nbytes] = x.tobytes()
+    with EdgedClient(sys.argv[1], timeout_s=60) as client:
+        client.register_shm("frames", key, 4096)
+        tensor = ShmTensor(ShmRef("frames", 0, x.nbytes), "FP32", x.shape)
+        def call():
+            try:
+                seen["shape"] = list(client.infer("tiny_cls", {"x": tensor}).outputs["prob"].shape)
+            except ApiError as exc:
+                seen["error"] = f"{exc.status} {exc}"
+            except OSError as exc:
+                seen["error"] = f"connection: {exc}"
+        caller = threading.Thread(target=call)
+        caller.start()
+        sys.stdin.readline()
+        as_nobody(lambda: os.truncate(path, 0))
+        print("shrunk", flush=True)
+        caller.join(60)
+finally:
+    os.unlink(path)
+print(json.dumps(seen), flush=True)
+"""
+
+
+def victim(repo_dir: Path, short_dir: Path, copy_inputs: str,
+           client: str = CLIENT) -> subprocess.CompletedProcess[str]:
     os.chmod(short_dir, 0o755)  # nobody must reach the socket's folder
     return subprocess.run(
         [sys.executable, "-c", VICTIM, str(TESTS), str(repo_dir), str(short_dir / "v.sock"),
-         copy_inputs, CLIENT], capture_output=True, text=True, timeout=120)
+         copy_inputs, client], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
@@ -104,3 +154,14 @@ def test_shm_when_views_are_lent_to_a_stranger_its_shrink_kills_edged(
         repo_dir: Path, short_dir: Path) -> None:
     done = victim(repo_dir, short_dir, "never")
     assert done.returncode == -signal.SIGBUS, (done.returncode, done.stderr[-2000:])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_shm_when_edgeds_own_uid_registers_an_object_another_user_owns_edged_survives_its_shrink(
+        repo_dir: Path, short_dir: Path) -> None:
+    """Views are lent for the peer's sake only when nobody else can shrink the object: one that
+    another uid owns (or anyone may write) is copied in, whoever registers it."""
+    done = victim(repo_dir, short_dir, "auto", SQUATTED)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"shape": [1, 4]}

@@ -215,15 +215,19 @@ def test_shm_read_when_copy_inputs_is_always_copies(segment: shared_memory.Share
         registry.close()
 
 
-@pytest.mark.parametrize(("uid", "viewed"), [(os.geteuid(), True), (0, True),
-                                             (os.geteuid() + 4242, False)])
+@pytest.mark.parametrize(("uid", "mode", "viewed"), [
+    (os.geteuid(), 0o660, True), (0, 0o660, True), (os.geteuid() + 4242, 0o660, False),
+    (os.geteuid(), 0o666, False),  # edged's own uid, but every user may shrink the object
+])
 def test_shm_read_when_auto_lends_views_only_to_peers_that_may_signal_edged(
-        segment: shared_memory.SharedMemory, uid: int, viewed: bool) -> None:
-    os.chmod(f"/dev/shm/{segment.name.lstrip('/')}", 0o666)  # any peer may use it
+        segment: shared_memory.SharedMemory, uid: int, mode: int, viewed: bool) -> None:
+    path = f"/dev/shm/{segment.name.lstrip('/')}"
+    os.chmod(path, mode)
+    group = frozenset({os.stat(path).st_gid})  # each peer may use it (by its group)
     registry = ShmRegistry()  # auto
     try:
-        registry.register("r", segment.name, 0, 1024, Peer(uid))
-        view = registry.read(ShmRef("r", 0, 16), Peer(uid))
+        registry.register("r", segment.name, 0, 1024, Peer(uid, group))
+        view = registry.read(ShmRef("r", 0, 16), Peer(uid, group))
         segment.buf[0] = 42  # after the read: only a view sees it
         assert (view[0] == 42) is viewed
         assert _mapped(segment) == (2 if viewed else 1)
