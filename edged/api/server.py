@@ -354,10 +354,14 @@ class ApiServer:
         response = web.StreamResponse(headers={HEADER_LENGTH: str(json_length)})
         response.content_type = "application/octet-stream"
         response.content_length = sum(len(part) for part in parts)
-        await response.prepare(request)
-        for part in parts:
-            await response.write(part)
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            for part in parts:
+                await response.write(part)
+            await response.write_eof()
+        except ConnectionResetError:  # the client has gone: no one to answer, nothing failed
+            logger.info("%s %s: the client hung up before its answer", request.method,
+                        request.path)
         return response
 
     # -- repository --------------------------------------------------------------------------

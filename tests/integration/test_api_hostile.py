@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+from support.backends import GateBackend
 from support.daemon import ServeFactory
 from support.polling import wait_until
 
@@ -130,3 +131,31 @@ def test_api_when_binary_bytes_hold_many_elements_decodes_them_off_the_loop(
         status, _, raw = client.request("POST", INFER, body, {HEADER_LENGTH: str(len(head))})
         assert status == 400, raw  # tiny_cls has no input s
     assert threads and threads[0] != "edged-test-daemon"
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_api_when_a_client_hangs_up_mid_inference_logs_no_500_and_gives_all_back(
+        gate: GateBackend, make_served: ServeFactory, caplog: pytest.LogCaptureFixture,
+        binary: bool) -> None:
+    """A client gone before its answer is written: nothing to answer, nothing to log as an
+    internal error, and its body's charge given back."""
+    served = make_served()
+    budget = served.daemon.api.bodies
+    parts, json_length = encode_request({"x": X}, [], binary=binary)
+    body = b"".join(bytes(p) for p in parts)
+    headers = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    if json_length is not None:
+        headers += f"{HEADER_LENGTH}: {json_length}\r\n"
+    gate.reset()
+    gate.gate.clear()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(served.socket))
+        sock.sendall(headers.encode() + b"\r\n" + body)
+        gate.wait_calls(1)
+    gate.gate.set()
+    wait_until(lambda: budget.held == 0, what="its charge given back")
+    with served.client() as client:
+        assert client.ready()
+    assert served.daemon.metrics.api_errors.labels("internal")._value.get() == 0
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], \
+        [r.getMessage() for r in caplog.records]
