@@ -38,7 +38,7 @@ import numpy as np
 
 from edged.api import tensorbytes
 from edged.api.protocol import ShmRef
-from edged.errors import Forbidden, InvalidInput
+from edged.errors import EdgedError, Forbidden, InvalidInput
 
 logger = logging.getLogger(__name__)
 
@@ -290,12 +290,16 @@ class Lease:
         return _read(region, ref, position, self._charge)
 
     def copies(self) -> bool:
-        """Whether this request's shm inputs are copied in (pread) rather than viewed."""
-        with self._lock:
-            if not self._asked:
-                self._owner = _owner(self._peer())
-                self._asked = True
-            owner = self._owner
+        """Whether this request's shm inputs may be copied in (pread) rather than viewed;
+        True too when the peer cannot be told (the decode says so if it uses shm)."""
+        try:
+            with self._lock:
+                if not self._asked:
+                    self._owner = _owner(self._peer())
+                    self._asked = True
+                owner = self._owner
+        except EdgedError:
+            return True
         return self._registry._copies_for(owner)
 
     def write(self, ref: ShmRef, array: np.ndarray) -> int:

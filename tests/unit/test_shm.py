@@ -306,3 +306,15 @@ def test_shm_regions_when_another_user_asks_are_invisible_unusable_and_kept(
     registry.register("frames", segment.name, 0, 64, mallory)  # names are per user
     assert len(registry.status(peer=alice)) == len(registry.status(peer=mallory)) == 1
     registry.close()
+
+
+def test_shm_lease_copies_when_the_peer_cannot_be_told_says_so_without_raising() -> None:
+    """The server asks before decoding whether a request may copy (to decode it off the loop
+    if so); a request that names no region must not fail for want of a peer there."""
+    def unknown() -> Peer:
+        raise Forbidden("cannot tell which user is asking")
+
+    registry = ShmRegistry()
+    assert registry.lease(unknown).copies() is True
+    assert registry.lease(lambda: Peer(os.geteuid())).copies() is False
+    assert ShmRegistry(copy_inputs="always").lease(lambda: Peer(os.geteuid())).copies() is True
