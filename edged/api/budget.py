@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import zlib
 
 import numpy as np
@@ -96,10 +95,13 @@ async def read_body(request: web.Request, limit: int, charge: Charge | None = No
         raise TooLarge(f"the body's {length} bytes exceed the {_mb(limit)} allowed here")
     charge = charge or BodyBudget(limit).charge()  # uncharged: the size limit alone
     chunks = _Chunks(request)
-    if length is not None and not ENCODINGS[encoding]:
-        charge.add(length)
-        return await _read_exactly(chunks, length, json_length)
-    raw = await _read_chunks(chunks, limit, charge)  # chunked, or compressed
+    try:
+        if length is not None and not ENCODINGS[encoding]:
+            charge.add(length)
+            return await _read_exactly(chunks, length, json_length)
+        raw = await _read_chunks(chunks, limit, charge)  # chunked, or compressed
+    finally:
+        chunks.close()
     if not ENCODINGS[encoding]:
         return raw
     # Inflating runs on a thread: a hostile body is seconds of CPU.
@@ -108,25 +110,33 @@ async def read_body(request: web.Request, limit: int, charge: Charge | None = No
 
 
 class _Chunks:
-    """A request's body as it arrives, all of it within the body timeout of the headers; a
-    connection lost mid-body is the client's doing (400: it hears nothing), not a 500."""
+    """A request's body as it arrives, all of it within the body timeout of the headers (one
+    timer per request, not one per chunk); a connection lost mid-body is the client's doing
+    (400: it hears nothing), not a 500. `close()` once the body is read."""
 
     def __init__(self, request: web.Request) -> None:
         self.content = request.content
         self.timeout_s = request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
-        self.deadline = time.monotonic() + self.timeout_s
+        self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self.content.set_exception(_Expired())  # wakes a read waiting for more
 
     async def next(self) -> bytes:
-        left = self.deadline - time.monotonic()
         try:
-            if left <= 0:
-                raise asyncio.TimeoutError
-            return await asyncio.wait_for(self.content.readany(), left)
-        except asyncio.TimeoutError:
+            return await self.content.readany()
+        except _Expired:
             raise BodyTimeout(f"the body did not arrive within {self.timeout_s:g} s "
                               "(api.body_timeout_s)") from None
         except (ConnectionError, HttpProcessingError) as exc:  # a hang-up, a broken chunk
             raise InvalidInput(f"the body cannot be read: {exc}") from exc
+
+    def close(self) -> None:
+        self._timer.cancel()
+
+
+class _Expired(Exception):
+    """The body timeout, as the body's stream raises it to a waiting read."""
 
 
 async def _read_exactly(chunks: _Chunks, length: int, json_length: int | None) -> memoryview:
