@@ -23,6 +23,9 @@ MAX_DIM = 1 << 40
 # The most elements a shape may describe, zero-size dims aside: numpy refuses (with a 500's
 # "array is too big") shapes whose other dims multiply past what an address can hold.
 MAX_ELEMENTS = 1 << 40
+# What a BYTES element held as Python bytes costs beyond its own bytes (object header, list and
+# object-array slots); charged before a binary BYTES tensor is unpacked.
+BYTES_ELEMENT_COST = 48
 MAX_TIMEOUT_US = 24 * 3600 * 10**6  # a day; longer is a mistake, and time_t must hold it
 # Triton parameters of features edged does not claim: refused, never silently ignored.
 UNCLAIMED_PARAMETERS = {"sequence_id": "the sequence batcher",
@@ -74,6 +77,7 @@ class InferRequest:
 
 
 ShmReader = Callable[[ShmRef], memoryview]
+Charger = Callable[[int], None]  # told of memory a request is about to take
 # A message body as parts (the JSON, then each tensor's bytes), sent without joining them:
 # joining would copy every tensor once more.
 Parts = list[bytes | memoryview]
@@ -81,8 +85,10 @@ ShmWriter = Callable[[ShmRef, np.ndarray], int]  # returns the bytes written
 
 
 def decode_request(body: bytes | bytearray | memoryview, json_length: int | None = None, *,
-                   read_shm: ShmReader | None = None) -> InferRequest:
-    """Parse an infer request body; binary tensors become views of `body` (no copy)."""
+                   read_shm: ShmReader | None = None,
+                   charge: Charger | None = None) -> InferRequest:
+    """Parse an infer request body; binary tensors become views of `body` (no copy).
+    `charge` is told what unpacking binary BYTES tensors will take, before it does."""
     body = memoryview(body).cast("B")
     if json_length is None:
         json_length = len(body)
@@ -101,7 +107,8 @@ def decode_request(body: bytes | bytearray | memoryview, json_length: int | None
     offset = 0
     inputs: dict[str, np.ndarray] = {}
     for i, raw in enumerate(raw_inputs):
-        tensor, used = _decode_input(_mapping(raw, f"inputs[{i}]"), i, blob, offset, read_shm)
+        tensor, used = _decode_input(_mapping(raw, f"inputs[{i}]"), i, blob, offset, read_shm,
+                                     charge)
         if tensor.name in inputs:
             raise InvalidInput(f"input {tensor.name!r} appears twice")
         inputs[tensor.name] = tensor.array
@@ -124,7 +131,8 @@ class _Decoded:
 
 
 def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
-                  read_shm: ShmReader | None) -> tuple[_Decoded, int]:
+                  read_shm: ShmReader | None, charge: Charger | None = None
+                  ) -> tuple[_Decoded, int]:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidInput(f"inputs[{i}].name must be a non-empty string")
@@ -141,6 +149,8 @@ def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
         raise InvalidInput(f"input {name}: shape {shape} describes more than {MAX_ELEMENTS} "
                            "elements")
     count = math.prod(shape)
+    if datatype == "BYTES" and charge is not None and "data" not in raw:
+        charge(count * BYTES_ELEMENT_COST)  # a Python object per element, whatever its size
     params = _mapping(raw.get("parameters", {}), f"input {name} parameters")
     if "shared_memory_region" in params:
         if read_shm is None:

@@ -328,13 +328,14 @@ class ApiServer:
                                json_length)
         head = len(body) if json_length is None else min(max(json_length, 0), len(body))
         charge.add(head * (JSON_WEIGHT - 1))  # what parsing it will make of it, before it does
-        reader = lease.read
+        reader, charger = lease.read, charge.add
         if json_length == 0:  # a raw binary request: the body is the one input's bytes
             parsed = decode_raw(self.scheduler.model(name, version), body)
         elif _slow_to_decode(body, head, lease):  # not on the loop
-            parsed = await asyncio.to_thread(decode_request, body, json_length, read_shm=reader)
+            parsed = await asyncio.to_thread(decode_request, body, json_length, read_shm=reader,
+                                             charge=charger)
         else:
-            parsed = decode_request(body, json_length, read_shm=reader)
+            parsed = decode_request(body, json_length, read_shm=reader, charge=charger)
         _check_outputs(self.scheduler.model(name, version), parsed)
         for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
             if out.shm is not None:

@@ -159,3 +159,21 @@ def test_api_when_a_client_hangs_up_mid_inference_logs_no_500_and_gives_all_back
     assert served.daemon.metrics.api_errors.labels("internal")._value.get() == 0
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], \
         [r.getMessage() for r in caplog.records]
+
+
+def test_api_when_binary_bytes_hold_many_tiny_elements_charges_what_unpacking_takes(
+        make_served: ServeFactory) -> None:
+    """4 bytes on the wire per empty element, ~50 once each is a Python object in the batch:
+    binary BYTES are charged per element, not only per byte (2-byte elements held 7.2x their
+    body when charged 1x)."""
+    served = make_served(api="max_bodies_mb: 16")
+    count = 1 << 20  # 4 MiB on the wire
+    head = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [count],
+                                   "parameters": {"binary_data_size": 4 * count}}]}).encode()
+    with served.client() as client:
+        status, _, raw = client.request("POST", INFER, head + b"\0" * (4 * count),
+                                        {HEADER_LENGTH: str(len(head))})
+        answer = json.loads(raw)
+        assert status == 413 and answer["code"] == "too_large", answer
+        assert client.infer("tiny_cls", {"x": X}).outputs["prob"].shape == (1, 4)
+    wait_until(lambda: served.daemon.api.bodies.held == 0, what="every charge given back")
