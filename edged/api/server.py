@@ -47,6 +47,10 @@ logger = logging.getLogger(__name__)
 EXTENSIONS = ["binary_tensor_data", "system_shared_memory", "model_repository",
               "model_configuration", "schedule_policy", "statistics", "logging"]
 DECODE_ON_THREAD_BYTES = 256 * 1024
+# A binary answer up to this size is joined into one buffer and sent with its headers in one
+# write: streamed part by part it took three sends, ~19% of the daemon's samples (py-spy,
+# tiny_cls under perf_analyzer, c=8), where copying 64 KiB costs a few microseconds.
+JOIN_BYTES = 64 * 1024
 _VERSION = re.compile(r"^[0-9]{1,9}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Liveness = Callable[[], tuple[bool, list[str]]]
@@ -344,10 +348,14 @@ class ApiServer:
                                              write_shm=lease.write)
         if json_length is None:
             return web.Response(body=parts[0], content_type="application/json")
-        # Tensor bytes go out as they are: joining them to the JSON would copy them again.
+        size = sum(len(part) for part in parts)
+        if size <= JOIN_BYTES:  # one send for headers and body: a syscall costs more than this
+            return web.Response(body=b"".join(parts), content_type="application/octet-stream",
+                                headers={HEADER_LENGTH: str(json_length)})
+        # Large tensor bytes go out as they are: joining them to the JSON would copy them again.
         response = web.StreamResponse(headers={HEADER_LENGTH: str(json_length)})
         response.content_type = "application/octet-stream"
-        response.content_length = sum(len(part) for part in parts)
+        response.content_length = size
         await response.prepare(request)
         for part in parts:
             await response.write(part)
