@@ -36,6 +36,18 @@ class Scheduler:
         input, full queue, shutting down); the future carries execution errors and timeouts."""
         return self._batcher(model, version).submit(inputs, priority, timeout_s)
 
+    def submit_or_run(self, model: str, inputs: Mapping[str, np.ndarray], *,
+                      version: int | None = None, priority: int | None = None,
+                      timeout_s: float | None = None) -> Pending:
+        """submit(), except that an idle, loaded model whose batches are quicker than handing
+        the request to a worker runs now on the calling thread (Batcher.submit_or_run): the
+        future comes back done. Never blocks on a load or a busy model (the event loop)."""
+        return self._batcher(model, version).submit_or_run(inputs, priority, timeout_s)
+
+    def quick(self, model: str, version: int | None = None) -> bool:
+        """Whether submit_or_run may run `model` on the calling thread (its batches are quick)."""
+        return self._batcher(model, version).quick
+
     def infer(self, model: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
               priority: int | None = None, timeout_s: float | None = None) -> Outputs:
         """Run one request and wait for its outputs: on the calling thread when the model is
