@@ -29,7 +29,7 @@ from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_re
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import session_options
 from edged.ops.client import EdgedClient, InferResponse, SharedRegion
-from tools.bench import yardstick
+from tools.bench import pipeline_cpu, yardstick
 from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, tiny_model_tools
 from tools.bench.broker import free_port, stop_process
 from tools.bench.core import CLS_YAML, Latency, interleaved
@@ -190,6 +190,10 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
                                                             seconds)
         results["rates"]["edged_tcp_json"] = rate_case(Target(port=port), json_req, seconds)
     results["rates"]["mlserver_tcp_json"] = mlserver_rates(workdir, json_req, seconds)
+    try:
+        results["pipeline"] = pipeline_cpu.measure(workdir, frames=100 if quick else 1000)
+    except RuntimeError as exc:  # no MQTT broker to publish to
+        results["pipeline"] = {"skipped": str(exc)}
     return results
 
 
@@ -208,7 +212,13 @@ def mlserver_rates(workdir: Path, request: bytes, seconds: float) -> dict[str, A
 
 
 def format_table(r: dict[str, Any]) -> str:
-    lines = [*yardstick.format_rows(r["yardstick"]), "",
+    pipe = r["pipeline"]
+    lines = [*yardstick.format_rows(r["yardstick"]),
+             "| stream pipeline, 640x480, YOLOv8 head, ~20 boxes | | pre + post + JSON + MQTT "
+             "publish, outside decode and model | "
+             + (f"skipped: {pipe['skipped']}" if "skipped" in pipe else
+                f"{1000 / pipe['wall_ms_per_frame']:.0f} frames/s | | | | | "
+                f"{pipe['cpu_ms_per_frame'] * 1000:.0f} µs CPU/frame |"), "",
              "| c=1 p50 (ms) | direct ORT | socket, binary | shared memory |",
              "|---|---|---|---|"]
     for model, label in (("tiny_cls", "tiny_cls"), ("det", "PP-OCR det 1x3x640x640")):
