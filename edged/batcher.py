@@ -51,11 +51,12 @@ logger = logging.getLogger(__name__)
 
 Delivery = Callable[[], None]  # completes futures; always called without the lock
 MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and clock safety)
-# A model whose batches take less than this runs on the asking thread (the API's event loop)
-# when it is idle: handing a request to a worker and its answer back costs two thread wake-ups
-# (futex, eventfd) and the GIL changing hands twice, more CPU than running tiny_cls itself.
-# Blocking the loop this long is what parsing a large JSON body on it costs anyway.
-INLINE_MAX_NS = 100_000
+# A model whose batches take less than this may run on the asking thread (the API's event
+# loop, for a request with no other in flight) when it is idle: handing a request to a worker
+# and its answer back costs two thread wake-ups (futex, eventfd) and the GIL changing hands
+# twice: more CPU than running tiny_cls itself, and latency on every model. The loop is
+# blocked this long at most, and only while it has no other request to serve.
+INLINE_MAX_NS = 2_000_000
 INLINE_UNKNOWN = 1 << 62  # no batch run yet: nothing is run inline before one has
 
 

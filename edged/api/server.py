@@ -2,8 +2,10 @@
 system shared memory, model repository), served by aiohttp on the daemon's asyncio loop over
 a Unix socket and, when configured, a loopback TCP port.
 
-Handlers never block the loop: inference goes through `Scheduler.submit` (its future wrapped
+Handlers do not block the loop: inference goes through `Scheduler.submit` (its future wrapped
 with `asyncio.wrap_future`); anything that reads model files or loads a model runs on a thread.
+The one exception is a request that is alone (`Arrivals`) for a loaded, idle model whose
+batches take under `batcher.INLINE_MAX_NS`: it runs on the loop, skipping two thread hops.
 Every failure becomes a KServe-style `{"error": ...}` body with the error's HTTP status."""
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class ApiServer:
         self.connections = ConnectionGuard(config.max_connections, config.header_timeout_s)
         self.bodies = BodyBudget(config.max_bodies_mb * 1024 * 1024)
         self._unix: UnixListener | None = None
-        self._alone = Arrivals().alone
+        self.arrivals = Arrivals()
         self.app = self._make_app()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -317,9 +319,11 @@ class ApiServer:
             await asyncio.to_thread(self.scheduler.prepare, name, version)
         charge = self.bodies.charge()
         lease = self.shm.lease(Asker(request))  # the asking peer, looked up at a first region
+        self.arrivals.in_flight += 1
         try:
             return await self._infer(request, name, version, charge, lease)
         finally:
+            self.arrivals.in_flight -= 1
             lease.release()
             charge.release()  # answered (or failed): its body is no longer held
 
@@ -342,7 +346,7 @@ class ApiServer:
             if out.shm is not None:
                 lease.hold(out.shm)
         submit = self.scheduler.submit
-        if self.scheduler.quick(name, version) and await self._alone():
+        if self.scheduler.quick(name, version) and await self.arrivals.alone():
             submit = self.scheduler.submit_or_run  # may run right here: no hop to a thread
         future = submit(name, parsed.inputs, version=version, priority=parsed.priority,
                         timeout_s=parsed.timeout_s)
@@ -403,22 +407,24 @@ class ApiServer:
         return web.json_response({})
 
 class Arrivals:
-    """Tells a request whether it arrived alone. A quick model runs on the loop only for a
-    request that is alone: tiny_cls at c=1 cost ~20% less server CPU per request than with a
-    hop to a worker thread and back; requests that arrive together go to the workers and are
-    batched (run one by one on the loop, at c=8, they cost ~8% more than batched)."""
+    """Tells an infer request whether it is alone: no other is in flight, none arrived in the
+    same turn of the loop. A quick model runs on the loop only for a request that is alone
+    (no hop to a worker thread and back: tiny_cls at c=1 cost ~20% less server CPU per
+    request, and the answer comes sooner); requests that overlap go to the workers, where
+    they batch and run beside each other while the loop keeps reading and answering."""
 
     def __init__(self) -> None:
         self.waiting = 0
+        self.in_flight = 0  # infer requests between their headers and their answer
 
     async def alone(self) -> bool:
-        """Wait one turn of the loop; True when no other request came this far meanwhile."""
+        """Wait one turn of the loop; True when this request is the only one in flight."""
         self.waiting += 1
         try:
             await asyncio.sleep(0)  # the others of this turn come this far too
         finally:
             self.waiting -= 1
-        return self.waiting == 0
+        return self.waiting == 0 and self.in_flight <= 1
 
 
 def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:

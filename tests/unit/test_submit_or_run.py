@@ -87,14 +87,20 @@ def test_submit_or_run_when_the_input_is_bad_raises_and_frees_the_slot(
         == (1, 4)
 
 
-def test_arrivals_when_alone_says_so_and_when_together_only_the_last_is() -> None:
+def test_arrivals_when_alone_says_so_and_when_not_says_no() -> None:
     from edged.api.server import Arrivals
 
     arrivals = Arrivals()
 
     async def together(n: int) -> list[bool]:
-        return list(await asyncio.gather(*(arrivals.alone() for _ in range(n))))
+        arrivals.in_flight += n
+        try:
+            return list(await asyncio.gather(*(arrivals.alone() for _ in range(n))))
+        finally:
+            arrivals.in_flight -= n
 
     assert asyncio.run(together(1)) == [True]
-    assert asyncio.run(together(3)) == [False, False, True]
+    assert asyncio.run(together(3)) == [False, False, False]  # arrived in one turn
+    arrivals.in_flight = 1  # another one is still being answered
+    assert asyncio.run(together(1)) == [False]
     assert arrivals.waiting == 0
