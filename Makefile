@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 DEMO   := var/demo
 
-.PHONY: setup run ota-demo test lint bench soak clean
+.PHONY: setup run ota-demo test lint bench bench-setup soak clean
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,7 @@ lint: setup
 test: lint
 	$(BIN)/pytest
 
-bench: setup
+bench: bench-setup
 	$(BIN)/pip install --quiet -e '.[bench]'
 	for suite in core api streams ota quantize post events; do $(BIN)/python -m tools.bench $$suite || exit 1; done
 
@@ -54,6 +54,14 @@ bench: setup
 soak: setup
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m tools.bench soak --minutes $(or $(MINUTES),60)
+
+# Triton's perf_analyzer for `python -m tools.bench api`: the last tritonclient wheel that ships
+# the binary, with the CUDA runtime library it links (no GPU is used for HTTP), in a folder of
+# its own so it never replaces the newer tritonclient the tests use; it also needs libb64.
+bench-setup: setup
+	$(BIN)/pip install --quiet --no-deps --target .cache/pa 'tritonclient[all]==2.41.0' \
+		nvidia-cuda-runtime-cu12
+	@dpkg -s libb64-0d >/dev/null 2>&1 || echo "perf_analyzer needs libb64: apt-get install libb64-0d"
 
 clean:
 	rm -rf $(VENV) var bench-results

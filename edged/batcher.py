@@ -32,7 +32,7 @@ from edged.batching import (
     split,
     validate,
 )
-from edged.cache import ModelCache
+from edged.cache import Lease, ModelCache
 from edged.errors import (
     EdgedError,
     InferenceFailed,
@@ -42,13 +42,22 @@ from edged.errors import (
     ShuttingDown,
     Timeout,
 )
+from edged.instances import instance_count
 from edged.memory import BufferPool, HostBufferPool, new_pool
+from edged.model.loadspec import options_for
 from edged.model.repository import ModelVersion
 
 logger = logging.getLogger(__name__)
 
 Delivery = Callable[[], None]  # completes futures; always called without the lock
 MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and clock safety)
+# A model whose batches take less than this may run on the asking thread (the API's event
+# loop, for a request with no other in flight) when it is idle: handing a request to a worker
+# and its answer back costs two thread wake-ups (futex, eventfd) and the GIL changing hands
+# twice: more CPU than running tiny_cls itself, and latency on every model. The loop is
+# blocked this long at most, and only while it has no other request to serve.
+INLINE_MAX_NS = 2_000_000
+INLINE_UNKNOWN = 1 << 62  # no batch run yet: nothing is run inline before one has
 
 
 class Batcher:
@@ -72,11 +81,14 @@ class Batcher:
         self._next_deadline: float | None = None
         self._stopping = False
         self._in_flight = 0
+        self._batch_ns = INLINE_UNKNOWN  # how long its batches take (a moving average)
         # Instance slots, shared by the worker threads and by callers running inline.
-        self._free = self._model.config.instances
+        self.instances = instance_count(self._model.config.instances,
+                                        options_for(self._model, cache.options))
+        self._free = self.instances
         self._threads = [threading.Thread(target=self._work_loop, daemon=True,
                                           name=f"edged-{self.label}-{i}")
-                         for i in range(self._model.config.instances)]
+                         for i in range(self.instances)]
         self._threads.append(threading.Thread(target=self._reap_loop, daemon=True,
                                               name=f"edged-{self.label}-timeouts"))
         for thread in self._threads:
@@ -167,29 +179,64 @@ class Batcher:
         """Run one request on the caller's thread when nothing is queued, an instance slot is
         free and the model has no queue delay: the batcher would run it alone right away
         anyway, and this skips two thread wake-ups. Otherwise queue it and wait."""
+        if not self._claim_slot():
+            return self.submit(inputs, priority, timeout_s).result()
+        return self._run_claimed(inputs, priority, self.cache.acquire).result()
+
+    def submit_or_run(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+                      timeout_s: float | None) -> Pending:
+        """submit(), or, for a model whose batches take under INLINE_MAX_NS and that is idle
+        and loaded, run it now on the calling thread (the future comes back done). For the
+        event loop: it never waits for a model to load or for a slot."""
+        if self.quick and self._claim_slot():
+            return self._run_claimed(inputs, priority, self.cache.acquire_loaded,
+                                     (inputs, priority, timeout_s))
+        return self.submit(inputs, priority, timeout_s)
+
+    @property
+    def quick(self) -> bool:
+        """Its batches take less than INLINE_MAX_NS (a moving average; False before one ran)."""
+        return self._batch_ns < INLINE_MAX_NS
+
+    def _claim_slot(self) -> bool:
+        """Take an instance slot for a caller's own thread, when the batcher would run a
+        request alone right away: nothing queued, a slot free, no queue delay."""
         with self._lock:
             inline = (not self._queue and self._free > 0 and not self._stopping
                       and self._policy.max_delay_s == 0)
             if inline:
                 self._free -= 1
-        if not inline:
-            return self.submit(inputs, priority, timeout_s).result()
+            return inline
+
+    def _run_claimed(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+                     acquire: Callable[[str, int | None], Lease | None],
+                     or_submit: tuple[Mapping[str, np.ndarray], int | None, float | None]
+                     | None = None) -> Pending:
+        """Run one request in the slot claimed; `acquire` may find no model loaded, and then
+        the request is submitted (`or_submit`) after all."""
         deliveries: list[Delivery] = []
+        lease: Lease | None = None
         try:
             request = self._request(inputs, priority, None)
-            request.future.set_running_or_notify_cancel()
-            with self.cache.acquire(self.name, self.version) as lease:
-                if lease.model is not self._model:
-                    deliveries += self._adopt(lease.model)
-                    request.rows, request.shape_key = validate(self._model, inputs)
-                with self._lock:
-                    self._in_flight += 1
-                deliveries.append(self._execute([request], lease.session, None, lease.model))
+            lease = acquire(self.name, self.version)
+            if lease is not None:
+                request.future.set_running_or_notify_cancel()
+                with lease:
+                    if lease.model is not self._model:
+                        deliveries += self._adopt(lease.model)
+                        request.rows, request.shape_key = validate(self._model, inputs)
+                    with self._lock:
+                        self._in_flight += 1
+                    deliveries.append(self._execute([request], lease.session, None,
+                                                    lease.model))
         finally:
             self._release_slot()
+        if lease is None:  # not loaded now: the workers load it, off the caller's thread
+            assert or_submit is not None
+            return self.submit(*or_submit)
         for deliver in deliveries:
             deliver()
-        return request.future.result()
+        return request.future
 
     # -- workers -----------------------------------------------------------------------------
     def _work_loop(self) -> None:
@@ -333,6 +380,8 @@ class Batcher:
             s.exec_count += 1
             s.inference_count += rows
             s.compute_ns += finished - started
+            self._batch_ns = (finished - started + 3 * self._batch_ns) // 4 \
+                if self._batch_ns < INLINE_UNKNOWN else finished - started
             s.queue_ns += int(queued_s * 1e9)
             spent = int(queued_s * 1e9) + (finished - started) * len(batch)
             s.request_ns += spent

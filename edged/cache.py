@@ -123,6 +123,17 @@ class ModelCache:
             return self.repository.get(name, version)
         return self.repository.resolve(name, version)
 
+    def acquire_loaded(self, name: str, version: int | None = None) -> Lease | None:
+        """Lease the model only if it is loaded now (never loads, never reads the disk)."""
+        with self._lock:
+            version = self._active.get(name) if version is None else version
+            entry = self._entries.get((name, version)) if version is not None else None
+            if entry is None:
+                return None
+            entry.refs += 1
+            entry.last_used = self._clock()
+            return Lease(self, entry)
+
     def acquire(self, name: str, version: int | None = None) -> Lease:
         """Lease a ready model (loading and warming it first if needed)."""
         key = (name, self.default_version(name) if version is None else version)

@@ -50,6 +50,25 @@ class Scheduler:
             future.add_done_callback(sink)
         return future
 
+    def submit_or_run(self, model: str, inputs: Mapping[str, np.ndarray], *,
+                      version: int | None = None, priority: int | None = None,
+                      timeout_s: float | None = None) -> Pending:
+        """submit(), except that an idle, loaded model whose batches are quicker than handing
+        the request to a worker runs now on the calling thread (Batcher.submit_or_run): the
+        future comes back done. Never blocks on a load or a busy model (the event loop). A
+        shadow's tap is offered the request as by submit()."""
+        batcher = self._batcher(model, version)
+        tap = self.taps.get(model) if version is None else None
+        sink = tap(inputs) if tap is not None else None
+        future = batcher.submit_or_run(inputs, priority, timeout_s)
+        if sink is not None:
+            future.add_done_callback(sink)  # at once, when it ran here
+        return future
+
+    def quick(self, model: str, version: int | None = None) -> bool:
+        """Whether submit_or_run may run `model` on the calling thread (its batches are quick)."""
+        return self._batcher(model, version).quick
+
     def infer(self, model: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
               priority: int | None = None, timeout_s: float | None = None) -> Outputs:
         """Run one request and wait for its outputs: on the calling thread when the model is

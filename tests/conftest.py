@@ -13,6 +13,7 @@ import make_test_models
 import pytest
 from support.backends import ORT_TARGET, GateBackend, options
 
+from edged import instances
 from edged.backends import register_backend
 from edged.cache import ModelCache
 from edged.model.repository import ModelRepository
@@ -36,6 +37,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"gpu test skipped: {reason}"))
+
+
+@pytest.fixture(autouse=True)
+def one_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`instances: auto` (the default) counts as on a one-core machine: one instance, as the
+    tests of queueing, slots and ordering expect, whatever cores the test machine has. Tests
+    of `auto` itself patch `instances.cores` again."""
+    monkeypatch.setattr(instances, "cores", lambda: 1)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from typing import Any
 
 from edged.api.protocol import triton_dtype
 from edged.batching import BatcherStats
+from edged.instances import instance_count
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec
 from edged.modelstatus import ModelStatus
@@ -35,9 +36,10 @@ def _tensor(spec: TensorSpec, max_batch_size: int) -> dict[str, Any]:
     return {"name": spec.name, "datatype": triton_dtype(spec.dtype), "shape": shape}
 
 
-def model_config(model: ModelVersion) -> dict[str, Any]:
+def model_config(model: ModelVersion, instances: int | None = None) -> dict[str, Any]:
     """`GET /v2/models/{m}/config` in Triton's JSON form (dims without the batch dim), plus an
-    `edged` object with what Triton's schema has no place for."""
+    `edged` object with what Triton's schema has no place for. `instances`: what `auto`
+    came to (the batcher's count), else the configured number."""
     cfg = model.config
     batched = model.max_batch_size > 0
 
@@ -53,7 +55,8 @@ def model_config(model: ModelVersion) -> dict[str, Any]:
                    "dims": dims(s)} for s in model.inputs],
         "output": [{"name": s.name, "data_type": f"TYPE_{triton_dtype(s.dtype)}",
                     "dims": dims(s)} for s in model.outputs],
-        "instance_group": [{"count": cfg.instances, "kind": "KIND_AUTO"}],
+        "instance_group": [{"count": instances or instance_count(cfg.instances),
+                            "kind": "KIND_AUTO"}],
         "version_policy": _version_policy(model),
     }
     batching = cfg.batching_params

@@ -246,7 +246,10 @@ class ModelConfig:
     inputs: list[TensorConfig] = setting(factory=list, help="inputs (without batch dim)")
     outputs: list[TensorConfig] = setting(factory=list, help="outputs (without batch dim)")
     batching: bool | BatchingConfig = setting(True, "dynamic batching; `off` disables it")
-    instances: int = setting(1, "worker threads (execution instances)", check=between(1, 64))
+    instances: int | Literal["auto"] = setting(
+        "auto", "execution instances (worker threads; TensorRT contexts): auto = one per core "
+        "on the CPU, two on a GPU (edged.instances)", check=lambda v: None if v == "auto"
+        else between(1, 64)(v))
     backend: Literal["auto", "tensorrt", "onnxruntime"] = setting("auto", "backend choice")
     precision: Literal["auto", "fp32", "fp16", "int8"] = setting(
         "auto", "auto: INT8 where a gated variant exists and is faster (TensorRT: always); "

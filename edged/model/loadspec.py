@@ -13,6 +13,7 @@ import numpy as np
 from edged.backends import BackendOptions, LoadSpec, ShapeRange
 from edged.backends.profiles import opt_batch_size
 from edged.config import OrtConfig, TensorRTConfig
+from edged.instances import instance_count
 from edged.model.repository import ModelVersion
 
 
@@ -57,7 +58,9 @@ def engine_hints(model: ModelVersion) -> dict[str, Any]:
     # A fixed batch dim leaves nothing to tune: every batch is padded to it.
     opt = model.fixed_batch or opt_batch_size(model.max_batch_size, preferred)
     return {"opt_batch_size": opt,
-            "instances": model.config.instances, "shape_ranges": ranges}
+            # Only TensorRT builds per instance (a context each), and it runs on the GPU.
+            "instances": instance_count(model.config.instances, on_gpu=True),
+            "shape_ranges": ranges}
 
 
 def warmup_inputs(model: ModelVersion) -> dict[str, np.ndarray]:

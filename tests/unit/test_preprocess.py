@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 
@@ -87,3 +88,38 @@ def test_preprocess_when_input_is_uint8_rounds_and_clips() -> None:
     assert tensor.dtype == np.uint8 and (tensor == 255).all()
     tensor, _ = preprocess(frame, PreprocessConfig(scale=0.5), spec)
     assert (tensor == 100).all()
+
+
+@pytest.mark.parametrize("color", ["rgb", "bgr", "gray"])
+@pytest.mark.parametrize("size", [(6, 8), (8, 5)])  # bars left/right, then top/bottom
+def test_preprocess_when_letterboxing_into_a_reused_buffer_writes_every_element(
+        color: str, size: tuple[int, int]) -> None:
+    """The bars and the frame's region together cover the whole tensor (a NaN-filled buffer
+    keeps no NaN), with the formula's values: pad value outside, pixels inside."""
+    frame = np.random.default_rng(1).integers(0, 256, (*size, 3), dtype=np.uint8)
+    cfg = PreprocessConfig(color=color, keep_ratio=True, pad_value=114,  # type: ignore[arg-type]
+                           mean=[0.5, 0.4, 0.3] if color != "gray" else [0.5],
+                           std=[0.2, 0.25, 0.3] if color != "gray" else [0.2])
+    channels = 1 if color == "gray" else 3
+    spec = TensorSpec("x", np.dtype(np.float32), (-1, channels, 8, 8))
+    buffer = np.full((1, channels, 8, 8), np.nan, np.float32)
+    tensor, g = preprocess(frame, cfg, spec, buffer)
+    assert tensor is buffer and not np.isnan(tensor).any()
+    h, w = round(size[0] * g.scale_y), round(size[1] * g.scale_x)
+    inside = tensor[0, :, g.pad_y:g.pad_y + h, g.pad_x:g.pad_x + w]
+    if size == (8, 5):
+        assert g.pad_x > 0 and w < 8
+    else:
+        assert g.pad_y > 0 and h < 8
+    pad = (114 / 255 - np.array(cfg.mean)) / np.array(cfg.std)
+    outside = tensor[0].copy()
+    outside[:, g.pad_y:g.pad_y + h, g.pad_x:g.pad_x + w] = np.nan
+    for c in range(channels):
+        plane = outside[c][~np.isnan(outside[c])]
+        np.testing.assert_allclose(plane, pad[c], rtol=1e-5)
+    resized = cv2.resize(frame, (w, h), interpolation=cv2.INTER_AREA
+                         if w * h < size[0] * size[1] else cv2.INTER_LINEAR)
+    if color == "gray":
+        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2GRAY)[:, :, None]
+    expected = _reference(resized, cfg)[0]
+    np.testing.assert_allclose(inside, expected, rtol=1e-5, atol=1e-5)

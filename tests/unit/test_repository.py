@@ -80,8 +80,8 @@ def test_repository_when_batching_declared_on_fixed_batch_dim_is_rejected(
 
 def test_repository_when_model_yaml_invalid_names_file_and_line(repo_dir: Path) -> None:
     write_yaml(repo_dir, "tiny_cls", "max_batch_size: 4\ninstances: many\n")
-    with pytest.raises(InvalidModel, match=r"model.yaml: instances: expected an integer, "
-                                           r"got 'many' \(line 2\)"):
+    with pytest.raises(InvalidModel, match=r"model.yaml: instances: expected an integer or "
+                                           r"one of 'auto', got 'many' \(line 2\)"):
         ModelRepository(repo_dir).resolve("tiny_cls")
 
 

@@ -1,6 +1,6 @@
 """Run one benchmark from a source checkout and print its table:
-`python -m tools.bench {core,api,streams,ota,quantize,post,events,soak} [--quick] [--out DIR]`
-(`soak` also takes `--minutes N`).
+`python -m tools.bench {core,api,instances,streams,ota,quantize,post,events,soak} [--quick]
+[--out DIR]` (`soak` also takes `--minutes N`).
 
 Benchmarks are the operator's and the developer's tool, not the device's: they need the
 tiny-model generator beside them in tools/ and the PP-OCR models of the rapidocr-onnxruntime
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tools.bench.assets import run_and_report
 
-SUITES = ("core", "api", "streams", "ota", "quantize", "post", "events", "soak")
+SUITES = ("core", "api", "instances", "streams", "ota", "quantize", "post", "events", "soak")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,9 +29,10 @@ from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_re
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import session_options
 from edged.ops.client import EdgedClient, InferResponse, SharedRegion
-from tools.bench.assets import PPOCR_DET, ppocr_model, tiny_model_tools
+from tools.bench import pipeline_cpu, yardstick
+from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, tiny_model_tools
 from tools.bench.broker import free_port, stop_process
-from tools.bench.core import Latency, interleaved
+from tools.bench.core import CLS_YAML, Latency, interleaved
 from tools.bench.load import Target, closed_loop, http_request, one
 
 THREADS = 2  # intra-op threads, for edged and for the direct sessions alike
@@ -42,6 +43,9 @@ def build_repository(root: Path) -> None:
     (root / "det" / "1").mkdir(parents=True)
     shutil.copyfile(ppocr_model(PPOCR_DET), root / "det" / "1" / "model.onnx")
     (root / "det" / "model.yaml").write_text(DET_YAML)
+    (root / "cls" / "1").mkdir(parents=True)
+    shutil.copyfile(ppocr_model(PPOCR_CLS), root / "cls" / "1" / "model.onnx")
+    (root / "cls" / "model.yaml").write_text(CLS_YAML)
     tiny_model_tools().write_repository(root, names=["tiny_cls"])
 
 
@@ -169,8 +173,14 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"latency": {}, "rates": {}}
     port = free_port()
     binary_req, json_req = tiny_requests(tiny_x)
-    config = edged_config(workdir, preload=["tiny_cls", "det"], http=f"127.0.0.1:{port}")
-    with run_edged(workdir, config) as (sock, _), EdgedClient(sock) as client:
+    config = edged_config(workdir, preload=["tiny_cls", "cls", "det"],
+                          http=f"127.0.0.1:{port}")
+    with run_edged(workdir, config) as (sock, proc), EdgedClient(sock) as client:
+        sessions = {model: direct_session(workdir / "models" / model / "1" / "model.onnx")
+                    for model in yardstick.SHAPES}
+        results["yardstick"] = yardstick.measure(yardstick.Edged(proc.pid, port, sock),
+                                                 sessions, workdir, seconds=seconds)
+        del sessions
         for model, x, rounds in (("tiny_cls", tiny_x, rounds_tiny), ("det", det_x, rounds_det)):
             session = direct_session(workdir / "models" / model / "1" / "model.onnx")
             results["latency"][model] = latency_case(client, session, model, x, rounds)
@@ -180,6 +190,10 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
                                                             seconds)
         results["rates"]["edged_tcp_json"] = rate_case(Target(port=port), json_req, seconds)
     results["rates"]["mlserver_tcp_json"] = mlserver_rates(workdir, json_req, seconds)
+    try:
+        results["pipeline"] = pipeline_cpu.measure(workdir, frames=100 if quick else 1000)
+    except RuntimeError as exc:  # no MQTT broker to publish to
+        results["pipeline"] = {"skipped": str(exc)}
     return results
 
 
@@ -198,7 +212,14 @@ def mlserver_rates(workdir: Path, request: bytes, seconds: float) -> dict[str, A
 
 
 def format_table(r: dict[str, Any]) -> str:
-    lines = ["| c=1 p50 (ms) | direct ORT | socket, binary | shared memory |",
+    pipe = r["pipeline"]
+    lines = [*yardstick.format_rows(r["yardstick"]),
+             "| stream pipeline, 640x480, YOLOv8 head, ~20 boxes | | pre + post + JSON + MQTT "
+             "publish, outside decode and model | "
+             + (f"skipped: {pipe['skipped']}" if "skipped" in pipe else
+                f"{1000 / pipe['wall_ms_per_frame']:.0f} frames/s | | | | | "
+                f"{pipe['cpu_ms_per_frame'] * 1000:.0f} µs CPU/frame |"), "",
+             "| c=1 p50 (ms) | direct ORT | socket, binary | shared memory |",
              "|---|---|---|---|"]
     for model, label in (("tiny_cls", "tiny_cls"), ("det", "PP-OCR det 1x3x640x640")):
         row = r["latency"][model]

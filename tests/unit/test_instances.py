@@ -1,0 +1,78 @@
+"""`instances: auto`, the default: one instance per core on the CPU, two on a GPU, and the
+batcher really running that many batches at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.backends import GateBackend, hold_worker, options
+from support.models import cls_input, write_yaml
+
+from edged import instances
+from edged.api.describe import model_config
+from edged.backends import BackendOptions
+from edged.cache import ModelCache
+from edged.model.loadspec import engine_hints
+from edged.model.repository import ModelRepository
+from edged.scheduler import Scheduler
+
+
+def test_instance_count_when_a_number_is_configured_keeps_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(instances, "cores", lambda: 8)
+    assert instances.instance_count(3, BackendOptions(providers=("cpu",))) == 3
+
+
+def test_instance_count_when_auto_on_the_cpu_is_one_per_core(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(instances, "cores", lambda: 6)
+    assert instances.instance_count("auto", BackendOptions(providers=("cpu",))) == 6
+    # A GPU chain without a CUDA device runs on the CPU: counted as the CPU.
+    monkeypatch.setattr(instances.gpu, "device", lambda index=0: None)
+    assert instances.instance_count("auto", BackendOptions(providers=("cuda", "cpu"))) == 6
+
+
+def test_instance_count_when_auto_on_a_gpu_is_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(instances, "cores", lambda: 12)
+    monkeypatch.setattr(instances.gpu, "device", lambda index=0: object())
+    assert instances.instance_count("auto", BackendOptions(providers=("tensorrt", "cpu"))) == 2
+    assert instances.instance_count("auto", on_gpu=True) == 2
+
+
+def test_cores_is_the_process_affinity() -> None:
+    assert 1 <= instances.cores() <= 4096
+
+
+def test_auto_when_two_cores_runs_two_batches_at_once(
+        monkeypatch: pytest.MonkeyPatch, repo: ModelRepository, gate: GateBackend,
+        tmp_path: Path) -> None:
+    monkeypatch.setattr(instances, "cores", lambda: 2)
+    cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))
+    scheduler = Scheduler(cache)
+    try:
+        first = hold_worker(scheduler, gate, "tiny_cls", {"x": cls_input(1.0)})
+        second = scheduler.submit("tiny_cls", {"x": cls_input(2.0)})
+        gate.wait_calls(2)  # the second ran beside the held one instead of queueing
+        assert len(set(gate.threads)) == 2
+        assert scheduler.batchers()[0].instances == 2
+        gate.gate.set()
+        assert first.result(10)["prob"].shape == (1, 4)
+        assert second.result(10)["prob"].shape == (1, 4)
+    finally:
+        gate.gate.set()
+        scheduler.close(5)
+        cache.close(timeout_s=5)
+
+
+def test_config_when_auto_reports_the_count_and_a_number_is_kept(
+        monkeypatch: pytest.MonkeyPatch, repo_dir: Path) -> None:
+    monkeypatch.setattr(instances, "cores", lambda: 4)
+    model = ModelRepository(repo_dir).resolve("tiny_cls")
+    assert model.config.instances == "auto"
+    assert model_config(model)["instance_group"][0]["count"] == 4
+    assert engine_hints(model)["instances"] == 2  # TensorRT contexts: it runs on the GPU
+    write_yaml(repo_dir, "tiny_cls", "max_batch_size: 4\ninstances: 3\n")
+    model = ModelRepository(repo_dir).resolve("tiny_cls")
+    assert model_config(model)["instance_group"][0]["count"] == 3
+    assert engine_hints(model)["instances"] == 3
