@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import pytest
 from support.backends import GateBackend
-from support.daemon import ServeFactory
+from support.daemon import LOOP_THREAD, ServeFactory, decode_threads
 from support.polling import wait_until
 
 from edged.api import server as server_module
@@ -75,21 +75,14 @@ def test_api_when_a_body_can_never_fit_the_budget_answers_413(
 def test_api_when_json_comes_before_binary_data_parses_it_off_the_loop(
         make_served: ServeFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     served = make_served()
-    threads: list[str] = []
-    real = server_module.decode_request
-
-    def recording(*args: object, **kwargs: object) -> object:
-        threads.append(threading.current_thread().name)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(server_module, "decode_request", recording)
+    threads = decode_threads(monkeypatch)
     big = json_infer(pad=server_module.DECODE_ON_THREAD_BYTES)
     small = json_infer()
     with served.client() as client:
         for body in (big, small):  # JSON data, announced as the JSON part of a binary request
             status, _, raw = client.request("POST", INFER, body, {HEADER_LENGTH: str(len(body))})
             assert status == 200, raw
-    loop = "edged-test-daemon"  # the thread support.daemon runs the daemon's loop on
+    loop = LOOP_THREAD
     assert threads[0] != loop  # the large one: on a worker thread
     assert threads[1] == loop  # a small one is not worth the hand-off
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 
 import numpy as np
 import pytest
 from support.backends import GateBackend
-from support.daemon import ServeFactory
+from support.daemon import LOOP_THREAD, ServeFactory, decode_threads
 from support.polling import wait_until
 
-from edged.api import server as server_module
 from edged.api.protocol import HEADER_LENGTH, ShmRef, ShmTensor, encode_request
 from edged.ops.client import SharedRegion
 
@@ -94,35 +92,21 @@ def test_shm_when_inputs_are_copied_the_copies_are_charged_to_the_body_budget(
 def test_shm_when_inputs_are_copied_a_large_copy_is_made_off_the_loop(
         make_served: ServeFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     served = make_served(api="shm_copy_inputs: always")
-    threads: list[str] = []
-    real = server_module.decode_request
-
-    def recording(*args: object, **kwargs: object) -> object:
-        threads.append(threading.current_thread().name)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(server_module, "decode_request", recording)
+    threads = decode_threads(monkeypatch)
     size = 4 << 20
     with SharedRegion(f"edged-rv-{os.getpid()}", size) as region, served.client() as client:
         client.register_shm("big", region.key, size)
         body, _ = shm_request("big", size)
         status, _, raw = client.request("POST", INFER, body)
         assert status == 400, raw  # no input "pad": refused after the copy
-    assert threads and threads[0] != "edged-test-daemon"
+    assert threads and threads[0] != LOOP_THREAD
 
 
 def test_api_when_binary_bytes_hold_many_elements_decodes_them_off_the_loop(
         served: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """A short JSON head and a binary BYTES tensor of a million elements: unpacking is a
     Python loop per element, seconds of the event loop if it ran there."""
-    threads: list[str] = []
-    real = server_module.decode_request
-
-    def recording(*args: object, **kwargs: object) -> object:
-        threads.append(threading.current_thread().name)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(server_module, "decode_request", recording)
+    threads = decode_threads(monkeypatch)
     count = 1 << 20
     head = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [count],
                                    "parameters": {"binary_data_size": 4 * count}}]}).encode()
@@ -130,7 +114,7 @@ def test_api_when_binary_bytes_hold_many_elements_decodes_them_off_the_loop(
     with served.client() as client:  # type: ignore[attr-defined]
         status, _, raw = client.request("POST", INFER, body, {HEADER_LENGTH: str(len(head))})
         assert status == 400, raw  # tiny_cls has no input s
-    assert threads and threads[0] != "edged-test-daemon"
+    assert threads and threads[0] != LOOP_THREAD
 
 
 @pytest.mark.parametrize("binary", [True, False])

@@ -54,18 +54,14 @@ print(out.strip(), flush=True)
 next(running, None)
 """
 
-# The client: nobody, with its own shm object (owned by nobody, mode 0600).
-CLIENT = """
-import json, os, sys, threading
-import numpy as np
-from edged.ops.client import ApiError, EdgedClient, SharedRegion
-os.setgid(65534); os.setgroups([]); os.setuid(65534)
-x = np.ones((1, 3, 8, 8), np.float32)
+# Both clients: a request on the region in flight (held at the model by the victim's gate),
+# the object shrunk when the victim says so, then what the request got.
+SHRINK = """
+import json, sys, threading
+from edged.ops.client import ApiError
 seen = {}
-with EdgedClient(sys.argv[1], timeout_s=60) as client, \\
-        SharedRegion(f"edged-bus-{os.getpid()}", 4096, mode=0o600) as region:
-    client.register_shm("frames", region.key, 4096)
-    tensor = region.tensor("frames", x)
+
+def shrink_under_the_request(client, tensor, shrink):
     def call():
         try:
             seen["shape"] = list(client.infer("tiny_cls", {"x": tensor}).outputs["prob"].shape)
@@ -76,19 +72,33 @@ with EdgedClient(sys.argv[1], timeout_s=60) as client, \\
     caller = threading.Thread(target=call)
     caller.start()
     sys.stdin.readline()
-    os.truncate(region.path, 0)
+    shrink()
     print("shrunk", flush=True)
     caller.join(60)
+"""
+
+# The client: nobody, with its own shm object (owned by nobody, mode 0600).
+CLIENT = SHRINK + """
+import os
+import numpy as np
+from edged.ops.client import EdgedClient, SharedRegion
+os.setgid(65534); os.setgroups([]); os.setuid(65534)
+x = np.ones((1, 3, 8, 8), np.float32)
+with EdgedClient(sys.argv[1], timeout_s=60) as client, \\
+        SharedRegion(f"edged-bus-{os.getpid()}", 4096, mode=0o600) as region:
+    client.register_shm("frames", region.key, 4096)
+    tensor = region.tensor("frames", x)
+    shrink_under_the_request(client, tensor, lambda: os.truncate(region.path, 0))
     print(json.dumps(seen), flush=True)
 """
 
 
 # The client: edged's own uid (root), with an object that nobody made first (a squatted name,
 # mode 0666): nobody truncates it, and the daemon's trust in its peer must not reach it.
-SQUATTED = """
-import json, mmap, os, sys, threading
+SQUATTED = SHRINK + """
+import mmap, os
 import numpy as np
-from edged.ops.client import ApiError, EdgedClient
+from edged.ops.client import EdgedClient
 from edged.api.protocol import ShmRef, ShmTensor
 
 def as_nobody(action):
@@ -106,26 +116,13 @@ def squat():
     os.fchmod(fd, 0o666); os.ftruncate(fd, 4096); os.close(fd)
 as_nobody(squat)
 x = np.ones((1, 3, 8, 8), np.float32)
-seen = {}
 try:
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
         m[:x.nbytes] = x.tobytes()
     with EdgedClient(sys.argv[1], timeout_s=60) as client:
         client.register_shm("frames", key, 4096)
         tensor = ShmTensor(ShmRef("frames", 0, x.nbytes), "FP32", x.shape)
-        def call():
-            try:
-                seen["shape"] = list(client.infer("tiny_cls", {"x": tensor}).outputs["prob"].shape)
-            except ApiError as exc:
-                seen["error"] = f"{exc.status} {exc}"
-            except OSError as exc:
-                seen["error"] = f"connection: {exc}"
-        caller = threading.Thread(target=call)
-        caller.start()
-        sys.stdin.readline()
-        as_nobody(lambda: os.truncate(path, 0))
-        print("shrunk", flush=True)
-        caller.join(60)
+        shrink_under_the_request(client, tensor, lambda: as_nobody(lambda: os.truncate(path, 0)))
 finally:
     os.unlink(path)
 print(json.dumps(seen), flush=True)

@@ -24,6 +24,7 @@ from edged.ops.client import EdgedClient
 from support.ports import free_port, in_use
 
 START_TRIES = 3  # fresh loopback ports each time
+LOOP_THREAD = "edged-test-daemon"  # the thread serve() runs the daemon's event loop on
 
 
 @dataclass
@@ -58,7 +59,7 @@ def serve(config: DaemonConfig, **daemon_args: Any) -> Iterator[Daemon]:
             errors.append(exc)
             daemon.ready_event.set()
 
-    thread = threading.Thread(target=run, name="edged-test-daemon", daemon=True)
+    thread = threading.Thread(target=run, name=LOOP_THREAD, daemon=True)
     thread.start()
     try:
         assert daemon.ready_event.wait(30), "daemon not ready in 30 s"
@@ -122,3 +123,19 @@ def served(make_served: ServeFactory) -> Served:
     return make_served()
 
 
+
+
+def decode_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads the API decodes each infer request on, as they come (to tell
+    a decode on the event loop, LOOP_THREAD, from one handed to a worker)."""
+    from edged.api import server as server_module
+
+    threads: list[str] = []
+    real = server_module.decode_request
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(server_module, "decode_request", recording)
+    return threads
