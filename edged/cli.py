@@ -60,6 +60,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from edged.host import limit_heap_arenas
+
+    limit_heap_arenas()  # before the daemon's threads: see its docstring
     from edged import systemd
     from edged.daemon import Daemon
 

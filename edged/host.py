@@ -28,6 +28,10 @@ class GpuStats:
     utilization_percent: int | None  # None where the GPU does not report it (MIG slices)
 
 
+HEAP_ARENAS = 2
+M_ARENA_MAX = -8  # glibc's malloc.h
+
+
 def trim_heap() -> bool:
     """Give the C heap's free pages back to the system (glibc's malloc_trim); False where the
     C library has no such call (musl, not Linux).
@@ -41,19 +45,51 @@ def trim_heap() -> bool:
     return trim is not None and bool(trim(0))
 
 
+def limit_heap_arenas(arenas: int = HEAP_ARENAS) -> bool:
+    """Let glibc's malloc keep at most `arenas` heaps (M_ARENA_MAX) unless MALLOC_ARENA_MAX
+    already says; False where there is no such call. Call it before the daemon starts threads.
+
+    glibc gives threads that allocate at once heaps of their own, up to 8 per core, and a heap
+    keeps what fragmentation strands in it. Every model load makes threads (ONNX Runtime's
+    pools, the batcher's instances), so each OTA swap scattered a little more across more
+    heaps: measured, 25 session swaps of PP-OCR cls under 3 callers grew RSS 3.5 MB with the
+    default and 1.7 MB with 2 heaps, and the 6-minute soak (4 swaps) 2.4% against 1.0%; the
+    soak's measured capacity did not drop (376 req/s default, 500 with 2 heaps: noise). The
+    hot allocations are not malloc's (ONNX Runtime has its own arena, and buffers come from
+    pools), so two heaps cost no measurable contention."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False  # the operator's choice, which glibc has already applied
+    libc = _libc()
+    try:
+        return libc is not None and bool(libc.mallopt(M_ARENA_MAX, arenas))
+    except AttributeError:  # not glibc
+        return False
+
+
 def _malloc_trim() -> Any:
     global _TRIM
     if _TRIM is None:
         import ctypes
-        import ctypes.util
 
+        libc = _libc()
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _TRIM = libc.malloc_trim
-            _TRIM.argtypes, _TRIM.restype = [ctypes.c_size_t], ctypes.c_int
-        except (OSError, AttributeError):
+            _TRIM = libc.malloc_trim if libc is not None else False
+            if _TRIM:
+                _TRIM.argtypes, _TRIM.restype = [ctypes.c_size_t], ctypes.c_int
+        except AttributeError:
             _TRIM = False
     return _TRIM or None
+
+
+def _libc() -> Any:
+    """The C library through ctypes; None where it cannot be opened."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
 
 
 _TRIM: Any = None

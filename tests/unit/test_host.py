@@ -111,3 +111,49 @@ def test_trim_heap_when_glibc_gives_free_pages_back() -> None:
     blocks = [ctypes.create_string_buffer(1 << 16) for _ in range(2000)]  # ~128 MB of heap
     del blocks
     assert host.trim_heap() is True  # something was released
+
+
+ARENA_PROBE = """
+import ctypes, sys, threading
+from edged import host
+if sys.argv[1] == "limit":
+    assert host.limit_heap_arenas(2) is True
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+together = threading.Barrier(7)
+
+def allocate():
+    libc.malloc(4096)  # a thread's first malloc picks (or makes) its heap
+    together.wait()    # all alive at once: no heap is handed on by a thread that ended
+
+threads = [threading.Thread(target=allocate) for _ in range(6)]
+for t in threads:
+    t.start()
+together.wait()
+libc.malloc_stats()  # one "Arena N:" block per heap, on stderr
+for t in threads:
+    t.join()
+"""
+
+
+@pytest.mark.parametrize("mode, env, most", [("limit", {}, 2), ("default", {}, None),
+                                             ("limit", {"MALLOC_ARENA_MAX": "3"}, 3)])
+def test_heap_arenas_are_limited_before_threads_start(mode: str, env: dict[str, str],
+                                                      most: int | None) -> None:
+    """Six threads allocating at once get heaps of their own by default; after
+    limit_heap_arenas(2) they share two; an operator's MALLOC_ARENA_MAX is left as it is."""
+    import os
+    import platform
+    import subprocess
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("M_ARENA_MAX is glibc's")
+    # The operator's setting wins: limit_heap_arenas says it changed nothing.
+    probe = ARENA_PROBE.replace("is True", "is False") if env else ARENA_PROBE
+    done = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=60, check=True)
+    arenas = done.stderr.count("Arena ")
+    if most is None:
+        assert arenas >= 5  # glibc's default allows 8 per core
+    else:
+        assert 1 <= arenas <= most
