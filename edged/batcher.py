@@ -72,6 +72,12 @@ class Batcher:
         self._clock = clock
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # queued work, a free slot, or stopping
+        # One instance at a time waits out the queue delay for a batch to fill (Triton's
+        # dynamic batcher: one scheduler forms batches, free instances run them). Two waiting
+        # together both woke at every arrival and ran PP-OCR cls at 16 callers, 2 ms delay,
+        # preferred 16, 12% slower than one instance; arrivals now wake only the one filling.
+        self._filling = threading.Condition(self._lock)  # an arrival while a batch fills
+        self._forming = False
         self._reaper_wake = threading.Condition(self._lock)  # an earlier deadline, or stopping
         self._drained = threading.Condition(self._lock)  # progress while stopping
         self._model = cache.describe(name, version)
@@ -166,7 +172,7 @@ class Batcher:
                 self._counters().rejected += 1
                 raise QueueFull(f"{self.label}: queue is full ({self._policy.max_queue} requests)")
             self._queue.push(request)
-            self._work.notify()
+            (self._filling if self._forming else self._work).notify()
             deadline = request.deadline
             if deadline is not None and (self._next_deadline is None
                                          or deadline < self._next_deadline):
@@ -245,7 +251,7 @@ class Batcher:
                         self.cache.options.memory)
         while True:
             with self._lock:
-                while not ((self._queue and self._free > 0)
+                while not ((self._queue and self._free > 0 and not self._forming)
                            or (self._stopping and not self._queue)):
                     self._work.wait()
                 if not self._queue:
@@ -320,21 +326,31 @@ class Batcher:
         if not policy.batching:
             return queue.pop(1), expired
         count, rows, blocked = queue.prefix(policy.max_batch)
-        while policy.max_delay_s > 0 and not policy.can_send_now(rows, blocked):
-            head = queue.head()
-            assert head is not None
-            left = head.enqueued + policy.max_delay_s - self._clock()
-            if left <= 0 or self._stopping:
-                break
-            self._work.wait(left)
-            if queue.with_deadline:
-                expired += queue.expire(self._clock())
-            if not queue:
-                return [], expired
-            count, rows, blocked = queue.prefix(policy.max_batch)
+        if policy.max_delay_s > 0 and not policy.can_send_now(rows, blocked):
+            if self._forming:
+                return [], expired  # another instance is filling a batch: it takes these
+            self._forming = True
+            try:
+                while not policy.can_send_now(rows, blocked):
+                    head = queue.head()
+                    assert head is not None
+                    left = head.enqueued + policy.max_delay_s - self._clock()
+                    if left <= 0 or self._stopping:
+                        break
+                    self._filling.wait(left)
+                    if queue.with_deadline:
+                        expired += queue.expire(self._clock())
+                    if not queue:
+                        return [], expired
+                    count, rows, blocked = queue.prefix(policy.max_batch)
+            finally:
+                self._forming = False
         if policy.trim(rows) < rows:
             count, rows, _ = queue.prefix(policy.trim(rows))
-        return queue.pop(count), expired
+        batch = queue.pop(count)
+        if queue:
+            self._work.notify()  # a free instance starts on what is left
+        return batch, expired
 
     def _execute(self, batch: list[Request], session: Session, pool: BufferPool | None,
                  model: ModelVersion) -> Delivery:
@@ -442,6 +458,7 @@ class Batcher:
         with self._lock:
             self._stopping = True
             self._work.notify_all()
+            self._filling.notify_all()
             self._reaper_wake.notify_all()
 
     def finish_stop(self, deadline: float) -> None:

@@ -76,3 +76,40 @@ def test_config_when_auto_reports_the_count_and_a_number_is_kept(
     model = ModelRepository(repo_dir).resolve("tiny_cls")
     assert model_config(model)["instance_group"][0]["count"] == 3
     assert engine_hints(model)["instances"] == 3
+
+
+def test_auto_with_a_queue_delay_fills_one_batch_at_a_time_and_runs_two(
+        monkeypatch: pytest.MonkeyPatch, repo_dir: Path, gate: GateBackend,
+        tmp_path: Path) -> None:
+    """Two instances and a queue delay: arrivals join the batch one instance is filling (the
+    other does not cut them off into a batch of its own), and once that batch runs, the other
+    instance fills and runs the next beside it."""
+    monkeypatch.setattr(instances, "cores", lambda: 2)
+    write_yaml(repo_dir, "tiny_cls", "max_batch_size: 4\nbatching: {preferred_batch_sizes: "
+               "[3], max_queue_delay_us: 5000000}\n")
+    cache = ModelCache(ModelRepository(repo_dir), budget_bytes=1 << 30,
+                       options=options(tmp_path))
+    scheduler = Scheduler(cache)
+    try:
+        cache.load("tiny_cls")
+        gate.reset()
+        gate.gate.clear()
+        first = [scheduler.submit("tiny_cls", {"x": cls_input(float(i))}) for i in range(2)]
+        with gate.cond:  # two of three: still filling, nothing ran
+            assert not gate.cond.wait_for(lambda: gate.calls, 0.3)
+        first.append(scheduler.submit("tiny_cls", {"x": cls_input(2.0)}))
+        gate.wait_calls(1)
+        assert gate.calls[0]["x"].shape[0] == 3  # one batch, held at the gate
+        second = [scheduler.submit("tiny_cls", {"x": cls_input(float(i))}) for i in range(3)]
+        gate.wait_calls(2)  # filled and run by the other instance while the first is held
+        assert gate.calls[1]["x"].shape[0] == 3
+        assert len(set(gate.threads)) == 2
+        gate.gate.set()
+        for future in first + second:
+            assert future.result(10)["prob"].shape == (1, 4)
+        stats = scheduler.batchers()[0].stats
+        assert (stats.exec_count, stats.inference_count) == (2, 6)
+    finally:
+        gate.gate.set()
+        scheduler.close(5)
+        cache.close(timeout_s=5)
