@@ -122,3 +122,24 @@ def test_api_when_a_small_json_route_gets_a_large_body_answers_413(served: objec
         status, _, raw = client.request("POST", "/v2/repository/index", body)
         assert status == 413 and json.loads(raw)["code"] == "too_large"
         assert client.ready()
+
+
+def test_api_when_json_nests_deeper_than_its_weight_charges_what_parsing_makes(
+        make_served: ServeFactory) -> None:
+    """~60 kB of `[[1],[1],...]` parses to ~25x its text: past a 1 MB budget that flat 10x
+    would have let it into (413 before json.loads runs); as many plain numbers still fit."""
+    served = make_served(api="max_bodies_mb: 1")
+    nested = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 8, 8],
+                          "data": [0.5] * 192}],
+              "parameters": {"note": [[1]] * 15_000}}
+    flat = {**nested, "parameters": {"note": [1] * 30_000}}
+    with served.client() as client:
+        body = json.dumps(nested, separators=(",", ":")).encode()
+        status, _, raw = client.request("POST", INFER, body)
+        answer = json.loads(raw)
+        assert status == 413 and answer["code"] == "too_large", answer
+        status, _, raw = client.request("POST", INFER,
+                                        json.dumps(flat, separators=(",", ":")).encode())
+        assert status != 413 and json.loads(raw).get("code") != "overloaded", raw[:200]
+        assert client.ready()
+    assert served.daemon.api.bodies.held == 0

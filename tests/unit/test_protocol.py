@@ -311,3 +311,30 @@ def test_decode_when_a_parameter_needs_an_unclaimed_feature_refuses_it(
         header["outputs"] = [{"name": "y", "parameters": params}]
     with pytest.raises(InvalidInput, match=match):  # never silently ignored
         decode_request(json.dumps(header).encode())
+
+
+@pytest.mark.parametrize("item", [b"1", b"0.5", b"[1]", b"{}", b'"a"', b'["a"]', b"[[]]",
+                                  b'{"k":1}', b"true", b"[0.5,0.5]"])
+def test_decode_charges_at_least_what_parsing_the_json_makes(item: bytes) -> None:
+    """The flat weight the server charges for a JSON text plus parse_cost() is never less
+    than json.loads' peak (tracemalloc) for a request full of one shape, hostile or not."""
+    import tracemalloc
+
+    from edged.api.budget import JSON_WEIGHT
+
+    n = 20_000
+    text = (b'{"inputs": [], "parameters": {"pad": [' + b",".join([item] * n) + b"]}}")
+    charged: list[int] = []
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        with pytest.raises(InvalidInput):  # no inputs: refused, after the parse it charged
+            decode_request(text, charge=charged.append)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert charged, "nothing was charged before parsing"
+    assert len(text) * JSON_WEIGHT + sum(charged) >= peak, (
+        f"{item!r}: parsing peaked at {peak / len(text):.1f}x the text, charged "
+        f"{(len(text) * JSON_WEIGHT + sum(charged)) / len(text):.1f}x")
