@@ -184,7 +184,7 @@ def burst(sock_path: Path, model: str) -> dict[str, Any]:
 
 
 class Daemon:
-    """What the soak reads of the daemon process: RSS, fds, stream counters."""
+    """What the soak reads of the daemon process: RSS, fds, CPU time, stream counters."""
 
     def __init__(self, pid: int, sock: Path) -> None:
         self.pid, self.sock = pid, sock
@@ -195,6 +195,12 @@ class Daemon:
 
     def fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def cpu_s(self) -> float:
+        """User plus system CPU seconds the daemon has used (all its threads)."""
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()  # past the command, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def frames(self) -> dict[str, float]:
         with EdgedClient(self.sock, timeout_s=10) as client:
@@ -313,14 +319,15 @@ def _soak(workdir: Path, sock: Path, pid: int, region: SharedRegion, broker: Res
                 continue
             if now >= next_sample:
                 samples.append({"t": round(now, 1), "rss_mb": daemon.rss_mb(),
-                                "fds": daemon.fds(), **daemon.frames()})
+                                "fds": daemon.fds(), "cpu_s": daemon.cpu_s(),
+                                **daemon.frames()})
                 next_sample += BUCKET_S
             time.sleep(0.2)
     finally:
         stop.set()
         load.join(60)
     samples.append({"t": round(total_s, 1), "rss_mb": daemon.rss_mb(), "fds": daemon.fds(),
-                    **daemon.frames()})
+                    "cpu_s": daemon.cpu_s(), **daemon.frames()})
     return _report(recorder, samples, faults, capacity, rate, minutes, window_s)
 
 
@@ -365,6 +372,14 @@ def _report(recorder: Recorder, samples: list[dict[str, Any]], faults: list[dict
         if inside:
             row.update(rss_mb=round(float(np.median([s["rss_mb"] for s in inside])), 1),
                        fds=max(s["fds"] for s in inside))
+        # The daemon's CPU (streams included): from the window's first sample to the next's.
+        ends = [s for s in samples if s["t"] >= (w + per_window) * BUCKET_S][:1] or samples[-1:]
+        if inside and lat and ends[0]["t"] > inside[0]["t"]:
+            cpu = ends[0]["cpu_s"] - inside[0]["cpu_s"]
+            span = ends[0]["t"] - inside[0]["t"]
+            row["cpu_percent"] = round(100 * cpu / span, 1)
+            row["cpu_ms_per_request"] = round(1000 * cpu / len(lat) * per_window * BUCKET_S
+                                              / span, 3)
         windows.append(row)
     settled = [s for s in samples if s["t"] >= window_s]
     first_rss = float(np.median([s["rss_mb"] for s in settled[:3]])) if settled else 0.0
@@ -412,12 +427,14 @@ def format_table(r: dict[str, Any]) -> str:
              f"req/s ({LOAD_SHARE:.0%} of {r['capacity_rps']:.0f} measured), {r['clients']} "
              "clients (binary, shm), 2 streams, faults: a bad-request burst and an OTA swap "
              "per window, one broker restart", "",
-             "| from (min) | requests | failed | p50 (ms) | p99 (ms) | RSS (MB) | fds |",
-             "|---|---|---|---|---|---|---|"]
+             "| from (min) | requests | failed | p50 (ms) | p99 (ms) | RSS (MB) | fds "
+             "| daemon CPU (%) | CPU/request (ms) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for w in r["windows"]:
         lines.append(f"| {w['from_min']:g} | {w['requests']} | {w['failed']} | "
                      f"{w.get('p50_ms', 0):.2f} | {w.get('p99_ms', 0):.2f} | "
-                     f"{w.get('rss_mb', 0):.1f} | {w.get('fds', 0)} |")
+                     f"{w.get('rss_mb', 0):.1f} | {w.get('fds', 0)} | "
+                     f"{w.get('cpu_percent', 0):.0f} | {w.get('cpu_ms_per_request', 0):.3f} |")
     s = r["summary"]
     lines += ["", f"streams: {', '.join(f'{k} {v:.0f}' for k, v in r['streams'].items())}",
               f"faults: {sum(f['kind'] == 'burst' for f in r['faults'])} bursts, "
