@@ -86,7 +86,10 @@ def test_bench_soak_when_run_briefly_meets_every_fault_and_reports_each_bound(
     assert s["failed_requests"] == s["failed_frames"] == s["failed_updates"] == 0, r["errors"]
     assert s["bad_requests_answered_wrong"] == 0, r["faults"]
     assert all(w["requests"] > 0 for w in r["windows"]) and r["streams"]["processed:colors"] > 0
-    assert all(w["cpu_percent"] > 0 and w["cpu_ms_per_request"] > 0 for w in r["windows"])
+    # CPU per window where a window holds a sample (a 10-s window may be all fault):
+    measured = [w for w in r["windows"] if "cpu_percent" in w]
+    assert measured and all(w["cpu_percent"] > 0 and w["cpu_ms_per_request"] > 0
+                            for w in measured)
     assert set(r["checks"]) == {"0 failed requests outside the faults",
                                 "RSS growth <= 2% after the first window", "fd count flat",
                                 "p99 within 1.5x of the first window"}
