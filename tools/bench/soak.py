@@ -16,11 +16,11 @@ publish to a private mosquitto. The load:
 
 Every 10 s it records the daemon's RSS, open file descriptors and CPU time, and the answers
 of that stretch (CPU per window and per answered request tells a daemon that got slower from
-a machine that got busier). It reports failed requests outside the injected faults (any non-200 answer or broken
-connection on the load; any 5xx or missing answer to a bad request is counted separately),
-p50/p99 per window, RSS growth after the first window and the fd count's slope, and checks
-them against issue 20's bounds: 0 failures, RSS growth <= 2%, fds flat, each window's p99
-within 1.5x of the first's."""
+a machine that got busier). It reports failed requests outside the injected faults (any
+non-200 answer or broken connection on the load; any 5xx or missing answer to a bad request
+is counted separately), p50/p99 per window, RSS growth after the first window and the fd
+count's slope, and checks them against issue 20's bounds: 0 failures, RSS growth <= 2%, fds
+flat, each window's p99 within 1.5x of the first's."""
 
 from __future__ import annotations
 
