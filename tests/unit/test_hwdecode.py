@@ -137,15 +137,20 @@ def test_camera_on_a_jetson_with_a_non_h264_file_streams_on_ffmpeg_and_logs_once
                           backoff=Backoff(0.01, 0.02), probe=machine.probe, loop=True)
     assert source.snapshot()["decoder"] is None  # not decided before it opens
     with caplog.at_level(logging.INFO, logger="edged.sources.camera"):
-        source.start()
-        try:
-            assert source.wait_state(SourceState.STREAMING, 10)
-            assert source.queue.get(5) is not None
-        finally:
-            assert source.stop(5)
+        stream_one_frame(source)
     assert source.snapshot()["decoder"] == "ffmpeg"
     notes = [r.getMessage() for r in caplog.records if "decod" in r.getMessage()]
     assert notes == ["stream cam: v.avi is mjpg, not H.264/H.265: decoded by FFmpeg"]
+
+
+def stream_one_frame(source: CameraSource) -> None:
+    """Start the source, see it stream a frame, stop it."""
+    source.start()
+    try:
+        assert source.wait_state(SourceState.STREAMING, 10)
+        assert source.queue.get(5) is not None
+    finally:
+        assert source.stop(5)
 
 
 def test_camera_when_the_hardware_pipeline_will_not_open_falls_back_to_ffmpeg(
@@ -156,12 +161,7 @@ def test_camera_when_the_hardware_pipeline_will_not_open_falls_back_to_ffmpeg(
     source = CameraSource("cam", video.as_uri(), FrameQueue(4, "drop_oldest"),
                           backoff=Backoff(0.01, 0.02), probe=Machine(codec="h264").probe)
     with caplog.at_level(logging.WARNING, logger="edged.sources.camera"):
-        source.start()
-        try:
-            assert source.wait_state(SourceState.STREAMING, 10)
-            assert source.queue.get(5) is not None
-        finally:
-            assert source.stop(5)
+        stream_one_frame(source)
     assert source.snapshot()["decoder"] == "ffmpeg"
     warnings = [r for r in caplog.records if getattr(r, "code", None) == "decoder_fallback"]
     assert len(warnings) == 1
