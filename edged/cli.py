@@ -60,9 +60,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edged.host import limit_heap_arenas
+    from edged.host import fix_heap_thresholds, limit_heap_arenas
 
-    limit_heap_arenas()  # before the daemon's threads: see its docstring
+    limit_heap_arenas()  # before the daemon's threads: see their docstrings
+    fix_heap_thresholds()
     from edged import systemd
     from edged.daemon import Daemon
 

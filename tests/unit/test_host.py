@@ -157,3 +157,79 @@ def test_heap_arenas_are_limited_before_threads_start(mode: str, env: dict[str, 
         assert arenas >= 5  # glibc's default allows 8 per core
     else:
         assert 1 <= arenas <= most
+
+
+HEAP_TOP_PROBE = """
+import ctypes, sys, threading
+from edged import host
+host.limit_heap_arenas(2)  # as `edged run` does
+if sys.argv[1] == "fixed":
+    assert host.fix_heap_thresholds() is True
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int,
+                                                                 ctypes.c_size_t]
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+big = libc.malloc(24 << 20)  # a large block mapped and freed (a session closing) ...
+libc.memset(big, 1, 24 << 20)
+libc.free(big)  # ... raises glibc's thresholds, unless they are fixed
+together = threading.Barrier(4)
+def body():  # a worker inflating a body: 9 MiB in 1 MiB parts, then all freed
+    together.wait()  # allocating at once: threads land on the second heap too
+    parts = [libc.malloc(1 << 20) for _ in range(9)]
+    for part in parts:
+        libc.memset(part, 1, 1 << 20)
+    together.wait()
+    for part in parts:
+        libc.free(part)
+before = rss()
+threads = [threading.Thread(target=body) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+libc.malloc_trim(0)
+print((rss() - before) / (1 << 20))
+"""
+
+
+@pytest.mark.parametrize("mode", ["default", "fixed"])
+def test_freed_blocks_at_a_second_heaps_top_go_back_once_thresholds_are_fixed(
+        mode: str) -> None:
+    """After a large mapped block is freed, glibc's default lets the top of a second heap keep
+    what worker threads freed there (malloc_trim does not reach it): 4 threads freeing 9 MiB
+    each left >8 MiB resident. With fix_heap_thresholds, as `edged run` calls it, it goes back
+    (the soak's gzip bomb left 6 MiB for good)."""
+    import platform
+    import subprocess
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("the thresholds are glibc's")
+    done = subprocess.run([sys.executable, "-c", HEAP_TOP_PROBE, mode], capture_output=True,
+                          text=True, timeout=60, check=True)
+    kept_mb = float(done.stdout)
+    if mode == "default":
+        assert kept_mb > 8
+    else:
+        assert kept_mb < 2
+
+
+def test_heap_thresholds_set_by_the_operator_are_left_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+
+    class Libc:
+        def mallopt(self, param: int, value: int) -> int:
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(host, "_libc", Libc)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    assert host.fix_heap_thresholds(1 << 20) is True
+    assert calls == [(host.M_MMAP_THRESHOLD, 1 << 20), (host.M_TRIM_THRESHOLD, 1 << 20)]
+    calls.clear()
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert host.fix_heap_thresholds() is False
+    assert calls == []
