@@ -203,6 +203,17 @@ class Daemon:
         fields = stat[stat.rindex(")") + 2:].split()  # past the command, which may hold spaces
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def others(self) -> dict[str, float]:
+        """What else shares the box: this process's CPU seconds (the load, the broker client,
+        the OTA signer) and the machine's busy and stolen (hypervisor) CPU seconds."""
+        own = os.times()
+        cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        jiffies = [int(v) / os.sysconf("SC_CLK_TCK") for v in cpu]
+        # user nice system idle iowait irq softirq steal: busy is all but idle and iowait
+        return {"driver_cpu_s": own.user + own.system,
+                "box_busy_s": sum(jiffies[:8]) - jiffies[3] - jiffies[4],
+                "box_steal_s": jiffies[7]}
+
     def frames(self) -> dict[str, float]:
         with EdgedClient(self.sock, timeout_s=10) as client:
             text = client.metrics()
@@ -321,14 +332,14 @@ def _soak(workdir: Path, sock: Path, pid: int, region: SharedRegion, broker: Res
             if now >= next_sample:
                 samples.append({"t": round(now, 1), "rss_mb": daemon.rss_mb(),
                                 "fds": daemon.fds(), "cpu_s": daemon.cpu_s(),
-                                **daemon.frames()})
+                                **daemon.others(), **daemon.frames()})
                 next_sample += BUCKET_S
             time.sleep(0.2)
     finally:
         stop.set()
         load.join(60)
     samples.append({"t": round(total_s, 1), "rss_mb": daemon.rss_mb(), "fds": daemon.fds(),
-                    "cpu_s": daemon.cpu_s(), **daemon.frames()})
+                    "cpu_s": daemon.cpu_s(), **daemon.others(), **daemon.frames()})
     return _report(recorder, samples, faults, capacity, rate, minutes, window_s)
 
 
@@ -381,6 +392,11 @@ def _report(recorder: Recorder, samples: list[dict[str, Any]], faults: list[dict
             row["cpu_percent"] = round(100 * cpu / span, 1)
             row["cpu_ms_per_request"] = round(1000 * cpu / len(lat) * per_window * BUCKET_S
                                               / span, 3)
+            for key, name in (("driver_cpu_s", "driver_cpu_percent"),
+                              ("box_busy_s", "box_busy_percent"),
+                              ("box_steal_s", "steal_percent")):
+                used = ends[0].get(key, 0.0) - inside[0].get(key, 0.0)
+                row[name] = round(100 * used / span, 1)
         windows.append(row)
     settled = [s for s in samples if s["t"] >= window_s]
     first_rss = float(np.median([s["rss_mb"] for s in settled[:3]])) if settled else 0.0
@@ -429,13 +445,16 @@ def format_table(r: dict[str, Any]) -> str:
              "clients (binary, shm), 2 streams, faults: a bad-request burst and an OTA swap "
              "per window, one broker restart", "",
              "| from (min) | requests | failed | p50 (ms) | p99 (ms) | RSS (MB) | fds "
-             "| daemon CPU (%) | CPU/request (ms) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| daemon CPU (%) | CPU/request (ms) | soak driver CPU (%) | box busy (%) "
+             "| steal (%) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in r["windows"]:
         lines.append(f"| {w['from_min']:g} | {w['requests']} | {w['failed']} | "
                      f"{w.get('p50_ms', 0):.2f} | {w.get('p99_ms', 0):.2f} | "
                      f"{w.get('rss_mb', 0):.1f} | {w.get('fds', 0)} | "
-                     f"{w.get('cpu_percent', 0):.0f} | {w.get('cpu_ms_per_request', 0):.3f} |")
+                     f"{w.get('cpu_percent', 0):.0f} | {w.get('cpu_ms_per_request', 0):.3f} | "
+                     f"{w.get('driver_cpu_percent', 0):.0f} | {w.get('box_busy_percent', 0):.0f} "
+                     f"| {w.get('steal_percent', 0):.1f} |")
     s = r["summary"]
     lines += ["", f"streams: {', '.join(f'{k} {v:.0f}' for k, v in r['streams'].items())}",
               f"faults: {sum(f['kind'] == 'burst' for f in r['faults'])} bursts, "
