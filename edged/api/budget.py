@@ -77,6 +77,12 @@ class Charge:
         self.budget._take(n)
         self.bytes += n
 
+    def give(self, n: int) -> None:
+        """Give back `n` of what this request holds: a transient copy that has gone."""
+        n = min(n, self.bytes)
+        self.bytes -= n
+        self.budget._give(n)
+
     def release(self) -> None:
         held, self.bytes = self.bytes, 0
         self.budget._give(held)
@@ -160,16 +166,23 @@ async def _read_chunks(chunks: _Chunks, limit: int, charge: Charge) -> memoryvie
             raise TooLarge(f"the body exceeds the {_mb(limit)} allowed here")
         charge.add(len(chunk))
         parts.append(chunk)
-    return memoryview(b"".join(parts))
+    charge.add(size)  # the joined copy, while the parts are still held
+    joined = b"".join(parts)
+    parts.clear()
+    charge.give(size)
+    return memoryview(joined)
 
 
 def _inflate(raw: memoryview, wbits: int, limit: int, charge: Charge,
              json_length: int | None) -> memoryview:
-    """Inflate at most `limit` bytes (charged as they come); more is a 413, corrupt a 400."""
+    """Inflate at most `limit` bytes (charged as they come); more is a 413, corrupt a 400.
+    What is held for a while beside them is charged too: zlib's copy of the input it has not
+    consumed yet, and the parts and their joined copy at once."""
     inflater = zlib.decompressobj(wbits)
     parts: list[bytes] = []
     size = 0
-    pending = bytes(raw)
+    pending: bytes | memoryview = raw
+    charge.add(len(raw))  # unconsumed_tail: a copy of the rest of the input, each round
     try:
         while pending and not inflater.eof:
             part = inflater.decompress(pending, INFLATE_CHUNK)
@@ -185,11 +198,16 @@ def _inflate(raw: memoryview, wbits: int, limit: int, charge: Charge,
         raise InvalidInput(f"the compressed body is corrupt: {exc}") from exc
     if not inflater.eof:
         raise InvalidInput("the compressed body ends early")
+    pending = b""
+    charge.give(len(raw))
+    charge.add(size)  # the joined copy, while the parts are still held
     view = _aligned(size, json_length)
     filled = 0
     for part in parts:
         view[filled:filled + len(part)] = part
         filled += len(part)
+    parts.clear()
+    charge.give(size)
     return view
 
 
