@@ -8,6 +8,7 @@ gets a batch of one. Every output comes back as JSON."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,7 +18,15 @@ from edged.errors import InvalidInput
 from edged.model.repository import ModelVersion
 
 
-def decode_raw(model: ModelVersion, body: bytes | bytearray | memoryview) -> InferRequest:
+def copies_body(model: ModelVersion) -> bool:
+    """Whether decoding copies the body: a BYTES input's element is bytes of its own (other
+    inputs are views of the body)."""
+    return len(model.inputs) == 1 and tensorbytes.is_bytes(model.inputs[0].dtype)
+
+
+def decode_raw(model: ModelVersion, body: bytes | bytearray | memoryview,
+               charge: Callable[[int], None] | None = None) -> InferRequest:
+    """The request the body is; a copy it makes (a BYTES element) is charged first."""
     body = memoryview(body).cast("B")
     what = f"{model.label}: a raw binary request ({HEADER_LENGTH}: 0)"
     if len(model.inputs) != 1:
@@ -30,6 +39,8 @@ def decode_raw(model: ModelVersion, body: bytes | bytearray | memoryview) -> Inf
         if dims not in ([1], [-1]):
             raise InvalidInput(f"{what}: the BYTES input {spec.name} must have shape [1], "
                                f"the model's is {dims}")
+        if charge is not None:
+            charge(len(body))
         array = np.empty(1, dtype=np.object_)
         array[0] = bytes(body)
         dims = [1]

@@ -31,7 +31,7 @@ from edged.api.protocol import (
     decode_request,
     encode_response,
 )
-from edged.api.rawbinary import decode_raw
+from edged.api.rawbinary import copies_body, decode_raw
 from edged.api.shm import Lease, ShmRegistry
 from edged.api.shm_routes import Asker, ShmRoutes
 from edged.api.snapshots import SnapshotRoutes
@@ -324,26 +324,34 @@ class ApiServer:
             await asyncio.to_thread(self.scheduler.prepare, name, version)
         charge = self.bodies.charge()
         # The asking peer is looked up at a first region; inputs copied in are charged.
-        lease = self.shm.lease(Asker(request), charge.add)
+        asker = Asker(request)
+        lease = self.shm.lease(asker, charge.add)
         self.arrivals.in_flight += 1
         try:
-            return await self._infer(request, name, version, charge, lease)
+            return await self._infer(request, name, version, charge, lease, asker)
         finally:
             self.arrivals.in_flight -= 1
             lease.release()
             charge.release()  # answered (or failed): its body is no longer held
 
     async def _infer(self, request: web.Request, name: str, version: int | None,
-                     charge: Charge, lease: Lease) -> web.StreamResponse:
+                     charge: Charge, lease: Lease, asker: Asker) -> web.StreamResponse:
         json_length = _json_length(request)
         body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
                                json_length)
         head = len(body) if json_length is None else min(max(json_length, 0), len(body))
         charge.add(head * (JSON_WEIGHT - 1))  # what parsing it will make of it, before it does
         reader, charger = lease.read, charge.add
+        names_shm = _names_shared_memory(body, head)
+        if names_shm:
+            await asker.resolve()  # off the loop over TCP; the decode below may run on it
         if json_length == 0:  # a raw binary request: the body is the one input's bytes
-            parsed = decode_raw(self.scheduler.model(name, version), body)
-        elif _slow_to_decode(body, head, lease):  # not on the loop
+            model = self.scheduler.model(name, version)
+            if len(body) > DECODE_ON_THREAD_BYTES and copies_body(model):  # not on the loop
+                parsed = await asyncio.to_thread(decode_raw, model, body, charger)
+            else:
+                parsed = decode_raw(model, body, charger)
+        elif _slow_to_decode(body, names_shm, lease):  # not on the loop
             parsed = await asyncio.to_thread(decode_request, body, json_length, read_shm=reader,
                                              charge=charger)
         else:
@@ -418,15 +426,20 @@ class ApiServer:
         return web.json_response({})
 
 
-def _slow_to_decode(body: memoryview, head: int, lease: Lease) -> bool:
+def _slow_to_decode(body: memoryview, names_shm: bool, lease: Lease) -> bool:
     """Whether decoding may take a while: a large body (a Python object per JSON number, or
     a Python loop per binary BYTES element), or inputs copied in from shared memory (a pread
     of up to the whole region). The text test is a hint only; a key spelled with escapes is
     taken to be that key."""
     if len(body) > DECODE_ON_THREAD_BYTES:
         return True
+    return names_shm and lease.copies()
+
+
+def _names_shared_memory(body: memoryview, head: int) -> bool:
+    """Whether the JSON part may name a region (a key spelled with escapes is taken to)."""
     text = bytes(body[:head])
-    return (b"shared_memory_region" in text or b"\\u" in text) and lease.copies()
+    return b"shared_memory_region" in text or b"\\u" in text
 
 
 class Arrivals:

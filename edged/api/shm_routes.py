@@ -5,6 +5,7 @@ use names the asking peer, looked up only when a request names shared memory."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 from aiohttp import web
 
@@ -29,7 +30,7 @@ class ShmRoutes:
 
     async def shm_status(self, request: web.Request) -> web.Response:
         return web.json_response(self.shm.status(request.match_info.get("region"),
-                                                 asking(request)))
+                                                 await asking(request)))
 
     async def shm_register(self, request: web.Request) -> web.Response:
         body = await json_body(request)
@@ -38,11 +39,11 @@ class ShmRoutes:
             raise InvalidInput("key must be a string")
         offset, size = integer(body, "offset", 0), integer(body, "byte_size")
         await asyncio.to_thread(self.shm.register, request.match_info["region"], key,
-                                offset, size, asking(request))
+                                offset, size, await asking(request))
         return web.json_response({})
 
     async def shm_unregister(self, request: web.Request) -> web.Response:
-        self.shm.unregister(request.match_info.get("region"), asking(request))
+        self.shm.unregister(request.match_info.get("region"), await asking(request))
         return web.json_response({})
 
     async def cuda_shm(self, request: web.Request) -> web.Response:
@@ -55,12 +56,22 @@ class ShmRoutes:
         raise InvalidInput("CUDA shared memory is not supported; use system shared memory")
 
 
-def asking(request: web.Request) -> Peer:
+async def asking(request: web.Request) -> Peer:
     """The user at the other end; shared memory is theirs alone (Forbidden when it cannot be
-    told)."""
+    told). Over TCP that reads the kernel's socket table (`/proc/net/tcp`, a row per socket
+    on the box): on a thread, not the event loop."""
+    sock = _socket_of(request)
+    if sock is not None and sock.family != socket.AF_UNIX:
+        return _known(await asyncio.to_thread(peer_identity, sock))
+    return _known(peer_identity(sock) if sock is not None else None)  # one getsockopt
+
+
+def _socket_of(request: web.Request) -> socket.socket | None:
     transport = request.transport
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    peer = peer_identity(sock) if sock is not None else None
+    return transport.get_extra_info("socket") if transport is not None else None
+
+
+def _known(peer: Peer | None) -> Peer:
     if peer is None:
         raise Forbidden("cannot tell which user is asking, so no shared memory for it")
     return peer
@@ -74,8 +85,17 @@ class Asker:
         self._request = request
         self._peer: Peer | None = None
 
-    def __call__(self) -> Peer:
+    async def resolve(self) -> None:
+        """Look the peer up now, before a decode that may run on the loop needs it."""
         if self._peer is None:
-            self._peer = asking(self._request)
+            try:
+                self._peer = await asking(self._request)
+            except Forbidden:  # told only if a region is used (the text test is a hint)
+                pass
+
+    def __call__(self) -> Peer:
+        if self._peer is None:  # not resolved first: a Unix socket's getsockopt, or a thread
+            sock = _socket_of(self._request)
+            self._peer = _known(peer_identity(sock) if sock is not None else None)
         return self._peer
 

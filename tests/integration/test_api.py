@@ -19,8 +19,9 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as triton
 import tritonclient.utils.shared_memory as triton_shm
-from support.daemon import Served, ServeFactory
+from support.daemon import LOOP_THREAD, Served, ServeFactory, record_threads
 
+from edged.api import listeners
 from edged.api.protocol import RequestedOutput, ShmRef
 from edged.cli import main
 from edged.ops.client import SharedRegion
@@ -75,7 +76,11 @@ def test_tritonclient_when_inferring_gets_the_models_outputs(
 
 
 def test_tritonclient_when_using_system_shared_memory_reads_and_writes_regions(
-        triton_client: triton.InferenceServerClient, served: Served) -> None:
+        triton_client: triton.InferenceServerClient, served: Served,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over TCP, each use of a region looks its asker up in the kernel's socket table (a read
+    of /proc/net/tcp): on a worker thread, never on the event loop."""
+    lookups = record_threads(monkeypatch, listeners, "_tcp_peer_uid")
     x = cls_input(2)
     key = f"/edged-test-{os.getpid()}"
     region_in = triton_shm.create_shared_memory_region("in", key + "-in", x.nbytes)
@@ -100,6 +105,8 @@ def test_tritonclient_when_using_system_shared_memory_reads_and_writes_regions(
     finally:
         triton_shm.destroy_shared_memory_region(region_in)
         triton_shm.destroy_shared_memory_region(region_out)
+    assert len(lookups) >= 6  # two registers, statuses, the infer, the unregister
+    assert LOOP_THREAD not in lookups
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

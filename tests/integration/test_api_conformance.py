@@ -23,13 +23,14 @@ import pytest
 import tritonclient.http as triton
 import tritonclient.utils.shared_memory as triton_shm
 from support.backends import GateBackend
-from support.daemon import Served, ServeFactory
+from support.daemon import LOOP_THREAD, Served, ServeFactory, record_threads
 from tritonclient.utils import (
     InferenceServerException,
     serialize_byte_tensor,
     serialized_byte_size,
 )
 
+from edged.api import server as server_module
 from edged.api.protocol import HEADER_LENGTH
 
 IDENTITIES = ["identity_bytes", "identity_fp32"]
@@ -164,6 +165,22 @@ def test_raw_binary_request_when_the_body_is_the_one_inputs_bytes_answers_200(
     assert status == 200, raw
     (out,) = json.loads(raw)["outputs"]
     assert out["shape"] == [1, 1] and out["data"] == ["\x00raw é"]  # one element, no prefix
+
+
+def test_raw_binary_request_when_a_large_bytes_element_comes_copies_it_off_the_loop(
+        identities: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BYTES element is copied out of the body (charged to the body budget): for a large
+    one, on a worker thread; a small one is not worth the hand-off."""
+    threads = record_threads(monkeypatch, server_module, "decode_raw")
+    octets = {HEADER_LENGTH: "0", "Content-Type": "application/octet-stream"}
+    large = b"edge" * (server_module.DECODE_ON_THREAD_BYTES // 4 + 1)
+    for body in (large, b"small"):
+        status, _, raw = post(identities, "/v2/models/identity_bytes/infer", body, octets)
+        assert status == 200, raw[:300]
+        (out,) = json.loads(raw)["outputs"]
+        assert out["data"] == [body.decode()]
+    assert threads[0] != LOOP_THREAD and threads[1] == LOOP_THREAD
+    assert identities.daemon.api.bodies.held == 0
 
 
 @pytest.mark.parametrize("model, body, match", [

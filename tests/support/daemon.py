@@ -130,12 +130,17 @@ def decode_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     a decode on the event loop, LOOP_THREAD, from one handed to a worker)."""
     from edged.api import server as server_module
 
+    return record_threads(monkeypatch, server_module, "decode_request")
+
+
+def record_threads(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[str]:
+    """The names of the threads `module.name` is called on, as they come."""
+    real = getattr(module, name)
     threads: list[str] = []
-    real = server_module.decode_request
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(server_module, "decode_request", recording)
+    monkeypatch.setattr(module, name, recording)
     return threads
