@@ -7,7 +7,10 @@ daemon, with direct `session.run` (8 threads on one session) in the same run:
 - auto: `instances: auto` (one per core) with batching: each free instance takes what is queued;
 - run-concurrently: batching off, 8 instances: every request its own `session.run`, as many at
   once as there are clients (what the direct callers do);
-- 2 instances, batching off.
+- 2 instances, batching off;
+- batch-then-run and auto again with a queue delay (preferred batch 16, 2 ms), as a Triton
+  user would set it: the delay must not make two instances lose to one (both waiting out the
+  delay on one queue did; now one instance at a time fills a batch, `Batcher._forming`).
 
 The default (`edged.instances`) was chosen by these numbers."""
 
@@ -25,12 +28,15 @@ from tools.bench.assets import PPOCR_CLS, ppocr_model
 from tools.bench.broker import free_port
 from tools.bench.core import CLS_YAML
 
+DELAY = "batching: {preferred_batch_sizes: [16], max_queue_delay_us: 2000}"
 WAYS = {
     "cls_batch_then_run": ("batch-then-run (1 instance, batching)", "instances: 1"),
     "cls_auto": ("auto (1 instance per core, batching)", "instances: auto"),
     "cls_concurrent": ("run-concurrently (8 instances, no batching)",
                        "instances: 8\nbatching: off"),
     "cls_two": ("2 instances, no batching", "instances: 2\nbatching: off"),
+    "cls_one_delay": ("batch-then-run, 2 ms queue delay", f"instances: 1\n{DELAY}"),
+    "cls_auto_delay": ("auto, 2 ms queue delay", f"instances: auto\n{DELAY}"),
 }
 
 

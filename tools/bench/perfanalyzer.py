@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import resource
 import shutil
 import subprocess
 import urllib.request
@@ -38,6 +39,7 @@ class PaResult:
     infer_per_s: float
     p50_us: float
     p99_us: float
+    client_cpu_s: float = 0.0  # perf_analyzer's own CPU over the whole run (it shares the box)
 
 
 def find() -> PerfAnalyzer | str:
@@ -66,15 +68,25 @@ def run(pa: PerfAnalyzer, model: str, url: str, concurrency: int, *, window_ms: 
     cmd = [str(pa.binary), "-m", model, "-u", url, "-i", "http",
            "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
            "--max-trials", "3", "--stability-percentage", "999", "-f", str(out)]
+    before = _children_cpu_s()
     done = subprocess.run(cmd, env=pa.env, capture_output=True, text=True,
                           timeout=120 + 10 * window_ms / 1000)
+    client_cpu_s = _children_cpu_s() - before
     if done.returncode != 0 or not out.exists():
         raise RuntimeError(f"perf_analyzer failed ({done.returncode}): "
                            f"{(done.stdout + done.stderr)[-1500:]}")
     with out.open() as f:
         row = next(csv.DictReader(f))
     return PaResult(float(row["Inferences/Second"]), float(row["p50 latency"]),
-                    float(row["p99 latency"]))
+                    float(row["p99 latency"]), client_cpu_s)
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished, waited-for children (perf_analyzer's, once its
+    run returns): on a 2-core box the client's share is CPU neither edged nor ONNX Runtime
+    gets, which direct `session.run` callers never pay."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def process_cpu_s(pid: int) -> float:

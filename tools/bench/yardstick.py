@@ -98,13 +98,18 @@ def measure(edged: Edged, sessions: dict[str, Any], workdir: Path, *,
                 with edged.meter(model) as meter:
                     got = perfanalyzer.run(pa, model, edged.url, concurrency,
                                            window_ms=int(seconds * 1000), workdir=workdir)
-                row["edged_tcp"] = {**got.__dict__, "cpu_us": meter.us_per_request}
+                row["edged_tcp"] = {**got.__dict__, "cpu_us": meter.us_per_request,
+                                    "client_cpu_us": got.client_cpu_s
+                                    / max(meter.requests, 1) * 1e6}
             row["direct"] = direct_rate(session, feed, concurrency, seconds)
             with edged.meter(model) as meter:
+                client_cpu = time.process_time()  # the load generator runs in this process
                 done = closed_loop(Target(unix=str(edged.sock)), request,
                                    concurrency=concurrency, seconds=seconds)
+                client_cpu = time.process_time() - client_cpu
             row["unix_binary"] = {**_latency(done.latencies_s, done.requests, done.seconds),
-                                  "cpu_us": meter.us_per_request}
+                                  "cpu_us": meter.us_per_request,
+                                  "client_cpu_us": client_cpu / max(meter.requests, 1) * 1e6}
             rows.append(row)
         rows.append({"model": model, "concurrency": 1,
                      "shm": shm_rate(edged, model, session, x, seconds)})
@@ -148,8 +153,8 @@ def _timed(call: Callable[[], object], seconds: float) -> list[float]:
 
 def format_rows(r: dict[str, Any]) -> list[str]:
     lines = ["| model | conc | caller | infer/s | direct ORT infer/s | ratio | p50 µs "
-             "(direct) | p99 µs (direct) | edged CPU µs/request |", "|---|---|---|---|---|---|"
-             "---|---|---|"]
+             "(direct) | p99 µs (direct) | edged CPU µs/request | client CPU µs/request |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in r["rows"]:
         label, c = LABELS[row["model"]], row["concurrency"]
         direct = row.get("direct")
@@ -160,17 +165,18 @@ def format_rows(r: dict[str, Any]) -> list[str]:
                 continue
             if "skipped" in got:
                 lines.append(f"| {label} | {c} | {caller} | skipped: {got['skipped']} |"
-                             " | | | | |")
+                             " | | | | | |")
                 continue
+            client = f"{got['client_cpu_us']:.0f}" if "client_cpu_us" in got else ""
             if direct is None:
                 lines.append(f"| {label} | {c} | {caller} | {got['infer_per_s']:.0f} | | | "
                              f"{got['p50_us']:.0f} | {got['p99_us']:.0f} | "
-                             f"{got['cpu_us']:.0f} |")
+                             f"{got['cpu_us']:.0f} | |")
                 continue
             lines.append(f"| {label} | {c} | {caller} | {got['infer_per_s']:.0f} | "
                          f"{direct['infer_per_s']:.0f} | "
                          f"{got['infer_per_s'] / direct['infer_per_s']:.2f} | "
                          f"{got['p50_us']:.0f} ({direct['p50_us']:.0f}) | "
                          f"{got['p99_us']:.0f} ({direct['p99_us']:.0f}) | "
-                         f"{got['cpu_us']:.0f} |")
+                         f"{got['cpu_us']:.0f} | {client} |")
     return lines
