@@ -342,7 +342,9 @@ class ApiServer:
         head = len(body) if json_length is None else min(max(json_length, 0), len(body))
         charge.add(head * (JSON_WEIGHT - 1))  # what parsing it will make of it, before it does
         reader, charger = lease.read, charge.add
-        names_shm = _names_shared_memory(body, head)
+        # The text hint where the decode may run on the loop (a large body is decoded on a
+        # thread, which may look the peer up itself): scanning it would copy it here.
+        names_shm = len(body) <= DECODE_ON_THREAD_BYTES and _names_shared_memory(body, head)
         if names_shm:
             await asker.resolve()  # off the loop over TCP; the decode below may run on it
         if json_length == 0:  # a raw binary request: the body is the one input's bytes
@@ -357,6 +359,8 @@ class ApiServer:
         else:
             parsed = decode_request(body, json_length, read_shm=reader, charge=charger)
         _check_outputs(self.scheduler.model(name, version), parsed)
+        if any(out.shm is not None for out in parsed.outputs):
+            await asker.resolve()  # before holding them here, on the loop
         for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
             if out.shm is not None:
                 lease.hold(out.shm)
