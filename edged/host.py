@@ -31,7 +31,7 @@ class GpuStats:
 HEAP_ARENAS = 2
 # Fixed where glibc would move them (see `fix_heap_thresholds`): blocks from this size up are
 # mapped on their own and unmapped when freed, and a heap keeps less than this free at its top.
-HEAP_THRESHOLD_BYTES = 8 << 20
+HEAP_THRESHOLD_BYTES = 1 << 20
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
 
 
@@ -79,10 +79,14 @@ def fix_heap_thresholds(threshold: int = HEAP_THRESHOLD_BYTES) -> bool:
     keep up to 64 MiB free. A heap other than the main one is trimmed only at its top, only
     past that threshold, and `malloc_trim` does not reach that top: a request body inflated
     on a worker thread (the soak's gzip bomb, 9 MiB at most under `api.max_request_mb: 8`)
-    left 6 MiB resident for good. Fixed at 8 MiB, a heap gives back a top of 8 MiB or more
-    when a block is freed into it, and blocks that large are mapped (returned at once);
-    frames up to 1080p (6.2 MiB) still come from the heap and are reused, as before (one
-    freed into a trimmed top would be faulted in again: ~0.6 ms a 6 MiB block here)."""
+    left 6 MiB resident for good. Fixed at 1 MiB, a heap gives back a top of 1 MiB or more
+    when a block is freed into it, and blocks that large are mapped on their own and returned
+    when freed. That includes ONNX Runtime's arena chunks (1 MiB, then doubling), which each
+    OTA swap frees and a new session takes again: at 8 MiB their holes fragmented the second
+    heap (7.7 -> 21 MiB in a 7-minute soak of 4 swaps, 15 MiB of it free; the hour's RSS grew
+    4.9%); at 1 MiB the same run's heap went 2.4 -> 8.9 MiB. The cost: a block of 1 MiB or
+    more is faulted in afresh each time, ~100 us a MiB here (a 720p frame from the decoder
+    +0.27 ms, 1080p +0.6 ms); 640x480 frames (0.9 MiB) still come from the heap."""
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") or os.environ.get("MALLOC_TRIM_THRESHOLD_"):
         return False  # the operator's choice, which glibc has already applied
     libc = _libc()
