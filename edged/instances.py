@@ -46,6 +46,12 @@ def instance_count(configured: int | str, options: BackendOptions | None = None,
     if not isinstance(configured, str):
         return configured
     if on_gpu is None:
-        providers = options.providers if options is not None else ()
-        on_gpu = bool(providers) and providers[0] in GPU_PROVIDERS and gpu.device() is not None
+        on_gpu = runs_on_gpu(options)
     return GPU_INSTANCES if on_gpu else cores()
+
+
+def runs_on_gpu(options: BackendOptions | None) -> bool:
+    """Whether a session made with `options` runs on a GPU: a CUDA or TensorRT provider first
+    in the chain, and a CUDA device present."""
+    providers = options.providers if options is not None else ()
+    return bool(providers) and providers[0] in GPU_PROVIDERS and gpu.device() is not None

@@ -113,3 +113,39 @@ def test_auto_with_a_queue_delay_fills_one_batch_at_a_time_and_runs_two(
         gate.gate.set()
         scheduler.close(5)
         cache.close(timeout_s=5)
+
+
+@pytest.mark.parametrize("rows_are_slow", [True, False])
+def test_cpu_instances_when_rows_are_slow_split_the_queue_between_them(
+        monkeypatch: pytest.MonkeyPatch, repo_dir: Path, gate: GateBackend, tmp_path: Path,
+        rows_are_slow: bool) -> None:
+    """Both CPU instances busy, four requests queued: where a row takes SPREAD_MIN_NS or
+    more, the instance that comes free first takes its share (half) and leaves the rest to
+    the other, so both cores run them; where rows are quick, one takes them all (one call)."""
+    from edged import batcher
+
+    monkeypatch.setattr(instances, "cores", lambda: 2)
+    monkeypatch.setattr(batcher, "SPREAD_MIN_NS", 0 if rows_are_slow else 1 << 60)
+    write_yaml(repo_dir, "tiny_cls", "max_batch_size: 8\n")
+    cache = ModelCache(ModelRepository(repo_dir), budget_bytes=1 << 30,
+                       options=options(tmp_path))
+    scheduler = Scheduler(cache)
+    try:
+        held = [hold_worker(scheduler, gate, "tiny_cls", {"x": cls_input(0.0)})]
+        held.append(scheduler.submit("tiny_cls", {"x": cls_input(1.0)}))
+        gate.wait_calls(2)  # both instances held: what comes next queues
+        queued = [scheduler.submit("tiny_cls", {"x": cls_input(float(i))})
+                  for i in range(2, 6)]
+        gate.gate.set()
+        for future in held + queued:
+            assert future.result(10)["prob"].shape == (1, 4)
+        batches = [call["x"].shape[0] for call in gate.calls[2:]]
+        assert sum(batches) == 4
+        if rows_are_slow:
+            assert max(batches) <= 2 and len(batches) >= 2
+        else:
+            assert batches == [4]
+    finally:
+        gate.gate.set()
+        scheduler.close(5)
+        cache.close(timeout_s=5)
