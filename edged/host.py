@@ -29,9 +29,11 @@ class GpuStats:
 
 
 HEAP_ARENAS = 2
-# Fixed where glibc would move them (see `fix_heap_thresholds`): blocks from this size up are
-# mapped on their own and unmapped when freed, and a heap keeps less than this free at its top.
-HEAP_THRESHOLD_BYTES = 1 << 20
+# Fixed where glibc would move them (see `fix_heap_thresholds`): blocks from the first size up
+# are mapped on their own and unmapped when freed; a heap keeps less than the second free at
+# its top.
+HEAP_MMAP_THRESHOLD_BYTES = 1 << 20
+HEAP_TRIM_THRESHOLD_BYTES = 8 << 20
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
 
 
@@ -69,8 +71,9 @@ def limit_heap_arenas(arenas: int = HEAP_ARENAS) -> bool:
         return False
 
 
-def fix_heap_thresholds(threshold: int = HEAP_THRESHOLD_BYTES) -> bool:
-    """Fix glibc's mmap and trim thresholds at `threshold` unless the environment sets either
+def fix_heap_thresholds(mmap_bytes: int = HEAP_MMAP_THRESHOLD_BYTES,
+                        trim_bytes: int = HEAP_TRIM_THRESHOLD_BYTES) -> bool:
+    """Fix glibc's mmap and trim thresholds unless the environment sets either
     (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_); False where nothing was set.
 
     glibc starts by mapping each block of 128 KiB or more on its own, and raises that
@@ -79,20 +82,25 @@ def fix_heap_thresholds(threshold: int = HEAP_THRESHOLD_BYTES) -> bool:
     keep up to 64 MiB free. A heap other than the main one is trimmed only at its top, only
     past that threshold, and `malloc_trim` does not reach that top: a request body inflated
     on a worker thread (the soak's gzip bomb, 9 MiB at most under `api.max_request_mb: 8`)
-    left 6 MiB resident for good. Fixed at 1 MiB, a heap gives back a top of 1 MiB or more
-    when a block is freed into it, and blocks that large are mapped on their own and returned
-    when freed. That includes ONNX Runtime's arena chunks (1 MiB, then doubling), which each
-    OTA swap frees and a new session takes again: at 8 MiB their holes fragmented the second
-    heap (7.7 -> 21 MiB in a 7-minute soak of 4 swaps, 15 MiB of it free; the hour's RSS grew
-    4.9%); at 1 MiB the same run's heap went 2.4 -> 8.9 MiB. The cost: a block of 1 MiB or
-    more is faulted in afresh each time, ~100 us a MiB here (a 720p frame from the decoder
-    +0.27 ms, 1080p +0.6 ms); 640x480 frames (0.9 MiB) still come from the heap."""
+    left 6 MiB resident for good.
+
+    Blocks of 1 MiB or more are mapped: that includes ONNX Runtime's arena chunks (1 MiB,
+    then doubling), which each OTA swap frees and a new session takes again; left in a heap,
+    their holes fragmented it (a 7-minute soak of 4 swaps: the second heap 7.7 -> 21 MiB, 15
+    MiB of it free, at 8 MiB; 2.4 -> 8.9 MiB at 1 MiB; the hour's RSS growth 4.9% -> 2.7%,
+    then with the trim threshold at 1 MiB too).
+    The cost: such a block is faulted in afresh each time, ~100 us a MiB here (a 720p frame
+    from the decoder +0.27 ms, 1080p +0.6 ms; 640x480 frames, 0.9 MiB, stay in the heap).
+    A heap's top is trimmed past 8 MiB, not 1: at 1 MiB the stream pipeline's per-frame
+    buffers (OpenCV's planes, a few hundred KiB each) were given back and faulted in again
+    every frame, 7 brk calls a frame, and pre-processing a 640x480 frame took 1.19 ms
+    instead of 0.35."""
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") or os.environ.get("MALLOC_TRIM_THRESHOLD_"):
         return False  # the operator's choice, which glibc has already applied
     libc = _libc()
     try:
-        return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, threshold)) \
-            and bool(libc.mallopt(M_TRIM_THRESHOLD, threshold))
+        return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_bytes)) \
+            and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_bytes))
     except AttributeError:  # not glibc
         return False
 

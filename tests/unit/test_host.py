@@ -227,8 +227,8 @@ def test_heap_thresholds_set_by_the_operator_are_left_alone(
     monkeypatch.setattr(host, "_libc", Libc)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
-    assert host.fix_heap_thresholds(1 << 20) is True
-    assert calls == [(host.M_MMAP_THRESHOLD, 1 << 20), (host.M_TRIM_THRESHOLD, 1 << 20)]
+    assert host.fix_heap_thresholds(1 << 20, 8 << 20) is True
+    assert calls == [(host.M_MMAP_THRESHOLD, 1 << 20), (host.M_TRIM_THRESHOLD, 8 << 20)]
     calls.clear()
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert host.fix_heap_thresholds() is False

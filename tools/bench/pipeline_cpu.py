@@ -4,7 +4,10 @@ buffer, letterboxed to a YOLOv8 input of 640x640; post-processing of a YOLOv8 he
 holding 20 objects; the result JSON; publishing it at QoS 0 through edged's `MqttLink` to a
 private mosquitto). The head is made as a real one looks (tools/bench/post.py) instead of
 running a model, and the frame is decoded once beforehand: what is timed is the pipeline alone.
-CPU is the bench process's (all threads: paho's network thread included) over N frames."""
+CPU is the bench process's (all threads: paho's network thread included) over N frames. The
+process takes the daemon's malloc settings first (`edged.host`, as `edged run` does): they
+decide whether per-frame buffers are reused or faulted in afresh (a trim threshold of 1 MiB
+made pre-processing 3.4x dearer), so the bench must run under them to measure the daemon."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from edged import host
 from edged.config import MqttConfig, StreamConfig
 from edged.model.repository import ModelRepository
 from edged.mqtt import MqttLink
@@ -56,6 +60,8 @@ def write_detector(root: Path) -> None:
 
 
 def measure(workdir: Path, *, frames: int) -> dict[str, Any]:
+    host.limit_heap_arenas()
+    host.fix_heap_thresholds()
     root = workdir / "pipeline-models"
     write_detector(root)
     model = ModelRepository(root).resolve("det")
