@@ -79,8 +79,10 @@ def _check_loopback(value: str) -> str | None:
 class OrtConfig:
     providers: list[Literal["tensorrt", "cuda", "cpu"]] = setting(
         factory=lambda: ["tensorrt", "cuda", "cpu"], help="provider chain, best first")
-    intra_op_threads: int = setting(0, "threads inside one operator; 0 = one per core",
-                                    check=at_least(0))
+    intra_op_threads: int = setting(
+        0, "threads inside one operator; 0 = per model on the CPU, 1 or one per core, "
+        "whichever runs it faster (timed once, remembered; edged.model.threads)",
+        check=at_least(0))
     inter_op_threads: int = setting(1, "threads across operators", check=at_least(0))
     allow_spinning: bool = setting(False, "idle ORT threads spin (fast alone, bad when shared)")
     graph_optimization: Literal["disable", "basic", "extended", "all"] = setting(

@@ -25,6 +25,7 @@ from edged.errors import EdgedError, ModelLoadError
 from edged.model.loadspec import load_spec, options_for, warmup_inputs
 from edged.model.precision import choose_precision
 from edged.model.repository import ModelRepository, ModelVersion
+from edged.model.threads import choose_threads
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class ModelLoader:
         # model.onnx or its gated INT8 variant; `auto` may time the two once (remembered).
         choice = choose_precision(model, backend, options)
         spec = load_spec(model, choice.path, choice.precision)
+        # ONNX Runtime on the CPU, threads left to edged: 1 or one per core, as times best.
+        options = choose_threads(model, backend, spec, options)
         try:
             backend, spec, session, upgrade = self._open(model, backend, spec, options,
                                                          upgrading=upgrading)

@@ -54,7 +54,7 @@ class BackendOptions:
     """Machine-level knobs, merged from the daemon config and the model's overrides."""
 
     providers: tuple[str, ...] = ("tensorrt", "cuda", "cpu")
-    intra_op_threads: int = 0  # 0 = one per core
+    intra_op_threads: int = 0  # 0 = one per core here; the loader times 1 against it first
     inter_op_threads: int = 1
     allow_spinning: bool = False
     graph_optimization: str = "all"

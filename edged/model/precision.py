@@ -110,7 +110,7 @@ def _auto(model: ModelVersion, backend: Backend, options: BackendOptions,
     fp32_spec, int8_spec = load_spec(model, precision="fp32"), load_spec(model, path, "int8")
     memo = options.cache_dir / MEMO_DIR / f"{model.name}.{model.version}.json"
     key = memo_key(model, path, backend, options)
-    timings = _remembered(memo, key)
+    timings = remembered(memo, key, ("fp32_ms", "int8_ms"))
     source = "remembered"
     if timings is None:
         try:
@@ -121,7 +121,7 @@ def _auto(model: ModelVersion, backend: Backend, options: BackendOptions,
                            model.label, exc, extra={"model": model.name,
                                                     "version": model.version})
             return PrecisionChoice(model.onnx_path, "fp32", f"auto: timing INT8 failed: {exc}")
-        _remember(memo, key, timings)
+        remember(memo, key, {"fp32_ms": timings[0], "int8_ms": timings[1]})
         source = "measured"
     fp32_ms, int8_ms = timings
     speedup = fp32_ms / int8_ms if int8_ms > 0 else 0.0
@@ -192,7 +192,7 @@ def memo_key(model: ModelVersion, int8_path: Path, backend: Backend,
         "int8_sha256": file_sha256(int8_path),
         "candidates": ["fp32", "int8"],
         "backend": backend.name,
-        "runtime": _runtime_version(backend.name),
+        "runtime": runtime_version(backend.name),
         "providers": list(options.providers),
         "threads": [options.intra_op_threads, options.inter_op_threads],
         "inputs": {k: list(v.shape) for k, v in sample_inputs(model).items()},
@@ -200,7 +200,7 @@ def memo_key(model: ModelVersion, int8_path: Path, backend: Backend,
     }
 
 
-def _runtime_version(module: str) -> str:
+def runtime_version(module: str) -> str:
     try:
         return str(getattr(importlib.import_module(module), "__version__", "unknown"))
     except ImportError:
@@ -228,23 +228,27 @@ def cpu_fingerprint() -> str:
         "  ", " ")
 
 
-def _remembered(memo: Path, key: dict[str, Any]) -> tuple[float, float] | None:
+def remembered(memo: Path, key: dict[str, Any], names: tuple[str, str]
+               ) -> tuple[float, float] | None:
+    """The two timings `names` a memo file holds for `key`; None when it holds none, or
+    holds them for another key (something they depend on changed)."""
     try:
         doc = json.loads(memo.read_text())
         if doc.get("key") == key:
-            return float(doc["fp32_ms"]), float(doc["int8_ms"])
+            return float(doc[names[0]]), float(doc[names[1]])
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        logger.warning("%s: ignoring an unreadable precision memo: %s", memo, exc)
+        logger.warning("%s: ignoring an unreadable memo: %s", memo, exc)
     return None
 
 
-def _remember(memo: Path, key: dict[str, Any], timings: tuple[float, float]) -> None:
-    doc = {"key": key, "fp32_ms": timings[0], "int8_ms": timings[1],
+def remember(memo: Path, key: dict[str, Any], timings: dict[str, float]) -> None:
+    """Write the timings for `key`; a cache that cannot be written is measured again later."""
+    doc = {"key": key, **timings,
            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(memo, json.dumps(doc, indent=2) + "\n")
     except OSError as exc:  # a read-only cache: measure again next time, load anyway
-        logger.warning("%s: cannot remember the precision choice: %s", memo, exc)
+        logger.warning("%s: cannot remember the timings: %s", memo, exc)

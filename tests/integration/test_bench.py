@@ -33,6 +33,10 @@ def test_bench_api_when_run_quick_measures_every_path(
         assert row["direct"]["p50_ms"] > 0 and row["socket"]["p50_ms"] > 0
         assert row["shm"]["p50_ms"] > 0
     assert results["rates"]["edged_socket_binary"]["c8"]["requests_per_s"] > 0
+    # edged chose each model's intra-op threads at its first load; the direct sessions follow
+    assert set(results["threads"]) == {"tiny_cls", "cls", "det"}
+    assert all(n >= 1 for n in results["threads"].values())
+    assert "intra-op threads, as edged chose them" in table
 
 
 def test_bench_streams_when_run_quick_measures_every_case_at_a_real_subscriber(

@@ -28,6 +28,8 @@ import numpy as np
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_request
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import session_options
+from edged.model.repository import ModelRepository
+from edged.model.threads import remembered_threads
 from edged.ops.client import EdgedClient, InferResponse, SharedRegion
 from tools.bench import pipeline_cpu, yardstick
 from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, tiny_model_tools
@@ -50,13 +52,15 @@ def build_repository(root: Path) -> None:
 
 
 def edged_config(workdir: Path, *, preload: list[str], http: str | None = None,
-                 mqtt: str = "enabled: false", streams: str = "[]") -> str:
-    """A daemon config over workdir/models with the bench's thread setting."""
+                 mqtt: str = "enabled: false", streams: str = "[]",
+                 threads: int = THREADS) -> str:
+    """A daemon config over workdir/models with the bench's thread setting (`threads`; 0 lets
+    edged choose per model, as its default does)."""
     listen = f', http: "{http}"' if http else ""
     return f"""device_id: bench
 models_dir: {workdir / 'models'}
 cache: {{dir: {workdir / 'cache'}, preload: [{', '.join(preload)}]}}
-backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: {THREADS}}}}}
+backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: {threads}}}}}
 api: {{socket: {workdir / 's.sock'}{listen}}}
 mqtt: {{{mqtt}}}
 streams: {streams}
@@ -95,11 +99,11 @@ def run_edged(workdir: Path, config_text: str) -> Iterator[tuple[Path, subproces
         log.close()
 
 
-def direct_session(path: Path) -> Any:
+def direct_session(path: Path, threads: int = THREADS) -> Any:
     """A plain ORT session built with exactly the options edged gives its own sessions."""
     import onnxruntime as ort
 
-    options = BackendOptions(providers=("cpu",), intra_op_threads=THREADS)
+    options = BackendOptions(providers=("cpu",), intra_op_threads=threads)
     return ort.InferenceSession(str(path), session_options(options),
                                 providers=["CPUExecutionProvider"])
 
@@ -173,16 +177,24 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"latency": {}, "rates": {}}
     port = free_port()
     binary_req, json_req = tiny_requests(tiny_x)
+    # edged on its default thread choice (each model timed at its first load); every direct
+    # session is built with the count edged chose for that model.
     config = edged_config(workdir, preload=["tiny_cls", "cls", "det"],
-                          http=f"127.0.0.1:{port}")
+                          http=f"127.0.0.1:{port}", threads=0)
     with run_edged(workdir, config) as (sock, proc), EdgedClient(sock) as client:
-        sessions = {model: direct_session(workdir / "models" / model / "1" / "model.onnx")
+        repo = ModelRepository(workdir / "models")
+        chosen = {model: remembered_threads(workdir / "cache", repo.resolve(model)) or THREADS
+                  for model in ("tiny_cls", "cls", "det")}
+        results["threads"] = chosen
+        sessions = {model: direct_session(workdir / "models" / model / "1" / "model.onnx",
+                                          chosen[model])
                     for model in yardstick.SHAPES}
         results["yardstick"] = yardstick.measure(yardstick.Edged(proc.pid, port, sock),
                                                  sessions, workdir, seconds=seconds)
         del sessions
         for model, x, rounds in (("tiny_cls", tiny_x, rounds_tiny), ("det", det_x, rounds_det)):
-            session = direct_session(workdir / "models" / model / "1" / "model.onnx")
+            session = direct_session(workdir / "models" / model / "1" / "model.onnx",
+                                     chosen[model])
             results["latency"][model] = latency_case(client, session, model, x, rounds)
             del session
         one(Target(unix=str(sock)), json_req)  # answers at all before it is timed
@@ -213,7 +225,9 @@ def mlserver_rates(workdir: Path, request: bytes, seconds: float) -> dict[str, A
 
 def format_table(r: dict[str, Any]) -> str:
     pipe = r["pipeline"]
-    lines = [*yardstick.format_rows(r["yardstick"]),
+    threads = ", ".join(f"{m} {n}" for m, n in r.get("threads", {}).items())
+    lines = [f"intra-op threads, as edged chose them (the direct sessions use the same): "
+             f"{threads}", "", *yardstick.format_rows(r["yardstick"]),
              "| stream pipeline, 640x480, YOLOv8 head, ~20 boxes | | pre + post + JSON + MQTT "
              "publish, outside decode and model | "
              + (f"skipped: {pipe['skipped']}" if "skipped" in pipe else
