@@ -148,16 +148,23 @@ def measure_sessions(backend: Backend, options: BackendOptions,
                      inputs: Mapping[str, np.ndarray]) -> Measure:
     """The real measurement: both files loaded on `backend`, timed in one interleaved run."""
     def measure(fp32: LoadSpec, int8: LoadSpec) -> tuple[float, float]:
-        sessions: list[Session] = []
-        try:
-            for spec in (fp32, int8):
-                sessions.append(backend.load(spec, options))
-            a, b = time_sessions(sessions, inputs)
-            return a, b
-        finally:
-            for session in sessions:
-                session.close()
+        a, b = time_loads(backend, [(fp32, options), (int8, options)], inputs)
+        return a, b
     return measure
+
+
+def time_loads(backend: Backend, loads: Sequence[tuple[LoadSpec, BackendOptions]],
+               inputs: Mapping[str, np.ndarray]) -> list[float]:
+    """Load each (spec, options) on `backend`, time them together (`time_sessions`), close
+    them again."""
+    sessions: list[Session] = []
+    try:
+        for spec, opts in loads:
+            sessions.append(backend.load(spec, opts))
+        return time_sessions(sessions, inputs)
+    finally:
+        for session in sessions:
+            session.close()
 
 
 def time_sessions(sessions: Sequence[Session], inputs: Mapping[str, np.ndarray], *,

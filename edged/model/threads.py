@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.backends.base import Backend, BackendOptions, LoadSpec, Session
+from edged.backends.base import Backend, BackendOptions, LoadSpec
 from edged.fsutil import file_sha256
 from edged.instances import cores, runs_on_gpu
 from edged.model.precision import (
@@ -34,7 +34,7 @@ from edged.model.precision import (
     remembered,
     runtime_version,
     sample_inputs,
-    time_sessions,
+    time_loads,
 )
 from edged.model.repository import ModelVersion
 
@@ -87,15 +87,8 @@ def measure_sessions(backend: Backend, inputs: Mapping[str, np.ndarray]) -> Meas
     """The real measurement: the file loaded twice, once per thread count, timed interleaved."""
     def measure(spec: LoadSpec, one: BackendOptions, many: BackendOptions
                 ) -> tuple[float, float]:
-        sessions: list[Session] = []
-        try:
-            for opts in (one, many):
-                sessions.append(backend.load(spec, opts))
-            a, b = time_sessions(sessions, inputs)
-            return a, b
-        finally:
-            for session in sessions:
-                session.close()
+        a, b = time_loads(backend, [(spec, one), (spec, many)], inputs)
+        return a, b
     return measure
 
 
