@@ -96,12 +96,11 @@ class Batcher:
         self._in_flight = 0
         self._batch_ns = INLINE_UNKNOWN  # how long its batches take (a moving average)
         # Instance slots, shared by the worker threads and by callers running inline.
-        self.instances = instance_count(self._model.config.instances,
-                                        options_for(self._model, cache.options))
+        options = options_for(self._model, cache.options)
+        self.instances = instance_count(self._model.config.instances, options)
         self._free = self.instances
         # CPU instances split what is queued between them (SPREAD_MIN_NS); GPU ones batch.
-        self._spread = self.instances > 1 and not runs_on_gpu(
-            options_for(self._model, cache.options))
+        self._spread = self.instances > 1 and not runs_on_gpu(options)
         self._row_ns = 0  # how long a row of its batches takes (a moving average)
         self._threads = [threading.Thread(target=self._work_loop, daemon=True,
                                           name=f"edged-{self.label}-{i}")

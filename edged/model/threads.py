@@ -60,7 +60,7 @@ def choose_threads(model: ModelVersion, backend: Backend, spec: LoadSpec,
         return replace(options, intra_op_threads=1)
     one_opts = replace(options, intra_op_threads=1)
     many_opts = replace(options, intra_op_threads=many)
-    memo = options.cache_dir / MEMO_DIR / f"{model.name}.{model.version}.json"
+    memo = memo_path(options.cache_dir, model)
     key = memo_key(model, spec, options, many)
     timings = remembered(memo, key, NAMES)
     source = "remembered"
@@ -70,13 +70,13 @@ def choose_threads(model: ModelVersion, backend: Backend, spec: LoadSpec,
                 spec, one_opts, many_opts)
         except Exception as exc:  # a session that cannot be made twice: load as configured
             logger.warning("%s: timing intra-op threads failed, loading with %d: %s",
-                           model.label, many, exc,
+                           model.label, many, exc, exc_info=True,
                            extra={"model": model.name, "version": model.version})
             return many_opts
         remember(memo, key, dict(zip(NAMES, timings, strict=True)))
         source = "measured"
     one_ms, many_ms = timings
-    chosen = many_opts if one_ms >= many_ms * MIN_GAIN else one_opts
+    chosen = replace(options, intra_op_threads=threads_for(one_ms, many_ms, many))
     logger.info("%s: %d intra-op thread(s) (%s p50 %.3f ms on 1, %.3f ms on %d)", model.label,
                 chosen.intra_op_threads, source, one_ms, many_ms, many,
                 extra={"model": model.name, "version": model.version, "code": "threads"})
@@ -96,12 +96,19 @@ def remembered_threads(cache_dir: Path, model: ModelVersion) -> int | None:
     """The count a load chose for `model` and remembered, or None (for benchmarks that build
     a direct session the way edged built its own)."""
     try:
-        doc = json.loads((cache_dir / MEMO_DIR / f"{model.name}.{model.version}.json")
-                         .read_text())
-        one_ms, many_ms = float(doc["one_ms"]), float(doc["many_ms"])
-        return int(doc["key"]["cores"]) if one_ms >= many_ms * MIN_GAIN else 1
+        doc = json.loads(memo_path(cache_dir, model).read_text())
+        return threads_for(float(doc["one_ms"]), float(doc["many_ms"]), int(doc["key"]["cores"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def threads_for(one_ms: float, many_ms: float, many: int) -> int:
+    """The count to run with, given the p50 on one thread and on `many`."""
+    return many if one_ms >= many_ms * MIN_GAIN else 1
+
+
+def memo_path(cache_dir: Path, model: ModelVersion) -> Path:
+    return cache_dir / MEMO_DIR / f"{model.name}.{model.version}.json"
 
 
 def memo_key(model: ModelVersion, spec: LoadSpec, options: BackendOptions,
