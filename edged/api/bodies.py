@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aiohttp import web
-
 from edged.api.budget import read_body
+from edged.api.http import Request
 from edged.errors import InvalidInput
 
 # Repository, shared memory and logging requests are a few hundred bytes: more is refused (413)
@@ -16,7 +15,7 @@ from edged.errors import InvalidInput
 SMALL_BODY_BYTES = 64 * 1024
 
 
-async def json_body(request: web.Request, default: dict[str, Any] | None = None
+async def json_body(request: Request, default: dict[str, Any] | None = None
                      ) -> dict[str, Any]:
     raw = bytes(await read_body(request, SMALL_BODY_BYTES))
     if not raw.strip() and default is not None:

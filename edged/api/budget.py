@@ -17,9 +17,8 @@ import threading
 import zlib
 
 import numpy as np
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
+from edged.api.http import BrokenBody, Request
 from edged.errors import BodyTimeout, InvalidInput, Overloaded, TooLarge
 
 ALIGN = 64
@@ -27,11 +26,8 @@ ALIGN = 64
 # 3.6x, on numpy's array plus json's lists); a margin above that.
 JSON_WEIGHT = 10
 INFLATE_CHUNK = 1 << 20
-# aiohttp's parser would inflate on the loop, unbounded; edged inflates these itself.
+# Bodies are inflated here, bounded and off the loop (the HTTP layer passes them as they come).
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "identity": 0}
-# The app's `api.body_timeout_s` (small JSON routes read their bodies through here too).
-BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
-DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 class BodyBudget:
@@ -88,10 +84,10 @@ class Charge:
         self.budget._give(held)
 
 
-async def read_body(request: web.Request, limit: int, charge: Charge | None = None,
+async def read_body(request: Request, limit: int, charge: Charge | None = None,
                     json_length: int | None = None) -> memoryview:
-    """The whole body, charged as it arrives, in a buffer of its own (aiohttp's read() copies
-    twice) placed so the tensor bytes after the first `json_length` start 64-byte aligned."""
+    """The whole body, charged as it arrives, in a buffer of its own placed so the tensor
+    bytes after the first `json_length` start 64-byte aligned."""
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ENCODINGS:
         raise InvalidInput(f"Content-Encoding {encoding[:32]!r} is not supported "
@@ -120,9 +116,9 @@ class _Chunks:
     timer per request, not one per chunk); a connection lost mid-body is the client's doing
     (400: it hears nothing), not a 500. `close()` once the body is read."""
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: Request) -> None:
         self.content = request.content
-        self.timeout_s = request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
+        self.timeout_s = request.body_timeout_s
         self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._expire)
 
     def _expire(self) -> None:
@@ -134,7 +130,7 @@ class _Chunks:
         except _Expired:
             raise BodyTimeout(f"the body did not arrive within {self.timeout_s:g} s "
                               "(api.body_timeout_s)") from None
-        except (ConnectionError, HttpProcessingError) as exc:  # a hang-up, a broken chunk
+        except (ConnectionError, BrokenBody) as exc:  # a hang-up, a broken chunk
             raise InvalidInput(f"the body cannot be read: {exc}") from exc
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """The socket API: the KServe v2 HTTP/REST protocol with Triton's extensions (binary tensors,
-system shared memory, model repository), served by aiohttp on the daemon's asyncio loop over
-a Unix socket and, when configured, a loopback TCP port.
+system shared memory, model repository), served by edged's own HTTP layer (`edged.api.http`)
+on the daemon's asyncio loop over a Unix socket and, when configured, a loopback TCP port.
 
 Handlers do not block the loop: inference goes through `Scheduler.submit` (its future wrapped
 with `asyncio.wrap_future`); anything that reads model files or loads a model runs on a thread.
@@ -14,16 +14,23 @@ import asyncio
 import logging
 import re
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
-
-from aiohttp import web
 
 from edged import __version__
 from edged.api import browsers, describe, logsettings
 from edged.api.bodies import json_body
-from edged.api.budget import BODY_TIMEOUT, JSON_WEIGHT, BodyBudget, Charge, read_body
-from edged.api.connections import ConnectionGuard, GuardedSite
+from edged.api.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
+from edged.api.http import (
+    Handler,
+    HttpError,
+    HttpServer,
+    Request,
+    Response,
+    Router,
+    error_response,
+    json_response,
+)
 from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
     HEADER_LENGTH,
@@ -52,11 +59,11 @@ EXTENSIONS = ["binary_tensor_data", "system_shared_memory", "model_repository",
               "model_configuration", "schedule_policy", "statistics", "logging"]
 DECODE_ON_THREAD_BYTES = 256 * 1024
 # A binary answer up to this size is joined into one buffer and sent with its headers in one
-# write: streamed part by part it took three sends, ~19% of the daemon's samples (py-spy,
+# write: written part by part it took three sends, ~19% of the daemon's samples (py-spy,
 # tiny_cls under perf_analyzer, c=8), where copying 64 KiB costs a few microseconds.
 JOIN_BYTES = 64 * 1024
+SHUTDOWN_S = 5.0  # in-flight requests get this long to be answered at stop
 _VERSION = re.compile(r"^[0-9]{1,9}$")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Liveness = Callable[[], tuple[bool, list[str]]]
 
 
@@ -78,47 +85,50 @@ class ApiServer:
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
         self._allowed_gids = frozenset(config.allowed_gids)
-        self._runner: web.AppRunner | None = None
-        # Shared by both listeners: the cap is on what the process holds open.
-        self.connections = ConnectionGuard(config.max_connections, config.header_timeout_s)
+        # Shared by both listeners: the connection cap is on what the process holds open.
+        self.connections = HttpServer(self._dispatch, max_connections=config.max_connections,
+                                      header_timeout_s=config.header_timeout_s,
+                                      keepalive_s=config.keepalive_s,
+                                      body_timeout_s=config.body_timeout_s)
         self.bodies = BodyBudget(config.max_bodies_mb * 1024 * 1024)
         self._unix: UnixListener | None = None
         self.arrivals = Arrivals()
-        self.app = self._make_app()
+        self.router = self._make_router()
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def _make_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_request_mb * 1024 * 1024,
-                              middlewares=[self._errors])
-        app[BODY_TIMEOUT] = self.config.body_timeout_s
-        get, post = web.get, web.post
+    def _make_router(self) -> Router:
         model = "/v2/models/{model}"
         versioned = "/v2/models/{model}/versions/{version}"
-        app.add_routes([
-            get("/v2", self.server_metadata),
-            get("/v2/health/live", self.live),
-            get("/v2/health/ready", self.ready),
+        routes: list[tuple[str, str, Handler]] = [
+            # The hot path first: dynamic routes are tried in order.
+            ("POST", model + "/infer", self.infer),
+            ("POST", versioned + "/infer", self.infer),
+            ("GET", "/v2", self.server_metadata),
+            ("GET", "/v2/health/live", self.live),
+            ("GET", "/v2/health/ready", self.ready),
             # Before /v2/models/{model}: "stats" is not a model name here.
-            get("/v2/models/stats", self.statistics),
-            get(model + "/stats", self.statistics),
-            get(versioned + "/stats", self.statistics),
+            ("GET", "/v2/models/stats", self.statistics),
+            ("GET", model + "/stats", self.statistics),
+            ("GET", versioned + "/stats", self.statistics),
             *(route for base in (model, versioned) for route in (
-                get(base, self.model_metadata),
-                get(base + "/ready", self.model_ready),
-                get(base + "/config", self.model_config),
-                post(base + "/infer", self.infer),
+                ("GET", base, self.model_metadata),
+                ("GET", base + "/ready", self.model_ready),
+                ("GET", base + "/config", self.model_config),
             )),
-            post("/v2/repository/index", self.repository_index),
-            post("/v2/repository/models/{model}/load", self.load),
-            post("/v2/repository/models/{model}/unload", self.unload),
+            ("POST", "/v2/repository/index", self.repository_index),
+            ("POST", "/v2/repository/models/{model}/load", self.load),
+            ("POST", "/v2/repository/models/{model}/unload", self.unload),
             *ShmRoutes(self.shm).routes(),
-            get("/metrics", self.prometheus),
-            get("/v2/logging", self.logging),
-            post("/v2/logging", self.logging),
-            get("/v2/edged/status", self.daemon_status),
+            ("GET", "/metrics", self.prometheus),
+            ("GET", "/v2/logging", self.logging),
+            ("POST", "/v2/logging", self.logging),
+            ("GET", "/v2/edged/status", self.daemon_status),
             *self.snapshots.routes(),
-        ])
-        return app
+        ]
+        router = Router()
+        for method, path, handler in routes:
+            router.add(method, path, handler)
+        return router
 
     async def start(self, activated: socket.socket | None = None) -> None:
         """Listen on the Unix socket (and the loopback port, if configured). `activated` is a
@@ -133,13 +143,7 @@ class ApiServer:
             self._unix = bind_unix(cfg.socket, int(cfg.socket_mode, 8), cfg.socket_group)
             sock = self._unix.sock
         try:
-            # auto_decompress off: edged inflates bodies itself, bounded and off the loop.
-            runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
-                                   shutdown_timeout=5.0, keepalive_timeout=cfg.keepalive_s,
-                                   auto_decompress=False)
-            await runner.setup()
-            self._runner = runner
-            await GuardedSite(runner, sock, self.connections).start()
+            await self.connections.listen(sock)
             if activated is not None:
                 logger.info("API on unix:%s (socket activation: passed by systemd)",
                             sock.getsockname() or "(unnamed)")
@@ -151,7 +155,7 @@ class ApiServer:
                 tcp = socket.create_server((host, port), family=socket.AF_INET6
                                            if ":" in host else socket.AF_INET)
                 tcp.setblocking(False)
-                await GuardedSite(runner, tcp, self.connections).start()
+                await self.connections.listen(tcp)
                 logger.info("API on http://%s", cfg.http)
                 if self._allowed_uids or self._allowed_gids:
                     logger.warning("the TCP listener %s cannot check peer uids/gids: the "
@@ -162,69 +166,62 @@ class ApiServer:
 
     async def stop_accepting(self) -> None:
         """Close the listeners; connections already open are still served."""
-        if self._runner is not None:
-            for site in list(self._runner.sites):
-                await site.stop()
+        await self.connections.stop_accepting()
         if self._unix is not None:
             self._unix.remove()
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (bounded), remove the socket file."""
         try:
-            if self._runner is not None:
-                await self._runner.cleanup()
+            await self.connections.stop(SHUTDOWN_S)
         finally:
-            self._runner = None
             if self._unix is not None:
                 self._unix.remove()
                 self._unix.sock.close()
                 self._unix = None
 
-    # -- middleware --------------------------------------------------------------------------
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    # -- dispatch ----------------------------------------------------------------------------
+    async def _dispatch(self, request: Request) -> Response:
+        """Route, check and run one request; every failure becomes its JSON error answer."""
         try:
+            handler = self.router.resolve(request)
             self._check_peer(request)
             self._check_not_a_browser(request)
             return await handler(request)
         except BodyTimeout as exc:  # the rest of the body may still come: not on this one
             response = self._error(exc.http_status, exc.code, str(exc))
-            response.force_close()
+            response.close = True
             return response
         except EdgedError as exc:
             return self._error(exc.http_status, exc.code, str(exc))
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            return self._error(exc.status, "http", exc.reason if exc.text is None
-                               else exc.text.removeprefix(f"{exc.status}: "))
+        except HttpError as exc:
+            response = self._error(exc.status, "http", str(exc))
+            if exc.allow is not None:
+                response.headers = {"Allow": exc.allow}
+            return response
         except Exception as exc:  # last resort: one request fails, the server keeps serving
             logger.exception("%s %s failed", request.method, request.path)
             return self._error(500, "internal", f"internal error: {exc}")
 
-    def _error(self, status: int, code: str, message: str) -> web.Response:
+    def _error(self, status: int, code: str, message: str) -> Response:
         self.metrics.api_errors.labels(code).inc()
-        return web.json_response({"error": message, "code": code}, status=status)
+        return error_response(status, message, code)
 
-    @staticmethod
-    def _check_not_a_browser(request: web.Request) -> None:
+    def _check_not_a_browser(self, request: Request) -> None:
         """The loopback TCP listener refuses what a web page can make a browser send."""
-        transport = request.transport
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is None or sock.family == socket.AF_UNIX:
+        if request.is_unix:
             return  # no browser reaches a Unix socket
-        why = browsers.refusal(request.method, request.headers.get("Host"),
+        why = browsers.refusal(request.method, request.headers.get("host"),
                                request.content_type)
         if why is not None:
             raise Forbidden(why)
 
-    def _check_peer(self, request: web.Request) -> None:
+    def _check_peer(self, request: Request) -> None:
         """With an allowlist, a Unix-socket peer must be on it; a peer that cannot be told
-        (no transport, no socket, no credentials) is refused, never waved through."""
+        (no socket, no credentials) is refused, never waved through."""
         if not (self._allowed_uids or self._allowed_gids):
             return
-        transport = request.transport
-        sock = transport.get_extra_info("socket") if transport is not None else None
+        sock = request.sock
         if sock is not None and sock.family != socket.AF_UNIX:
             return  # the loopback TCP listener: documented as outside the allowlist
         peer = peer_identity(sock) if sock is not None else None
@@ -235,34 +232,34 @@ class ApiServer:
         raise Forbidden(f"{who} is not allowed on this socket")
 
     # -- server ------------------------------------------------------------------------------
-    async def server_metadata(self, _request: web.Request) -> web.Response:
-        return web.json_response({"name": "edged", "version": __version__,
+    async def server_metadata(self, _request: Request) -> Response:
+        return json_response({"name": "edged", "version": __version__,
                                   "extensions": EXTENSIONS})
 
-    async def live(self, _request: web.Request) -> web.Response:
+    async def live(self, _request: Request) -> Response:
         """200 while the daemon makes progress; 503 with what is stuck (restart me)."""
         live, problems = self.is_live()
         body: dict[str, Any] = {"live": live}
         if problems:
             body["problems"] = problems
-        return web.json_response(body, status=200 if live else 503)
+        return json_response(body, status=200 if live else 503)
 
-    async def daemon_status(self, _request: web.Request) -> web.Response:
+    async def daemon_status(self, _request: Request) -> Response:
         """edged's own extension: the summary `edged status` prints."""
         if self.status is None:
             raise ModelNotFound("this server has no status report")
-        return web.json_response(await asyncio.to_thread(self.status))
+        return json_response(await asyncio.to_thread(self.status))
 
-    async def ready(self, _request: web.Request) -> web.Response:
+    async def ready(self, _request: Request) -> Response:
         ready = self.is_ready()
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        return json_response({"ready": ready}, status=200 if ready else 503)
 
-    async def prometheus(self, _request: web.Request) -> web.Response:
+    async def prometheus(self, _request: Request) -> Response:
         body = await asyncio.to_thread(self.metrics.render)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        return Response(body, content_type=CONTENT_TYPE)
 
     # -- models ------------------------------------------------------------------------------
-    async def model_metadata(self, request: web.Request) -> web.Response:
+    async def model_metadata(self, request: Request) -> Response:
         name, version = _model_ref(request)
 
         def read() -> dict[str, Any]:
@@ -270,22 +267,22 @@ class ApiServer:
             versions = self.cache.repository.served_versions(name)
             return describe.model_metadata(model, versions)
 
-        return web.json_response(await asyncio.to_thread(read))
+        return json_response(await asyncio.to_thread(read))
 
-    async def logging(self, request: web.Request) -> web.Response:
+    async def logging(self, request: Request) -> Response:
         """Triton's logging extension: read, or set, the daemon's log level."""
         if request.method == "GET":
-            return web.json_response(logsettings.current())
+            return json_response(logsettings.current())
         body = await json_body(request)
-        return web.json_response(logsettings.apply(body))
+        return json_response(logsettings.apply(body))
 
-    async def statistics(self, request: web.Request) -> web.Response:
+    async def statistics(self, request: Request) -> Response:
         """Triton's statistics extension: every served version of every model, of one model,
         or one version (404 for a model or version that is not served)."""
         name = request.match_info.get("model")
         _, version = _model_ref(request) if name is not None else (None, None)
         keys = await asyncio.to_thread(self._served, name, version)
-        return web.json_response(describe.statistics(keys, self.scheduler.statistics()))
+        return json_response(describe.statistics(keys, self.scheduler.statistics()))
 
     def _served(self, name: str | None, version: int | None) -> list[tuple[str, int]]:
         """(model, version) served now: of `name` (ModelNotFound when it is not), or of every
@@ -303,19 +300,19 @@ class ApiServer:
                 continue
         return keys
 
-    async def model_ready(self, request: web.Request) -> web.Response:
+    async def model_ready(self, request: Request) -> Response:
         name, version = _model_ref(request)
         await asyncio.to_thread(self.cache.describe, name, version)  # 404 for unknown models
         ready = self.cache.ready(name, version)
-        return web.json_response({"name": name, "ready": ready}, status=200 if ready else 503)
+        return json_response({"name": name, "ready": ready}, status=200 if ready else 503)
 
-    async def model_config(self, request: web.Request) -> web.Response:
+    async def model_config(self, request: Request) -> Response:
         name, version = _model_ref(request)
         model = await asyncio.to_thread(self.cache.describe, name, version)
         instances = instance_count(model.config.instances, options_for(model, self.cache.options))
-        return web.json_response(describe.model_config(model, instances))
+        return json_response(describe.model_config(model, instances))
 
-    async def infer(self, request: web.Request) -> web.StreamResponse:
+    async def infer(self, request: Request) -> Response:
         """The request's body is charged to the body budget, and the shared memory regions it
         names are its own, until it has answered: an unregister meanwhile takes effect after
         it (as in Triton)."""
@@ -334,8 +331,8 @@ class ApiServer:
             lease.release()
             charge.release()  # answered (or failed): its body is no longer held
 
-    async def _infer(self, request: web.Request, name: str, version: int | None,
-                     charge: Charge, lease: Lease, asker: Asker) -> web.StreamResponse:
+    async def _infer(self, request: Request, name: str, version: int | None,
+                     charge: Charge, lease: Lease, asker: Asker) -> Response:
         json_length = _json_length(request)
         body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
                                json_length)
@@ -377,45 +374,33 @@ class ApiServer:
                                              parsed.binary_default,
                                              write_shm=lease.write)
         if json_length is None:
-            return web.Response(body=parts[0], content_type="application/json")
-        size = sum(len(part) for part in parts)
-        if size <= JOIN_BYTES:  # one send for headers and body: a syscall costs more than this
-            return web.Response(body=b"".join(parts), content_type="application/octet-stream",
-                                headers={HEADER_LENGTH: str(json_length)})
+            return Response(parts[0], content_type="application/json")
+        headers = {HEADER_LENGTH: str(json_length)}
+        if sum(len(part) for part in parts) <= JOIN_BYTES:  # one buffer: one send
+            return Response(b"".join(parts), headers=headers)
         # Large tensor bytes go out as they are: joining them to the JSON would copy them again.
-        response = web.StreamResponse(headers={HEADER_LENGTH: str(json_length)})
-        response.content_type = "application/octet-stream"
-        response.content_length = size
-        try:
-            await response.prepare(request)
-            for part in parts:
-                await response.write(part)
-            await response.write_eof()
-        except ConnectionResetError:  # the client has gone: no one to answer, nothing failed
-            logger.info("%s %s: the client hung up before its answer", request.method,
-                        request.path)
-        return response
+        return Response(parts=list(parts), headers=headers)
 
     # -- repository --------------------------------------------------------------------------
-    async def repository_index(self, request: web.Request) -> web.Response:
+    async def repository_index(self, request: Request) -> Response:
         body = await json_body(request, default={})
         ready_only = body.get("ready", False)
         if not isinstance(ready_only, bool):
             raise InvalidInput("ready must be true or false")
         rows = await asyncio.to_thread(self.cache.status)
-        return web.json_response([describe.index_entry(r) for r in rows
+        return json_response([describe.index_entry(r) for r in rows
                                   if not ready_only or r.state is ModelState.READY])
 
-    async def load(self, request: web.Request) -> web.Response:
+    async def load(self, request: Request) -> Response:
         name = request.match_info["model"]
         body = await json_body(request, default={})
         if body.get("parameters"):
             raise InvalidInput("load with an overriding config or files is not supported: "
                                "install versions into the repository (or push them by OTA)")
         await asyncio.to_thread(self.cache.load, name)
-        return web.json_response({})
+        return json_response({})
 
-    async def unload(self, request: web.Request) -> web.Response:
+    async def unload(self, request: Request) -> Response:
         name = request.match_info["model"]
         await json_body(request, default={})
 
@@ -427,7 +412,7 @@ class ApiServer:
                     self.cache.unload(name, row.version)
 
         await asyncio.to_thread(unload_all)
-        return web.json_response({})
+        return json_response({})
 
 
 def _slow_to_decode(body: memoryview, names_shm: bool, lease: Lease) -> bool:
@@ -476,7 +461,7 @@ def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
                                f"(outputs: {', '.join(sorted(known))})")
 
 
-def _model_ref(request: web.Request) -> tuple[str, int | None]:
+def _model_ref(request: Request) -> tuple[str, int | None]:
     name = request.match_info["model"]
     raw = request.match_info.get("version")
     if raw is None or raw == "":
@@ -487,7 +472,7 @@ def _model_ref(request: web.Request) -> tuple[str, int | None]:
     return name, version
 
 
-def _json_length(request: web.Request) -> int | None:
+def _json_length(request: Request) -> int | None:
     raw = request.headers.get(HEADER_LENGTH)
     if raw is None:
         return None

@@ -14,8 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
-
+from edged.api.http import Handler, Request, Response, json_response
 from edged.errors import InvalidInput, SnapshotNotFound
 from edged.events.store import SnapshotStore, StoredSnapshot, valid_id
 
@@ -27,9 +26,9 @@ class SnapshotRoutes:
         """`store` gives the daemon's store (None: it keeps no snapshots)."""
         self.store = store
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.get("/v2/edged/snapshots", self.index),
-                web.get("/v2/edged/snapshots/{id}", self.image)]
+    def routes(self) -> list[tuple[str, str, Handler]]:
+        return [("GET", "/v2/edged/snapshots", self.index),
+                ("GET", "/v2/edged/snapshots/{id}", self.image)]
 
     def _store(self) -> SnapshotStore:
         store = self.store()
@@ -38,17 +37,17 @@ class SnapshotRoutes:
                                    "its folder could not be used: see the log)")
         return store
 
-    async def index(self, request: web.Request) -> web.Response:
+    async def index(self, request: Request) -> Response:
         store = self._store()
         stream, label = request.query.get("stream"), request.query.get("label")
         limit = _limit(request.query.get("limit"))
         rows = [_row(item) for item in store.list()
                 if (stream is None or item.stream == stream)
                 and (label is None or item.label == label)][:limit]
-        return web.json_response({"snapshots": rows, "used_bytes": store.used_bytes,
+        return json_response({"snapshots": rows, "used_bytes": store.used_bytes,
                                   "budget_bytes": store.budget_bytes})
 
-    async def image(self, request: web.Request) -> web.Response:
+    async def image(self, request: Request) -> Response:
         object_id = request.match_info["id"]
         if not valid_id(object_id):
             raise InvalidInput(f"{object_id[:64]!r} is not a snapshot id")
@@ -56,7 +55,7 @@ class SnapshotRoutes:
         jpeg = await asyncio.to_thread(store.read, object_id)
         if jpeg is None:
             raise SnapshotNotFound(f"no snapshot {object_id!r} is kept")
-        return web.Response(body=jpeg, content_type="image/jpeg")
+        return Response(jpeg, content_type="image/jpeg")
 
 
 def _row(item: StoredSnapshot) -> dict[str, Any]:

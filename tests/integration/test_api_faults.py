@@ -268,7 +268,7 @@ def test_socket_allowlist_when_the_peer_cannot_be_told_refuses_it(
         make_served: ServeFactory) -> None:
     served = make_served(api=f"allowed_uids: [{os.getuid()}]")
     server = served.daemon.api
-    gone = SimpleNamespace(transport=None)  # the connection closed before the check
+    gone = SimpleNamespace(sock=None)  # a transport that has no socket to ask
     with pytest.raises(Forbidden, match="an unknown peer is not allowed"):
         server._check_peer(gone)  # type: ignore[arg-type]
     with served.client() as client:  # a peer that can be told, and is allowed, still is

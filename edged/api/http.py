@@ -1,0 +1,585 @@
+"""edged's HTTP/1.1 server for the socket API: httptools' parser (llhttp, what uvicorn runs on)
+under an `asyncio.Protocol`, with the API's bounds built in rather than wrapped around a
+framework.
+
+Why not aiohttp: under Triton's perf_analyzer, aiohttp's request and response objects, its
+router and middleware cost ~80 µs of server CPU per request at concurrency 1 and ~48 at 8 on
+this 2-core box (a handler that answers fixed bytes); this server, the same handler, ~29 and
+~7 (`docs/design-notes.md`, "one lean HTTP stack"). On a Jetson the ARM cores run this code
+while the GPU does the math, so that is throughput.
+
+What a connection gets:
+- at most `max_connections` open at once (more are closed as they arrive);
+- its request headers within `header_timeout_s` of the connection, or of a kept-alive
+  request's first byte; at most MAX_HEAD_BYTES of them (431);
+- keep-alive (HTTP/1.1 default; 1.0 with `Connection: keep-alive`), closed after
+  `keepalive_s` idle; pipelined requests answered in order, at most MAX_QUEUED parsed ahead;
+- a body read as it arrives (`Body`), reading paused while BODY_BUFFER_BYTES wait unread;
+- malformed requests answered `{"error": ..., "code": "http"}` (400) and the connection
+  closed; an answer sent before its request's body has all come closes the connection once the
+  rest is read and dropped (at most LINGER_S), so the client still reads the answer.
+Handlers never see a transport: a `Request` in, a `Response` out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import socket
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+import httptools
+
+logger = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers
+BODY_BUFFER_BYTES = 1 << 20  # body bytes waiting for their handler before reading pauses
+MAX_QUEUED = 8  # pipelined requests parsed ahead of their turn before reading pauses
+LINGER_S = 2.0
+JSON_TYPE = "application/json; charset=utf-8"
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+
+
+class HttpError(Exception):
+    """An answer the HTTP layer itself gives (404, 405, 413, 431, a malformed request)."""
+
+    def __init__(self, status: int, message: str, allow: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.allow = allow
+
+
+class BrokenBody(Exception):
+    """The body cannot be read on: its framing is malformed (a bad chunk)."""
+
+
+class Headers(dict[str, str]):
+    """A request's headers, names lowercased; the first of repeated ones is kept."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict.get(self, name.lower(), default)
+
+
+class Body:
+    """A request's body as it arrives: `readany()` gives the next bytes, b"" at its end."""
+
+    __slots__ = ("_buffered", "_chunks", "_connection", "_done", "_error", "_waiter")
+
+    def __init__(self, connection: _Connection) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._done = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._connection = connection
+
+    @property
+    def buffered(self) -> int:
+        return self._buffered
+
+    def feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        self._wake()
+        if self._buffered > BODY_BUFFER_BYTES:
+            self._connection.flow()
+
+    def finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def set_exception(self, exc: BaseException) -> None:
+        """Fail a read waiting for more, and every later one (a timeout, a lost connection)."""
+        if self._error is None and not (self._done and not self._chunks):
+            self._error = exc
+            self._wake()
+
+    def drop(self) -> None:
+        """Nobody reads the rest: what is buffered goes, and what comes later."""
+        self._chunks.clear()
+        self._buffered = 0
+        self._connection.flow()
+
+    async def readany(self) -> bytes:
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                before, self._buffered = self._buffered, self._buffered - len(chunk)
+                if before > BODY_BUFFER_BYTES >= self._buffered:
+                    self._connection.flow()
+                return chunk
+            if self._done:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class Request:
+    __slots__ = (
+        "body_timeout_s",
+        "complete",
+        "content",
+        "headers",
+        "keep_alive",
+        "match_info",
+        "method",
+        "path",
+        "query_string",
+        "sock",
+        "version",
+    )
+
+    def __init__(self, method: str, path: str, query_string: str, headers: Headers,
+                 version: str, keep_alive: bool, content: Body, sock: Any,
+                 body_timeout_s: float) -> None:
+        self.method = method
+        self.path = path
+        self.query_string = query_string
+        self.headers = headers
+        self.version = version
+        self.keep_alive = keep_alive
+        self.content = content
+        self.sock = sock  # the connection's socket (None where the transport has none)
+        self.body_timeout_s = body_timeout_s
+        self.match_info: dict[str, str] = {}
+        self.complete = False  # the whole message (its body too) has been parsed
+
+    @property
+    def content_length(self) -> int | None:
+        raw = self.headers.get("content-length")
+        return int(raw) if raw is not None else None  # llhttp has checked it is digits
+
+    @property
+    def content_type(self) -> str:
+        """The media type alone, lowercased (as aiohttp: octet-stream when none is given)."""
+        raw = self.headers.get("content-type")
+        if not raw:
+            return "application/octet-stream"
+        return raw.split(";", 1)[0].strip().lower()
+
+    @property
+    def query(self) -> dict[str, str]:
+        pairs = parse_qsl(self.query_string, keep_blank_values=True)
+        return {k: v for k, v in reversed(pairs)}  # the first of repeated keys, as aiohttp
+
+    @property
+    def is_unix(self) -> bool:
+        return self.sock is None or self.sock.family == socket.AF_UNIX
+
+
+class Response:
+    """An answer: one body, or `parts` written one after another without joining them."""
+
+    __slots__ = ("body", "close", "content_type", "headers", "parts", "status")
+
+    def __init__(self, body: bytes | memoryview = b"", *, status: int = 200,
+                 content_type: str = "application/octet-stream",
+                 headers: dict[str, str] | None = None,
+                 parts: list[bytes | memoryview] | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.parts = parts
+        self.content_type = content_type
+        self.headers = headers
+        self.close = False  # close the connection once this is sent
+
+    @property
+    def length(self) -> int:
+        if self.parts is None:
+            return len(self.body)
+        return sum(len(p) for p in self.parts)
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(json.dumps(data).encode(), status=status, content_type=JSON_TYPE)
+
+
+def error_response(status: int, message: str, code: str = "http") -> Response:
+    return json_response({"error": message, "code": code}, status=status)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+_PARAM = re.compile(r"\{(\w+)(?::([^{}]+))?\}")
+
+
+class Router:
+    """Routes by method and path. `{name}` matches one path segment (percent-decoded),
+    `{name:regex}` what the regex does. Static paths are a dict lookup; the rest are tried in
+    the order added. HEAD is answered as GET without the body."""
+
+    def __init__(self) -> None:
+        self._static: dict[str, dict[str, Handler]] = {}
+        self._dynamic: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        if _PARAM.search(path) is None:
+            self._static.setdefault(path, {})[method] = handler
+            return
+        pattern = re.compile("^" + _compile(path) + "$")
+        for existing, methods in self._dynamic:
+            if existing.pattern == pattern.pattern:
+                methods[method] = handler
+                return
+        self._dynamic.append((pattern, {method: handler}))
+
+    def resolve(self, request: Request) -> Handler:
+        method = "GET" if request.method == "HEAD" else request.method
+        methods = self._static.get(request.path)
+        if methods is None:
+            for pattern, candidates in self._dynamic:
+                match = pattern.match(request.path)
+                if match is not None:
+                    request.match_info = {k: unquote(v) for k, v in match.groupdict().items()}
+                    methods = candidates
+                    break
+            else:
+                raise HttpError(404, "Not Found")
+        handler = methods.get(method) or methods.get("*")
+        if handler is None:
+            raise HttpError(405, "Method Not Allowed", allow=", ".join(sorted(methods)))
+        return handler
+
+
+def _compile(path: str) -> str:
+    out, last = [], 0
+    for match in _PARAM.finditer(path):
+        out.append(re.escape(path[last:match.start()]))
+        out.append(f"(?P<{match.group(1)}>{match.group(2) or '[^/]+'})")
+        last = match.end()
+    out.append(re.escape(path[last:]))
+    return "".join(out)
+
+
+class HttpServer:
+    """Listening sockets and their connections, serving `handle` (which answers every request
+    with a Response: it turns its own failures into answers)."""
+
+    def __init__(self, handle: Handler, *, max_connections: int, header_timeout_s: float,
+                 keepalive_s: float, body_timeout_s: float) -> None:
+        self.handle = handle
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.keepalive_s = keepalive_s
+        self.body_timeout_s = body_timeout_s
+        self.connections: set[_Connection] = set()
+        self.refused = 0  # over the cap
+        self.timed_out = 0  # no complete request headers in time
+        self.closing = False
+        self._servers: list[asyncio.AbstractServer] = []
+
+    @property
+    def live(self) -> int:
+        return len(self.connections)
+
+    async def listen(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        self._servers.append(await loop.create_server(lambda: _Connection(self), sock=sock))
+
+    async def stop_accepting(self) -> None:
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop accepting; answer what is in flight (within `timeout_s`), then close all."""
+        self.closing = True
+        await self.stop_accepting()
+        for connection in list(self.connections):
+            if not connection.busy:
+                connection.close()
+        deadline = time.monotonic() + timeout_s
+        while any(c.busy for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            connection.abort()
+
+
+_date = ["", 0]
+
+
+def _http_date() -> str:
+    now = int(time.time())
+    if now != _date[1]:
+        _date[0], _date[1] = formatdate(now, usegmt=True), now
+    return str(_date[0])
+
+
+class _Connection(asyncio.Protocol):
+    """One connection: parses requests, queues them, answers them in order."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.transport: Any = None  # asyncio's or uvloop's stream transport
+        self.sock: Any = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: deque[Request] = deque()  # parsed (headers complete), not yet answered
+        self.parsing: Request | None = None  # headers complete, body still coming
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.paused = False
+        self.write_paused: asyncio.Future[None] | None = None
+        self.failed: HttpError | None = None  # a malformed request: answered, then closed
+        self.lingering = False  # answered before its body came: drop the rest, then close
+        self.answered = False  # the malformed request has had its answer
+        self._url: list[bytes] = []
+        self._headers = Headers()
+        self._head_bytes = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue)
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self.server
+        if len(server.connections) >= server.max_connections:
+            server.refused += 1
+            if server.refused == 1 or server.refused % 1000 == 0:
+                logger.warning("API: %d connections are open (api.max_connections); refused "
+                               "%d so far", len(server.connections), server.refused)
+            transport.abort()  # type: ignore[attr-defined]  # a stream's (uvloop's too)
+            return
+        server.connections.add(self)
+        self.transport = transport
+        self.sock = transport.get_extra_info("socket")
+        self._arm(server.header_timeout_s, self._too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        if self.failed is not None:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(HttpError(400, "protocol upgrades are not supported"))
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__cause__ or exc.__context__
+            self._fail(cause if isinstance(cause, HttpError) else HttpError(400, str(exc)))
+        except httptools.HttpParserError as exc:
+            self._fail(HttpError(400, str(exc)))
+
+    def eof_received(self) -> bool | None:
+        if self.parsing is not None:
+            self.parsing.content.set_exception(ConnectionResetError("the client stopped "
+                                                                    "sending mid-body"))
+        return None  # close: no half-closed connections
+
+    def pause_writing(self) -> None:
+        if self.write_paused is None:
+            self.write_paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        waiter, self.write_paused = self.write_paused, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is None:
+            return  # refused at the cap
+        self.server.connections.discard(self)
+        self._disarm()
+        for request in self.queue:
+            request.content.set_exception(ConnectionResetError("the client hung up"))
+        self.resume_writing()
+        self.transport = None
+
+    # -- httptools callbacks -------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._url.clear()
+        self._headers = Headers()
+        self._head_bytes = 0
+        self._arm(self.server.header_timeout_s, self._too_slow)  # the keep-alive timer's place
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        self._url.append(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        self._headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        parser = self.parser
+        url = httptools.parse_url(b"".join(self._url))
+        request = Request(parser.get_method().decode("ascii"), url.path.decode("latin-1"),
+                          (url.query or b"").decode("latin-1"), self._headers,
+                          parser.get_http_version(), parser.should_keep_alive(), Body(self),
+                          self.sock, self.server.body_timeout_s)
+        self.parsing = request
+        self.queue.append(request)
+        if len(self.queue) == 1:
+            self._start(request)
+        elif len(self.queue) > MAX_QUEUED:
+            self.flow()
+
+    def on_body(self, body: bytes) -> None:
+        request = self.parsing
+        if request is not None and not self.lingering:
+            request.content.feed(body)
+
+    def on_message_complete(self) -> None:
+        request, self.parsing = self.parsing, None
+        if request is None:
+            return
+        request.complete = True
+        request.content.finish()
+        if self.lingering:
+            self.close()
+
+    # -- serving -------------------------------------------------------------------------
+    def _start(self, request: Request) -> None:
+        if not request.complete and request.headers.get("expect", "").lower() == "100-continue":
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.task = asyncio.get_running_loop().create_task(self._serve(request))
+
+    async def _serve(self, request: Request) -> None:
+        try:
+            response = await self.server.handle(request)
+        except Exception:  # `handle` answers its own failures: this is a bug, not the client's
+            logger.exception("%s %s failed", request.method, request.path)
+            response = error_response(500, "internal error", "internal")
+            response.close = True
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            logger.info("%s %s: the client hung up before its answer", request.method,
+                        request.path)
+            return
+        keep = (request.keep_alive and not response.close and not self.server.closing
+                and self.failed is None)
+        # Answered before all of its body came: the rest is read and dropped before closing,
+        # or the client, still sending, may never read the answer.
+        linger = not request.complete and not response.close and self.failed is None
+        self._write(request, response, keep and not linger)
+        if self.write_paused is not None:
+            await self.write_paused  # the client reads slowly: answer no more meanwhile
+        self.queue.popleft()
+        self.task = None
+        if self.transport is None:
+            return  # lost while the answer went out: nothing more to serve here
+        if linger:
+            request.content.drop()
+            self.lingering = True
+            self._arm(LINGER_S, self.close)
+        elif not keep:
+            self._finish_failed()
+        elif self.queue:
+            self.flow()
+            self._start(self.queue[0])
+        else:
+            self.flow()
+            self._arm(self.server.keepalive_s, self.close)
+
+    def _write(self, request: Request, response: Response, keep: bool) -> None:
+        length = response.length
+        head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
+                f"Content-Type: {response.content_type}\r\nContent-Length: {length}\r\n"
+                f"Date: {_http_date()}\r\n"]
+        if response.headers:
+            head += [f"{k}: {v}\r\n" for k, v in response.headers.items()]
+        if not keep:
+            head.append("Connection: close\r\n")
+        elif request.version == "1.0":
+            head.append("Connection: keep-alive\r\n")
+        head.append("\r\n")
+        data = "".join(head).encode("latin-1")
+        if request.method == "HEAD":
+            self.transport.write(data)
+        elif response.parts is None:
+            self.transport.write(data + response.body)
+        else:
+            self.transport.writelines([data, *response.parts])
+
+    def _fail(self, error: HttpError) -> None:
+        """A malformed request: nothing more is read. One whose handler runs (a broken chunk
+        in its body) is answered by it; one that never became a request is answered here, once
+        those before it are."""
+        self.failed = error
+        self._disarm()
+        if self.parsing is not None:  # its handler waits for the rest of its body
+            self.parsing.content.set_exception(BrokenBody(str(error)))
+            self.parsing = None
+            self.answered = True
+        if not self.queue:
+            self._finish_failed()
+
+    def _finish_failed(self) -> None:
+        """Close, after answering a malformed request that no handler answered."""
+        error = self.failed
+        if error is not None and not self.answered and self.transport is not None \
+                and not self.transport.is_closing():
+            if error.status >= 500:
+                logger.error("API: a request failed before its handler: %s", error)
+            else:
+                logger.info("API: refused a malformed request: %s", error)
+            text = " ".join(str(error).split())
+            self._write(_NO_REQUEST, error_response(error.status, text), keep=False)
+            self.answered = True
+        self.close()
+
+    def _count(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise HttpError(431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+
+    def flow(self) -> None:
+        """Pause reading while too much waits unread (body bytes, pipelined requests)."""
+        if self.transport is None:
+            return
+        waiting = sum(r.content.buffered for r in self.queue) > BODY_BUFFER_BYTES \
+            or len(self.queue) > MAX_QUEUED
+        if waiting and not self.paused:
+            self.transport.pause_reading()
+            self.paused = True
+        elif not waiting and self.paused:
+            self.transport.resume_reading()
+            self.paused = False
+
+    def _arm(self, delay: float, then: Callable[[], None]) -> None:
+        self._disarm()
+        self.timer = asyncio.get_running_loop().call_later(delay, then)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _too_slow(self) -> None:
+        self.timer = None
+        self.server.timed_out += 1
+        self.abort()
+
+    def close(self) -> None:
+        self._disarm()
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self._disarm()
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _NoRequest:
+    """Stands for the request a malformed one could not become, when its error is written."""
+
+    method = "POST"
+    version = "1.1"
+
+
+_NO_REQUEST: Any = _NoRequest()
