@@ -15,6 +15,7 @@ SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded",
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
+@lru_cache(maxsize=256)  # a client sends the same few each time: checked once, not per request
 def refusal(method: str, host: str | None, content_type: str) -> str | None:
     """Why a request on the TCP listener looks like a browser's, or None when it does not."""
     name = _host_name(host or "")
@@ -34,7 +35,6 @@ def _host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-@lru_cache(maxsize=64)  # parsing an address each request was ~1% of the daemon's CPU
 def _is_loopback(name: str) -> bool:
     if name.lower() in LOOPBACK_NAMES:
         return True

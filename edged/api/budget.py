@@ -112,19 +112,23 @@ async def read_body(request: Request, limit: int, charge: Charge | None = None,
 
 
 class _Chunks:
-    """A request's body as it arrives, all of it within the body timeout of the headers (one
-    timer per request, not one per chunk); a connection lost mid-body is the client's doing
-    (400: it hears nothing), not a 500. `close()` once the body is read."""
+    """A request's body as it arrives, all of it within the body timeout of the headers (a
+    timer only while a read waits: a body that came with its headers costs none); a
+    connection lost mid-body is the client's doing (400: it hears nothing), not a 500.
+    `close()` once the body is read."""
 
     def __init__(self, request: Request) -> None:
         self.content = request.content
         self.timeout_s = request.body_timeout_s
-        self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._expire)
+        self._loop = asyncio.get_running_loop()
+        self._deadline = self._loop.time() + self.timeout_s
 
     def _expire(self) -> None:
         self.content.set_exception(_Expired())  # wakes a read waiting for more
 
     async def next(self) -> bytes:
+        timer = None if self.content.ready else self._loop.call_at(self._deadline,
+                                                                   self._expire)
         try:
             return await self.content.readany()
         except _Expired:
@@ -132,9 +136,12 @@ class _Chunks:
                               "(api.body_timeout_s)") from None
         except (ConnectionError, BrokenBody) as exc:  # a hang-up, a broken chunk
             raise InvalidInput(f"the body cannot be read: {exc}") from exc
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def close(self) -> None:
-        self._timer.cancel()
+        """Nothing to release: a timer lives only as long as the read it bounds."""
 
 
 class _Expired(Exception):

@@ -84,6 +84,11 @@ class Body:
     def buffered(self) -> int:
         return self._buffered
 
+    @property
+    def ready(self) -> bool:
+        """A read would not wait."""
+        return bool(self._chunks) or self._done or self._error is not None
+
     def feed(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
@@ -136,6 +141,7 @@ class Request:
         "complete",
         "content",
         "headers",
+        "is_unix",
         "keep_alive",
         "match_info",
         "method",
@@ -146,7 +152,7 @@ class Request:
     )
 
     def __init__(self, method: str, path: str, query_string: str, headers: Headers,
-                 version: str, keep_alive: bool, content: Body, sock: Any,
+                 version: str, keep_alive: bool, content: Body, sock: Any, is_unix: bool,
                  body_timeout_s: float) -> None:
         self.method = method
         self.path = path
@@ -156,6 +162,7 @@ class Request:
         self.keep_alive = keep_alive
         self.content = content
         self.sock = sock  # the connection's socket (None where the transport has none)
+        self.is_unix = is_unix  # a Unix socket's (or no socket: nothing on the network)
         self.body_timeout_s = body_timeout_s
         self.match_info: dict[str, str] = {}
         self.complete = False  # the whole message (its body too) has been parsed
@@ -177,10 +184,6 @@ class Request:
     def query(self) -> dict[str, str]:
         pairs = parse_qsl(self.query_string, keep_blank_values=True)
         return {k: v for k, v in reversed(pairs)}  # the first of repeated keys, as aiohttp
-
-    @property
-    def is_unix(self) -> bool:
-        return self.sock is None or self.sock.family == socket.AF_UNIX
 
 
 class Response:
@@ -245,7 +248,8 @@ class Router:
             for pattern, candidates in self._dynamic:
                 match = pattern.match(request.path)
                 if match is not None:
-                    request.match_info = {k: unquote(v) for k, v in match.groupdict().items()}
+                    request.match_info = {k: unquote(v) if "%" in v else v
+                                          for k, v in match.groupdict().items()}
                     methods = candidates
                     break
             else:
@@ -280,6 +284,10 @@ class HttpServer:
         self.connections: set[_Connection] = set()
         self.refused = 0  # over the cap
         self.timed_out = 0  # no complete request headers in time
+        # Requests whose handlers have started and not yet answered. A handler is started as
+        # its headers are parsed, and every read of a turn of the loop is parsed before any
+        # handler runs: so a handler that sees 1 here arrived alone.
+        self.handling = 0
         self.closing = False
         self._servers: list[asyncio.AbstractServer] = []
 
@@ -327,6 +335,7 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.transport: Any = None  # asyncio's or uvloop's stream transport
         self.sock: Any = None
+        self.is_unix = True
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Request] = deque()  # parsed (headers complete), not yet answered
         self.parsing: Request | None = None  # headers complete, body still coming
@@ -358,6 +367,7 @@ class _Connection(asyncio.Protocol):
         server.connections.add(self)
         self.transport = transport
         self.sock = transport.get_extra_info("socket")
+        self.is_unix = self.sock is None or self.sock.family == socket.AF_UNIX
         self._arm(server.header_timeout_s, self._too_slow)
 
     def data_received(self, data: bytes) -> None:
@@ -420,7 +430,7 @@ class _Connection(asyncio.Protocol):
         request = Request(parser.get_method().decode("ascii"), url.path.decode("latin-1"),
                           (url.query or b"").decode("latin-1"), self._headers,
                           parser.get_http_version(), parser.should_keep_alive(), Body(self),
-                          self.sock, self.server.body_timeout_s)
+                          self.sock, self.is_unix, self.server.body_timeout_s)
         self.parsing = request
         self.queue.append(request)
         if len(self.queue) == 1:
@@ -446,6 +456,7 @@ class _Connection(asyncio.Protocol):
     def _start(self, request: Request) -> None:
         if not request.complete and request.headers.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.server.handling += 1
         self.task = asyncio.get_running_loop().create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
@@ -455,6 +466,8 @@ class _Connection(asyncio.Protocol):
             logger.exception("%s %s failed", request.method, request.path)
             response = error_response(500, "internal error", "internal")
             response.close = True
+        finally:
+            self.server.handling -= 1
         transport = self.transport
         if transport is None or transport.is_closing():
             logger.info("%s %s: the client hung up before its answer", request.method,

@@ -4,7 +4,8 @@ on the daemon's asyncio loop over a Unix socket and, when configured, a loopback
 
 Handlers do not block the loop: inference goes through `Scheduler.submit` (its future wrapped
 with `asyncio.wrap_future`); anything that reads model files or loads a model runs on a thread.
-The one exception is a request that is alone (`Arrivals`) for a loaded, idle model whose
+The one exception is a request that is alone (the only one being handled, none other parsed in
+the same turn of the loop: `HttpServer.handling`) for a loaded, idle model whose
 batches take under `batcher.INLINE_MAX_NS`: it runs on the loop, skipping two thread hops.
 Every failure becomes a KServe-style `{"error": ...}` body with the error's HTTP status."""
 
@@ -92,7 +93,6 @@ class ApiServer:
                                       body_timeout_s=config.body_timeout_s)
         self.bodies = BodyBudget(config.max_bodies_mb * 1024 * 1024)
         self._unix: UnixListener | None = None
-        self.arrivals = Arrivals()
         self.router = self._make_router()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -323,11 +323,9 @@ class ApiServer:
         # The asking peer is looked up at a first region; inputs copied in are charged.
         asker = Asker(request)
         lease = self.shm.lease(asker, charge.add)
-        self.arrivals.in_flight += 1
         try:
             return await self._infer(request, name, version, charge, lease, asker)
         finally:
-            self.arrivals.in_flight -= 1
             lease.release()
             charge.release()  # answered (or failed): its body is no longer held
 
@@ -362,8 +360,13 @@ class ApiServer:
             if out.shm is not None:
                 lease.hold(out.shm)
         submit = self.scheduler.submit
-        if self.scheduler.quick(name, version) and await self.arrivals.alone():
-            submit = self.scheduler.submit_or_run  # may run right here: no hop to a thread
+        # Alone: no other request is being handled or arrived in this turn of the loop. A quick
+        # model then runs right here, with no hop to a worker thread and back (tiny_cls at c=1
+        # cost ~20% less server CPU per request, and the answer comes sooner); requests that
+        # overlap go to the workers, where they batch and run beside each other while the loop
+        # keeps reading and answering.
+        if self.connections.handling == 1 and self.scheduler.quick(name, version):
+            submit = self.scheduler.submit_or_run
         future = submit(name, parsed.inputs, version=version, priority=parsed.priority,
                         timeout_s=parsed.timeout_s)
         parsed.inputs = {}  # the batch owns them now; nothing here needs them
@@ -429,27 +432,6 @@ def _names_shared_memory(body: memoryview, head: int) -> bool:
     """Whether the JSON part may name a region (a key spelled with escapes is taken to)."""
     text = bytes(body[:head])
     return b"shared_memory_region" in text or b"\\u" in text
-
-
-class Arrivals:
-    """Tells an infer request whether it is alone: no other is in flight, none arrived in the
-    same turn of the loop. A quick model runs on the loop only for a request that is alone
-    (no hop to a worker thread and back: tiny_cls at c=1 cost ~20% less server CPU per
-    request, and the answer comes sooner); requests that overlap go to the workers, where
-    they batch and run beside each other while the loop keeps reading and answering."""
-
-    def __init__(self) -> None:
-        self.waiting = 0
-        self.in_flight = 0  # infer requests between their headers and their answer
-
-    async def alone(self) -> bool:
-        """Wait one turn of the loop; True when this request is the only one in flight."""
-        self.waiting += 1
-        try:
-            await asyncio.sleep(0)  # the others of this turn come this far too
-        finally:
-            self.waiting -= 1
-        return self.waiting == 0 and self.in_flight <= 1
 
 
 def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:

@@ -73,6 +73,10 @@ def make_router(running: list[Running]) -> Router:
         parts: list[bytes | memoryview] = [b"{", memoryview(b"x" * (3 << 20)), b"}"]
         return Response(parts=parts, headers={"X-Parts": "3"})
 
+    async def handling(request: Request) -> Response:
+        return json_response({"handling": running[0].server.handling})
+
+    router.add("GET", "/handling", handling)
     router.add("GET", "/large", large)
     router.add("POST", "/echo/{name}", echo)
     router.add("GET", "/echo/{name}", echo)
@@ -324,3 +328,21 @@ def test_a_large_answer_goes_out_part_by_part_to_a_slow_reader(running: Running)
         assert status == 200 and headers["x-parts"] == "3"
         assert body == b"{" + b"x" * (3 << 20) + b"}"
         assert read_answer(sock, pending)[0] == 200  # and the next answer after it
+
+
+def test_handling_counts_the_requests_being_answered_so_one_can_tell_it_is_alone(
+        running: Running) -> None:
+    """What the API's inline rule reads: 1 for a request alone, more while others are."""
+    with running.unix() as sock, running.unix() as waiting:
+        sock.sendall(b"GET /handling HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert json.loads(read_answer(sock)[2]) == {"handling": 1}
+        waiting.sendall(b"GET /gate HTTP/1.1\r\nHost: x\r\n\r\n")  # held until the gate
+        deadline = 100
+        while running.server.handling < 1 and deadline:
+            deadline -= 1
+            threading.Event().wait(0.05)
+        sock.sendall(b"GET /handling HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert json.loads(read_answer(sock)[2]) == {"handling": 2}
+        running.gate.set()
+        assert read_answer(waiting)[0] == 200
+    assert running.server.handling == 0

@@ -3,7 +3,6 @@ thread (no hop to a worker and back); anything else is submitted as before."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import numpy as np
@@ -85,25 +84,6 @@ def test_submit_or_run_when_the_input_is_bad_raises_and_frees_the_slot(
     assert scheduler.batchers()[0].free_slots == 1
     assert scheduler.submit_or_run("tiny_cls", {"x": cls_input(1.0)}).result(10)["prob"].shape \
         == (1, 4)
-
-
-def test_arrivals_when_alone_says_so_and_when_not_says_no() -> None:
-    from edged.api.server import Arrivals
-
-    arrivals = Arrivals()
-
-    async def together(n: int) -> list[bool]:
-        arrivals.in_flight += n
-        try:
-            return list(await asyncio.gather(*(arrivals.alone() for _ in range(n))))
-        finally:
-            arrivals.in_flight -= n
-
-    assert asyncio.run(together(1)) == [True]
-    assert asyncio.run(together(3)) == [False, False, False]  # arrived in one turn
-    arrivals.in_flight = 1  # another one is still being answered
-    assert asyncio.run(together(1)) == [False]
-    assert arrivals.waiting == 0
 
 
 def test_submit_or_run_when_a_shadow_taps_the_model_offers_it_inline_runs_too(
