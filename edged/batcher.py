@@ -58,6 +58,12 @@ MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and cloc
 # blocked this long at most, and only while it has no other request to serve.
 INLINE_MAX_NS = 2_000_000
 INLINE_UNKNOWN = 1 << 62  # no batch run yet: nothing is run inline before one has
+# Requests for a cheap model that arrive together on the event loop run there as one batch
+# (Batcher.run_together) when their rows' moving cost is under this: the loop is held that
+# long at most, and each request skips the hop to a worker and back (two thread wake-ups,
+# two GIL hand-overs, a future chained across threads). tiny_cls, 8 clients: see
+# docs/design-notes.md, "Requests of one turn batch on the loop".
+TOGETHER_MAX_NS = 500_000
 # On the CPU an instance runs a batch on its own thread (ONNX Runtime's intra-op threads split
 # an operator, not the batch), and a batch costs about its rows: PP-OCR cls at 1 intra-op
 # thread, 874 us a row alone, 833 in a batch of 4. So where a row takes this long, an instance
@@ -175,6 +181,16 @@ class Batcher:
     def submit(self, inputs: Mapping[str, np.ndarray], priority: int | None,
                timeout_s: float | None) -> Pending:
         request = self._request(inputs, priority, timeout_s)
+        self._push(request)
+        return request.future
+
+    def admit(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+              timeout_s: float | None) -> Request:
+        """A request checked against the model and stamped, not yet queued or run (see
+        run_together). Raises at once for bad input."""
+        return self._request(inputs, priority, timeout_s)
+
+    def _push(self, request: Request) -> None:
         with self._lock:
             if self._stopping:
                 raise ShuttingDown(f"{self.label} is shutting down")
@@ -188,26 +204,69 @@ class Batcher:
                                          or deadline < self._next_deadline):
                 self._next_deadline = deadline
                 self._reaper_wake.notify()
-        return request.future
 
     def run_inline(self, inputs: Mapping[str, np.ndarray], priority: int | None,
                    timeout_s: float | None) -> Outputs:
         """Run one request on the caller's thread when nothing is queued, an instance slot is
         free and the model has no queue delay: the batcher would run it alone right away
         anyway, and this skips two thread wake-ups. Otherwise queue it and wait."""
-        if not self._claim_slot():
-            return self.submit(inputs, priority, timeout_s).result()
-        return self._run_claimed(inputs, priority, self.cache.acquire).result()
+        request = self._request(inputs, priority, timeout_s)
+        if not (self._claim_slot() and self._run_claimed([request], self.cache.acquire)):
+            self._push(request)
+        return request.future.result()
 
     def submit_or_run(self, inputs: Mapping[str, np.ndarray], priority: int | None,
                       timeout_s: float | None) -> Pending:
         """submit(), or, for a model whose batches take under INLINE_MAX_NS and that is idle
         and loaded, run it now on the calling thread (the future comes back done). For the
         event loop: it never waits for a model to load or for a slot."""
-        if self.quick and self._claim_slot():
-            return self._run_claimed(inputs, priority, self.cache.acquire_loaded,
-                                     (inputs, priority, timeout_s))
-        return self.submit(inputs, priority, timeout_s)
+        request = self._request(inputs, priority, timeout_s)
+        if not (self.quick and self._claim_slot()
+                and self._run_claimed([request], self.cache.acquire_loaded)):
+            self._push(request)  # not quick, not idle, or not loaded: the workers take it
+        return request.future
+
+    def run_together(self, requests: list[Request]) -> None:
+        """Admitted requests that arrived together (in one turn of the caller's event loop):
+        where the batcher would run them as one batch right away (nothing queued, a slot free,
+        no queue delay) and that batch is cheap (its rows' moving cost under
+        TOGETHER_MAX_NS), it runs now on the calling thread; the rest are queued. Each
+        request's future carries its outcome: this never raises for one of them."""
+        batch = self._together(requests)
+        ran = bool(batch) and self._claim_slot() \
+            and self._run_claimed(batch, self.cache.acquire_loaded)
+        for request in requests:
+            if ran and request in batch:
+                continue
+            try:
+                self._push(request)
+            except EdgedError as exc:  # full queue, shutting down: this one fails, not all
+                request.future.set_exception(exc)
+
+    def _together(self, requests: list[Request]) -> list[Request]:
+        """The requests, from the first, that make one batch to run now (none if it would
+        not be cheap, or the model batches not, or waits for more)."""
+        policy = self._policy
+        if not policy.batching or policy.max_delay_s > 0 or not self._row_ns:
+            return []
+        batch: list[Request] = []
+        rows = 0
+        for request in requests:
+            if request.shape_key == requests[0].shape_key \
+                    and rows + request.rows <= policy.max_batch:
+                batch.append(request)
+                rows += request.rows
+        while batch and policy.trim(rows) < rows:  # a preferred size, as _take_batch cuts
+            rows -= batch.pop().rows
+        if self._row_ns * rows > TOGETHER_MAX_NS:
+            return []
+        return batch
+
+    @property
+    def cheap(self) -> bool:
+        """Its rows cost little enough that requests arriving together may batch on the
+        caller's thread (two rows at least within TOGETHER_MAX_NS; False before one ran)."""
+        return self._row_ns > 0 and 2 * self._row_ns <= TOGETHER_MAX_NS
 
     @property
     def quick(self) -> bool:
@@ -224,35 +283,35 @@ class Batcher:
                 self._free -= 1
             return inline
 
-    def _run_claimed(self, inputs: Mapping[str, np.ndarray], priority: int | None,
-                     acquire: Callable[[str, int | None], Lease | None],
-                     or_submit: tuple[Mapping[str, np.ndarray], int | None, float | None]
-                     | None = None) -> Pending:
-        """Run one request in the slot claimed; `acquire` may find no model loaded, and then
-        the request is submitted (`or_submit`) after all."""
+    def _run_claimed(self, batch: list[Request],
+                     acquire: Callable[[str, int | None], Lease | None]) -> bool:
+        """Run `batch` (admitted requests) as one batch in the slot claimed; False, with the
+        slot released and nothing run, when `acquire` finds no model loaded, or when a new
+        version came in and the batch holds more than one request (the workers then take
+        them, re-checked against it)."""
         deliveries: list[Delivery] = []
-        lease: Lease | None = None
+        ran = False
         try:
-            request = self._request(inputs, priority, None)
             lease = acquire(self.name, self.version)
             if lease is not None:
-                request.future.set_running_or_notify_cancel()
                 with lease:
                     if lease.model is not self._model:
                         deliveries += self._adopt(lease.model)
-                        request.rows, request.shape_key = validate(self._model, inputs)
+                        if len(batch) > 1:
+                            return False
+                        batch[0].rows, batch[0].shape_key = validate(self._model,
+                                                                     batch[0].inputs)
+                    for request in batch:
+                        request.future.set_running_or_notify_cancel()
                     with self._lock:
-                        self._in_flight += 1
-                    deliveries.append(self._execute([request], lease.session, None,
-                                                    lease.model))
+                        self._in_flight += len(batch)
+                    deliveries.append(self._execute(batch, lease.session, None, lease.model))
+                    ran = True
         finally:
             self._release_slot()
-        if lease is None:  # not loaded now: the workers load it, off the caller's thread
-            assert or_submit is not None
-            return self.submit(*or_submit)
-        for deliver in deliveries:
-            deliver()
-        return request.future
+            for deliver in deliveries:
+                deliver()
+        return ran
 
     # -- workers -----------------------------------------------------------------------------
     def _work_loop(self) -> None:
@@ -385,10 +444,11 @@ class Batcher:
                 inputs = {name: staging.concatenate(name, [r.inputs[name] for r in batch],
                                                     sent)
                           for name in batch[0].inputs}
-            elif len(batch) == 1 or pool is None:
+            elif len(batch) == 1:
                 inputs = batch[0].inputs  # a request that is a batch of its own: no copy
             else:
-                inputs = {name: pool.concatenate(name, [r.inputs[name] for r in batch])
+                joined = pool or HostBufferPool(rows)  # inline callers bring no pool
+                inputs = {name: joined.concatenate(name, [r.inputs[name] for r in batch])
                           for name in batch[0].inputs}
             outputs = session.infer(inputs)
             if (len(batch) > 1 or sent > rows) and any(v.shape[:1] != (sent,)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from edged.batcher import Batcher
-from edged.batching import BatcherStats, InferenceCounters, Outputs, Pending
+from edged.batching import BatcherStats, InferenceCounters, Outputs, Pending, Request
 from edged.cache import ModelCache
 from edged.errors import ShuttingDown
 from edged.model.repository import ModelVersion
@@ -25,6 +26,18 @@ __all__ = ["Outputs", "Pending", "Scheduler", "Tap"]
 
 # inputs -> None (not sampled), or a sink that takes the request's future, outputs or None
 Tap = Callable[[Mapping[str, np.ndarray]], "Callable[[Any], None] | None"]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request checked against its model, to be run with others that came with it."""
+
+    batcher: Batcher
+    request: Request
+
+    @property
+    def future(self) -> Pending:
+        return self.request.future
 
 
 class Scheduler:
@@ -64,6 +77,28 @@ class Scheduler:
         if sink is not None:
             future.add_done_callback(sink)  # at once, when it ran here
         return future
+
+    def admit(self, model: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
+              priority: int | None = None, timeout_s: float | None = None) -> Admitted:
+        """A request checked and stamped for run_together (raises at once for bad input or
+        an unknown model); a shadow's tap is offered it now, as by submit()."""
+        batcher = self._batcher(model, version)
+        tap = self.taps.get(model) if version is None else None
+        sink = tap(inputs) if tap is not None else None
+        request = batcher.admit(inputs, priority, timeout_s)
+        if sink is not None:
+            request.future.add_done_callback(sink)
+        return Admitted(batcher, request)
+
+    def run_together(self, admitted: list[Admitted]) -> None:
+        """Requests admitted together for one model and version (see
+        Batcher.run_together): each future carries its outcome."""
+        admitted[0].batcher.run_together([a.request for a in admitted])
+
+    def cheap(self, model: str, version: int | None = None) -> bool:
+        """Whether requests that arrive together for `model` may batch on the calling thread
+        (its rows are cheap; Batcher.run_together decides per batch)."""
+        return self._batcher(model, version).cheap
 
     def quick(self, model: str, version: int | None = None) -> bool:
         """Whether submit_or_run may run `model` on the calling thread (its batches are quick)."""

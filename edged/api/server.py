@@ -43,6 +43,7 @@ from edged.api.rawbinary import copies_body, decode_raw
 from edged.api.shm import Lease, ShmRegistry
 from edged.api.shm_routes import Asker, ShmRoutes
 from edged.api.snapshots import SnapshotRoutes
+from edged.batcher import Batcher
 from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
 from edged.errors import BodyTimeout, EdgedError, Forbidden, InvalidInput, ModelNotFound
@@ -51,7 +52,7 @@ from edged.instances import instance_count
 from edged.metrics import CONTENT_TYPE, Metrics
 from edged.model.loadspec import options_for
 from edged.model.repository import ModelVersion
-from edged.scheduler import Scheduler
+from edged.scheduler import Admitted, Scheduler
 from edged.states import ModelState
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class ApiServer:
         self.bodies = BodyBudget(config.max_bodies_mb * 1024 * 1024)
         self._unix: UnixListener | None = None
         self.router = self._make_router()
+        self.turns = Turns(scheduler)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _make_router(self) -> Router:
@@ -359,16 +361,25 @@ class ApiServer:
         for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
             if out.shm is not None:
                 lease.hold(out.shm)
-        submit = self.scheduler.submit
         # Alone: no other request is being handled or arrived in this turn of the loop. A quick
         # model then runs right here, with no hop to a worker thread and back (tiny_cls at c=1
-        # cost ~20% less server CPU per request, and the answer comes sooner); requests that
-        # overlap go to the workers, where they batch and run beside each other while the loop
-        # keeps reading and answering.
-        if self.connections.handling == 1 and self.scheduler.quick(name, version):
-            submit = self.scheduler.submit_or_run
-        future = submit(name, parsed.inputs, version=version, priority=parsed.priority,
-                        timeout_s=parsed.timeout_s)
+        # cost ~20% less server CPU per request, and the answer comes sooner). Requests that
+        # overlap for a model whose rows are cheap batch here at the end of the turn
+        # (`Turns`); for any other they go to the workers, where they batch and run beside
+        # each other while the loop keeps reading and answering.
+        scheduler = self.scheduler
+        if self.connections.handling == 1 and scheduler.quick(name, version):
+            future = scheduler.submit_or_run(name, parsed.inputs, version=version,
+                                             priority=parsed.priority,
+                                             timeout_s=parsed.timeout_s)
+        elif scheduler.cheap(name, version):
+            admitted = scheduler.admit(name, parsed.inputs, version=version,
+                                       priority=parsed.priority, timeout_s=parsed.timeout_s)
+            await self.turns.join(admitted)
+            future = admitted.future
+        else:
+            future = scheduler.submit(name, parsed.inputs, version=version,
+                                      priority=parsed.priority, timeout_s=parsed.timeout_s)
         parsed.inputs = {}  # the batch owns them now; nothing here needs them
         outputs = future.result() if future.done() else await asyncio.wrap_future(future)
         served = future.version if future.version is not None else \
@@ -432,6 +443,39 @@ def _names_shared_memory(body: memoryview, head: int) -> bool:
     """Whether the JSON part may name a region (a key spelled with escapes is taken to)."""
     text = bytes(body[:head])
     return b"shared_memory_region" in text or b"\\u" in text
+
+
+class Turns:
+    """Infer requests for one model that arrive in the same turn of the event loop, run as one
+    batch at its end (Scheduler.run_together: on the loop where their rows are cheap, else by
+    the workers). A turn's requests are all parsed before any of their handlers runs, and the
+    flush is queued behind them, so it sees them all."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._open: dict[Batcher, tuple[list[Admitted], asyncio.Future[None]]] = {}
+
+    async def join(self, admitted: Admitted) -> None:
+        """Wait for this turn's batch to be run or queued; the request's future says which."""
+        turn = self._open.get(admitted.batcher)
+        if turn is None:
+            loop = asyncio.get_running_loop()
+            turn = self._open[admitted.batcher] = ([], loop.create_future())
+            loop.call_soon(self._flush, admitted.batcher)
+        turn[0].append(admitted)
+        await asyncio.shield(turn[1])
+
+    def _flush(self, batcher: Batcher) -> None:
+        admitted, flushed = self._open.pop(batcher)
+        try:
+            self.scheduler.run_together(admitted)
+        except Exception as exc:  # each future must end: a bug here fails this turn only
+            logger.exception("running %d requests together failed", len(admitted))
+            for one in admitted:
+                if not one.future.done():
+                    one.future.set_exception(exc)
+        finally:
+            flushed.set_result(None)
 
 
 def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
