@@ -39,8 +39,18 @@ import httptools
 
 logger = logging.getLogger(__name__)
 
-MAX_HEAD_BYTES = 64 * 1024  # request line and headers
-BODY_BUFFER_BYTES = 1 << 20  # body bytes waiting for their handler before reading pauses
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers (llhttp has no limit of its own)
+# Body bytes a connection holds unread before reading pauses: outside the body budget (which
+# charges a body once its handler reads it), so small; 512 connections hold 128 MiB at most.
+BODY_BUFFER_BYTES = 256 * 1024
+# A handler waiting for a body is woken when it has all come, or when this much waits: a
+# 110 KB tensor arriving in a dozen reads woke its handler a dozen times (each a turn of the
+# loop for the task).
+WAKE_BYTES = BODY_BUFFER_BYTES // 2
+FEED_BYTES = 64 * 1024  # a read is parsed in slices this large, so that a pause takes hold
+# ... and in slices this large outside a body (heads, pipelined requests): a slice is parsed
+# whole, so this bounds how many requests can queue past MAX_QUEUED (~130 of the smallest).
+PIPELINED_FEED_BYTES = 4 * 1024
 MAX_QUEUED = 8  # pipelined requests parsed ahead of their turn before reading pauses
 LINGER_S = 2.0
 JSON_TYPE = "application/json; charset=utf-8"
@@ -70,15 +80,19 @@ class Headers(dict[str, str]):
 class Body:
     """A request's body as it arrives: `readany()` gives the next bytes, b"" at its end."""
 
-    __slots__ = ("_buffered", "_chunks", "_connection", "_done", "_error", "_waiter")
+    __slots__ = ("_buffered", "_chunks", "_connection", "_continue", "_done", "_error",
+                 "_waiter")
 
-    def __init__(self, connection: _Connection) -> None:
+    def __init__(self, connection: _Connection, expect_continue: bool = False) -> None:
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._done = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._connection = connection
+        # `Expect: 100-continue`: the interim answer goes out when the handler first waits
+        # for the body, so a request refused before that (404, 413, 403) never gets it.
+        self._continue = expect_continue
 
     @property
     def buffered(self) -> int:
@@ -92,8 +106,10 @@ class Body:
     def feed(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
-        self._wake()
-        if self._buffered > BODY_BUFFER_BYTES:
+        self._connection.buffered += len(data)
+        if self._buffered >= WAKE_BYTES:
+            self._wake()
+        if self._connection.buffered > BODY_BUFFER_BYTES:
             self._connection.flow()
 
     def finish(self) -> None:
@@ -109,6 +125,7 @@ class Body:
     def drop(self) -> None:
         """Nobody reads the rest: what is buffered goes, and what comes later."""
         self._chunks.clear()
+        self._connection.buffered -= self._buffered
         self._buffered = 0
         self._connection.flow()
 
@@ -118,12 +135,17 @@ class Body:
                 raise self._error
             if self._chunks:
                 chunk = self._chunks.popleft()
-                before, self._buffered = self._buffered, self._buffered - len(chunk)
-                if before > BODY_BUFFER_BYTES >= self._buffered:
-                    self._connection.flow()
+                self._buffered -= len(chunk)
+                connection = self._connection
+                connection.buffered -= len(chunk)
+                if connection.paused:
+                    connection.flow()
                 return chunk
             if self._done:
                 return b""
+            if self._continue:
+                self._continue = False
+                self._connection.interim_continue()
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
@@ -311,8 +333,10 @@ class HttpServer:
         for connection in list(self.connections):
             if not connection.busy:
                 connection.close()
+        # A connection leaves once its last answer has been sent (closing waits for the
+        # transport to drain): answers still being written are not cut off.
         deadline = time.monotonic() + timeout_s
-        while any(c.busy for c in self.connections) and time.monotonic() < deadline:
+        while self.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
             connection.abort()
@@ -329,7 +353,12 @@ def _http_date() -> str:
 
 
 class _Connection(asyncio.Protocol):
-    """One connection: parses requests, queues them, answers them in order."""
+    """One connection: parses requests, queues them, answers them in order.
+
+    One timer at a time bounds what the client owes: its request's head (`header_timeout_s`,
+    from the connection or the head's first byte, while no answer is pending), taking an
+    answer (`send_timeout_s` while writing waits on it), the rest of a body being dropped
+    (LINGER_S) or the next request on an idle kept-alive connection (`keepalive_s`)."""
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -339,16 +368,23 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Request] = deque()  # parsed (headers complete), not yet answered
         self.parsing: Request | None = None  # headers complete, body still coming
-        self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.timing = ""  # what the timer bounds: "head", "send", "linger", "idle"
         self.paused = False
+        self.buffered = 0  # body bytes parsed and not yet read, all requests together
+        self.unparsed: bytes | memoryview = b""  # the rest of a read, while reading is paused
         self.write_paused: asyncio.Future[None] | None = None
         self.failed: HttpError | None = None  # a malformed request: answered, then closed
-        self.lingering = False  # answered before its body came: drop the rest, then close
         self.answered = False  # the malformed request has had its answer
+        self.lingering = False  # answered before its body came: drop the rest, then close
+        self.done_reading = False  # closed, lingered out, or the client said it would send no more
+        self.eof = False  # the client has half-closed: answer what it sent, then close
+        self.in_head = False  # a request's head has begun and not ended
         self._url: list[bytes] = []
         self._headers = Headers()
-        self._head_bytes = 0
+        self._fed = 0  # bytes fed to the parser since the last message ended
+        self._body_left = 0  # of a Content-Length body being parsed (0 if chunked)
+        self._body_fed = 0  # of which body
 
     @property
     def busy(self) -> bool:
@@ -368,26 +404,53 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         self.sock = transport.get_extra_info("socket")
         self.is_unix = self.sock is None or self.sock.family == socket.AF_UNIX
-        self._arm(server.header_timeout_s, self._too_slow)
+        self._arm(server.header_timeout_s, self._too_slow, "head")
 
     def data_received(self, data: bytes) -> None:
-        if self.failed is not None:
-            return
+        if self.failed is not None or self.done_reading:
+            return  # not parsed: dropped (a failed request's lingering, a closing connection)
+        self.unparsed = bytes(self.unparsed) + data if self.unparsed else data
+        self._parse()
+
+    def _parse(self) -> None:
+        """Feed what was read to the parser in slices, stopping where reading pauses (the
+        rest waits in `unparsed`). What a message holds besides its body (request line,
+        headers, chunk framing, trailers) may not outgrow MAX_HEAD_BYTES plus its body:
+        httptools gathers a header line in memory until it ends, however long."""
+        data, pos = memoryview(self.unparsed), 0
         try:
-            self.parser.feed_data(data)
+            while pos < len(data) and not self.paused and self.failed is None \
+                    and not self.done_reading:
+                if self._fed - 2 * self._body_fed > MAX_HEAD_BYTES:
+                    raise HttpError(431, "the request line and headers exceed "
+                                         f"{MAX_HEAD_BYTES} bytes")
+                # Large slices only for what is left of a body of known length: no slice then
+                # holds more than a small one's worth of requests after it.
+                size = PIPELINED_FEED_BYTES if self.parsing is None else \
+                    max(PIPELINED_FEED_BYTES, min(FEED_BYTES, self._body_left))
+                piece = data[pos:pos + size]
+                self._fed += len(piece)
+                self.parser.feed_data(piece)
+                pos += len(piece)
+        except HttpError as exc:
+            self._fail(exc)
         except httptools.HttpParserUpgrade:
             self._fail(HttpError(400, "protocol upgrades are not supported"))
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__cause__ or exc.__context__
             self._fail(cause if isinstance(cause, HttpError) else HttpError(400, str(exc)))
         except httptools.HttpParserError as exc:
-            self._fail(HttpError(400, str(exc)))
+            if not self.done_reading:  # else: bytes after a `Connection: close` request
+                self._fail(HttpError(400, str(exc)))
+        self.unparsed = data[pos:] if pos < len(data) and self.failed is None else b""
 
     def eof_received(self) -> bool | None:
         if self.parsing is not None:
             self.parsing.content.set_exception(ConnectionResetError("the client stopped "
                                                                     "sending mid-body"))
-        return None  # close: no half-closed connections
+        self.eof = True
+        self.done_reading = True
+        return True if self.queue else None  # answer what was asked, then close
 
     def pause_writing(self) -> None:
         if self.write_paused is None:
@@ -403,6 +466,7 @@ class _Connection(asyncio.Protocol):
             return  # refused at the cap
         self.server.connections.discard(self)
         self._disarm()
+        self.done_reading = True
         for request in self.queue:
             request.content.set_exception(ConnectionResetError("the client hung up"))
         self.resume_writing()
@@ -412,26 +476,32 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._url.clear()
         self._headers = Headers()
-        self._head_bytes = 0
-        self._arm(self.server.header_timeout_s, self._too_slow)  # the keep-alive timer's place
+        self.in_head = True
+        if not self.queue and self.timing != "head":  # idle: keep-alive gives way
+            self._arm(self.server.header_timeout_s, self._too_slow, "head")
 
     def on_url(self, url: bytes) -> None:
-        self._count(len(url))
         self._url.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
         self._headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self.in_head = False
+        if self.timing == "head":
+            self._disarm()
         parser = self.parser
+        if parser.should_upgrade():
+            raise HttpError(400, "protocol upgrades are not supported")
         url = httptools.parse_url(b"".join(self._url))
+        version = parser.get_http_version()
+        expect = self._headers.get("expect", "").lower() == "100-continue" and version == "1.1"
         request = Request(parser.get_method().decode("ascii"), url.path.decode("latin-1"),
-                          (url.query or b"").decode("latin-1"), self._headers,
-                          parser.get_http_version(), parser.should_keep_alive(), Body(self),
-                          self.sock, self.is_unix, self.server.body_timeout_s)
+                          (url.query or b"").decode("latin-1"), self._headers, version,
+                          parser.should_keep_alive(), Body(self, expect), self.sock,
+                          self.is_unix, self.server.body_timeout_s)
         self.parsing = request
+        self._body_left = request.content_length or 0
         self.queue.append(request)
         if len(self.queue) == 1:
             self._start(request)
@@ -439,11 +509,14 @@ class _Connection(asyncio.Protocol):
             self.flow()
 
     def on_body(self, body: bytes) -> None:
+        self._body_fed += len(body)
+        self._body_left -= len(body)
         request = self.parsing
         if request is not None and not self.lingering:
             request.content.feed(body)
 
     def on_message_complete(self) -> None:
+        self._fed = self._body_fed = 0
         request, self.parsing = self.parsing, None
         if request is None:
             return
@@ -451,13 +524,17 @@ class _Connection(asyncio.Protocol):
         request.content.finish()
         if self.lingering:
             self.close()
+        elif not request.keep_alive:
+            self.done_reading = True  # nothing after it is a request: not even parsed
 
     # -- serving -------------------------------------------------------------------------
     def _start(self, request: Request) -> None:
-        if not request.complete and request.headers.get("expect", "").lower() == "100-continue":
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self.server.handling += 1
-        self.task = asyncio.get_running_loop().create_task(self._serve(request))
+        asyncio.get_running_loop().create_task(self._serve(request))
+
+    def interim_continue(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     async def _serve(self, request: Request) -> None:
         try:
@@ -468,27 +545,38 @@ class _Connection(asyncio.Protocol):
             response.close = True
         finally:
             self.server.handling -= 1
+        try:
+            await self._answer(request, response)
+        except BaseException:  # a bug past the handler: the connection cannot go on in order
+            logger.exception("%s %s: answering failed", request.method, request.path)
+            self.abort()
+            raise
+
+    async def _answer(self, request: Request, response: Response) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
             logger.info("%s %s: the client hung up before its answer", request.method,
                         request.path)
             return
         keep = (request.keep_alive and not response.close and not self.server.closing
-                and self.failed is None)
+                and self.failed is None and not self.eof)
         # Answered before all of its body came: the rest is read and dropped before closing,
         # or the client, still sending, may never read the answer.
-        linger = not request.complete and not response.close and self.failed is None
+        linger = not request.complete and not response.close and self.failed is None \
+            and not self.done_reading
         self._write(request, response, keep and not linger)
-        if self.write_paused is not None:
-            await self.write_paused  # the client reads slowly: answer no more meanwhile
+        if self.write_paused is not None:  # the client reads slowly: answer no more meanwhile
+            self._arm(self.server.body_timeout_s, self._too_slow, "send")
+            await self.write_paused
+            if self.timing == "send":
+                self._disarm()
         self.queue.popleft()
-        self.task = None
         if self.transport is None:
             return  # lost while the answer went out: nothing more to serve here
         if linger:
             request.content.drop()
             self.lingering = True
-            self._arm(LINGER_S, self.close)
+            self._arm(LINGER_S, self.close, "linger")
         elif not keep:
             self._finish_failed()
         elif self.queue:
@@ -496,7 +584,10 @@ class _Connection(asyncio.Protocol):
             self._start(self.queue[0])
         else:
             self.flow()
-            self._arm(self.server.keepalive_s, self.close)
+            if self.in_head:  # the next request's head has begun: it is owed in time
+                self._arm(self.server.header_timeout_s, self._too_slow, "head")
+            else:
+                self._arm(self.server.keepalive_s, self.close, "idle")
 
     def _write(self, request: Request, response: Response, keep: bool) -> None:
         length = response.length
@@ -523,7 +614,8 @@ class _Connection(asyncio.Protocol):
         in its body) is answered by it; one that never became a request is answered here, once
         those before it are."""
         self.failed = error
-        self._disarm()
+        if self.timing == "head":
+            self._disarm()
         if self.parsing is not None:  # its handler waits for the rest of its body
             self.parsing.content.set_exception(BrokenBody(str(error)))
             self.parsing = None
@@ -543,47 +635,64 @@ class _Connection(asyncio.Protocol):
             text = " ".join(str(error).split())
             self._write(_NO_REQUEST, error_response(error.status, text), keep=False)
             self.answered = True
+            # What the client is still sending is read and dropped for a while (it is not
+            # parsed: `failed`): closing on unread bytes resets the connection, and the client
+            # might never read the answer.
+            self.done_reading = False
+            if self.paused:
+                self.paused = False
+                self.transport.resume_reading()
+            self._arm(LINGER_S, self.close, "linger")
+            return
         self.close()
 
-    def _count(self, n: int) -> None:
-        self._head_bytes += n
-        if self._head_bytes > MAX_HEAD_BYTES:
-            raise HttpError(431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
-
     def flow(self) -> None:
-        """Pause reading while too much waits unread (body bytes, pipelined requests)."""
+        """Pause reading while too much waits unread (body bytes, pipelined requests); on
+        resuming, parse what the last read left."""
         if self.transport is None:
             return
-        waiting = sum(r.content.buffered for r in self.queue) > BODY_BUFFER_BYTES \
-            or len(self.queue) > MAX_QUEUED
+        waiting = self.buffered > BODY_BUFFER_BYTES or len(self.queue) > MAX_QUEUED
         if waiting and not self.paused:
             self.transport.pause_reading()
             self.paused = True
         elif not waiting and self.paused:
-            self.transport.resume_reading()
             self.paused = False
+            if not self.done_reading:
+                self.transport.resume_reading()
+            if self.unparsed:
+                asyncio.get_running_loop().call_soon(self._parse)
 
-    def _arm(self, delay: float, then: Callable[[], None]) -> None:
+    def _arm(self, delay: float, then: Callable[[], None], timing: str) -> None:
         self._disarm()
         self.timer = asyncio.get_running_loop().call_later(delay, then)
+        self.timing = timing
 
     def _disarm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self.timing = ""
 
     def _too_slow(self) -> None:
         self.timer = None
+        self.timing = ""
         self.server.timed_out += 1
         self.abort()
 
     def close(self) -> None:
+        """Close once what is written has gone; a client that will not take it is cut off
+        after the send timeout."""
         self._disarm()
-        if self.transport is not None:
-            self.transport.close()
+        self.done_reading = True
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            if transport.get_write_buffer_size():
+                self._arm(self.server.body_timeout_s, self._too_slow, "send")
 
     def abort(self) -> None:
         self._disarm()
+        self.done_reading = True
         if self.transport is not None:
             self.transport.abort()
 

@@ -28,6 +28,7 @@ class Running:
     port: int
     gate: threading.Event = field(default_factory=threading.Event)
     largest_buffer: list[int] = field(default_factory=lambda: [0])
+    longest_queue: list[int] = field(default_factory=lambda: [0])
 
     def unix(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX)
@@ -73,10 +74,16 @@ def make_router(running: list[Running]) -> Router:
         parts: list[bytes | memoryview] = [b"{", memoryview(b"x" * (3 << 20)), b"}"]
         return Response(parts=parts, headers={"X-Parts": "3"})
 
+    async def queued(request: Request) -> Response:
+        depth = max((len(c.queue) for c in running[0].server.connections), default=0)
+        running[0].longest_queue[0] = max(running[0].longest_queue[0], depth)
+        return json_response({})
+
     async def handling(request: Request) -> Response:
         return json_response({"handling": running[0].server.handling})
 
     router.add("GET", "/handling", handling)
+    router.add("GET", "/q", queued)
     router.add("GET", "/large", large)
     router.add("POST", "/echo/{name}", echo)
     router.add("GET", "/echo/{name}", echo)
@@ -108,8 +115,8 @@ def running(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Running]
             return response
 
     loop = asyncio.new_event_loop() if request.param == "asyncio" else uvloop_loop()
-    server = HttpServer(handle, max_connections=16, header_timeout_s=5, keepalive_s=0.5,
-                        body_timeout_s=5)
+    server = HttpServer(handle, max_connections=16, header_timeout_s=1, keepalive_s=0.5,
+                        body_timeout_s=1)
     path = str(tmp_path / "h.sock")
     unix = socket.socket(socket.AF_UNIX)
     unix.bind(path)
@@ -346,3 +353,109 @@ def test_handling_counts_the_requests_being_answered_so_one_can_tell_it_is_alone
         running.gate.set()
         assert read_answer(waiting)[0] == 200
     assert running.server.handling == 0
+
+
+def test_an_endless_header_line_is_refused_at_the_head_cap_not_buffered(running: Running) -> None:
+    """httptools keeps a header line until it ends: the cap counts the bytes fed, not the
+    header callbacks (which never come for a line that never ends)."""
+    with running.unix() as sock:
+        sock.sendall(b"GET /echo/a HTTP/1.1\r\nX: ")
+        try:
+            for _ in range(64):
+                sock.sendall(b"a" * 16384)  # 1 MiB, no CRLF
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        status, _, body = read_answer(sock)
+    assert status == 431 and "exceed" in json.loads(body)["error"]
+
+
+def test_a_client_that_will_not_take_its_answer_is_cut_off_after_the_send_timeout(
+        running: Running) -> None:
+    with running.unix() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")  # 3 MiB, never read
+        deadline = 100
+        while not running.server.timed_out and deadline:  # body_timeout_s 1: well before 5 s
+            deadline -= 1
+            threading.Event().wait(0.05)
+        assert running.server.timed_out == 1  # cut off: its slot is free for another
+        deadline = 100
+        while running.server.live and deadline:
+            deadline -= 1
+            threading.Event().wait(0.05)
+        assert running.server.live == 0
+
+
+def test_a_flood_of_pipelined_requests_is_parsed_no_further_ahead_than_the_queue_allows(
+        running: Running) -> None:
+    flood = b"GET /q HTTP/1.1\r\nHost: x\r\n\r\n" * 2000  # one send, ~60 KB
+    with running.unix() as sock:
+        sock.sendall(flood)
+        pending = bytearray()
+        for _ in range(2000):
+            assert read_answer(sock, pending)[0] == 200
+    slice_holds = http.PIPELINED_FEED_BYTES // len(b"GET /q HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert running.longest_queue[0] <= http.MAX_QUEUED + slice_holds + 1  # not 2000
+
+
+def test_a_partial_next_head_does_not_cut_off_a_slow_answer(running: Running) -> None:
+    """The head timer waits while an answer is pending; it applies to the next head after."""
+    with running.unix() as sock:
+        sock.sendall(b"GET /gate HTTP/1.1\r\nHost: x\r\n\r\nGET /echo/b HTTP/1.1\r\n")
+        threading.Event().wait(1.5)  # longer than header_timeout_s
+        running.gate.set()
+        assert read_answer(sock)[0] == 200  # the slow answer came
+        assert closed(sock)  # then the unfinished head ran out of time
+    assert running.server.timed_out == 1
+
+
+def test_stop_lets_a_large_answer_being_written_finish(running: Running) -> None:
+    with running.unix() as sock:
+        sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")
+        threading.Event().wait(0.2)  # the answer is in the socket's buffers, most unsent
+        stopping = asyncio.run_coroutine_threadsafe(running.server.stop(5), running.loop)
+        status, _, body = read_answer(sock)
+        assert status == 200 and len(body) == (3 << 20) + 2
+        stopping.result(10)
+
+
+def test_an_upgrade_request_gets_one_400_and_runs_no_handler(running: Running) -> None:
+    with running.unix() as sock:
+        sock.sendall(b"GET /gate HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: h2c\r\n\r\n")
+        pending = bytearray()
+        status, _, body = read_answer(sock, pending)
+        assert status == 400 and "upgrade" in json.loads(body)["error"]
+        assert closed(sock) and not pending
+    assert running.server.handling == 0
+
+
+def test_bytes_after_a_connection_close_request_are_not_taken_for_a_request(
+        running: Running) -> None:
+    with running.unix() as sock:
+        sock.sendall(b"GET /echo/a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                     b"garbage that is not HTTP\r\n\r\n")
+        pending = bytearray()
+        status, headers, _ = read_answer(sock, pending)
+        assert status == 200 and headers["connection"] == "close"
+        assert closed(sock) and not pending  # no second answer, no 400
+
+
+def test_100_continue_is_not_sent_to_a_request_refused_before_its_body(
+        running: Running) -> None:
+    with running.unix() as sock:
+        sock.sendall(b"POST /ignore HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                     b"Expect: 100-continue\r\n\r\n")
+        status, _, _ = read_answer(sock)  # the final answer first, no interim one
+        assert status == 413
+
+
+def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
+        running: Running) -> None:
+    with running.unix() as sock:
+        sock.sendall(b"GET /gate HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.shutdown(socket.SHUT_WR)
+        threading.Event().wait(0.2)
+        running.gate.set()
+        status, headers, _ = read_answer(sock)
+        assert status == 200 and headers["connection"] == "close" and closed(sock)
