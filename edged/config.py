@@ -144,11 +144,14 @@ class ApiConfig:
     max_connections: int = setting(512, "connections open at once; more are closed as they "
                                         "arrive (keep it below the unit's LimitNOFILE)",
                                    check=between(1, 60000))
-    header_timeout_s: float = setting(10.0, "a new connection must send its first request's "
-                                            "headers within this", check=at_least(0.1))
+    header_timeout_s: float = setting(10.0, "a request's headers must arrive within this of "
+                                            "the connection, or of their first byte",
+                                      check=at_least(0.1))
     body_timeout_s: float = setting(30.0, "a request's whole body must arrive within this of "
                                           "its headers (else 408): a stalled body holds its "
-                                          "share of max_bodies_mb", check=at_least(0.1))
+                                          "share of max_bodies_mb; a client that takes "
+                                          "longer than this to read an answer is cut off",
+                                    check=at_least(0.1))
     keepalive_s: float = setting(75.0, "an idle kept-alive connection is closed after this",
                                  check=at_least(0.1))
     shm_copy_inputs: Literal["auto", "always", "never"] = setting(
