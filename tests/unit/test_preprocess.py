@@ -123,3 +123,28 @@ def test_preprocess_when_letterboxing_into_a_reused_buffer_writes_every_element(
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2GRAY)[:, :, None]
     expected = _reference(resized, cfg)[0]
     np.testing.assert_allclose(inside, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_preprocess_when_a_buffer_comes_back_refills_its_bars_only_when_they_change() -> None:
+    """A stream's buffer keeps its letterbox bars from frame to frame (they are not rewritten),
+    and gets new ones when the frame's shape or the pad value changes; another buffer, even
+    one at a reused address, is always filled."""
+    rng = np.random.default_rng(2)
+    spec = TensorSpec("x", np.dtype(np.float32), (-1, 3, 8, 8))
+    cfg = PreprocessConfig(keep_ratio=True, pad_value=114)
+    wide = rng.integers(0, 256, (4, 8, 3), dtype=np.uint8)
+    buffer = np.zeros((1, 3, 8, 8), np.float32)
+    first, g = preprocess(wide, cfg, spec, buffer)
+    bar = first[0, :, :g.pad_y].copy()
+    buffer[0, :, :g.pad_y] = -7.0  # not something preprocess writes again for this geometry
+    again, _ = preprocess(wide, cfg, spec, buffer)
+    assert (again[0, :, :g.pad_y] == -7.0).all()  # kept, not rewritten
+    other = PreprocessConfig(keep_ratio=True, pad_value=0)
+    refilled, _ = preprocess(wide, other, spec, buffer)  # another pad value: new bars
+    assert (refilled[0, :, :g.pad_y] == 0.0).all()
+    tall = rng.integers(0, 256, (8, 4, 3), dtype=np.uint8)
+    turned, g2 = preprocess(tall, cfg, spec, buffer)  # another geometry: bars on the sides
+    np.testing.assert_allclose(turned[0, :, :, :g2.pad_x], np.broadcast_to(
+        bar[:, :1, :1], turned[0, :, :, :g2.pad_x].shape), rtol=1e-6)
+    fresh = np.full((1, 3, 8, 8), np.nan, np.float32)  # a new buffer: filled whatever it holds
+    assert not np.isnan(preprocess(wide, cfg, spec, fresh)[0]).any()
