@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from edged.api.budget import read_body
-from edged.api.http import Request
+from edged.api.messages import Request
 from edged.errors import InvalidInput
 
 # Repository, shared memory and logging requests are a few hundred bytes: more is refused (413)

@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 
-from edged.api.http import BrokenBody, Request
+from edged.api.messages import BrokenBody, Request
 from edged.errors import BodyTimeout, InvalidInput, Overloaded, TooLarge
 
 ALIGN = 64

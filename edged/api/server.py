@@ -22,17 +22,16 @@ from edged import __version__
 from edged.api import browsers, describe, logsettings
 from edged.api.bodies import json_body
 from edged.api.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
-from edged.api.http import (
+from edged.api.http import HttpServer
+from edged.api.listeners import UnixListener, bind_unix, peer_identity
+from edged.api.messages import (
     Handler,
     HttpError,
-    HttpServer,
     Request,
     Response,
-    Router,
     error_response,
     json_response,
 )
-from edged.api.listeners import UnixListener, bind_unix, peer_identity
 from edged.api.protocol import (
     HEADER_LENGTH,
     InferRequest,
@@ -40,6 +39,7 @@ from edged.api.protocol import (
     encode_response,
 )
 from edged.api.rawbinary import copies_body, decode_raw
+from edged.api.routing import Router
 from edged.api.shm import Lease, ShmRegistry
 from edged.api.shm_routes import Asker, ShmRoutes
 from edged.api.snapshots import SnapshotRoutes

@@ -8,8 +8,8 @@ import asyncio
 import socket
 
 from edged.api.bodies import integer, json_body
-from edged.api.http import Handler, Request, Response, json_response
 from edged.api.listeners import peer_identity
+from edged.api.messages import Handler, Request, Response, json_response
 from edged.api.shm import Peer, ShmRegistry
 from edged.errors import Forbidden, InvalidInput
 

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from edged.api.http import Handler, Request, Response, json_response
+from edged.api.messages import Handler, Request, Response, json_response
 from edged.errors import InvalidInput, SnapshotNotFound
 from edged.events.store import SnapshotStore, StoredSnapshot, valid_id
 

@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from support.polling import wait_until
 
-from edged.api import http
-from edged.api.http import HttpError, HttpServer, Request, Response, Router, json_response
+from edged.api import http, messages
+from edged.api.http import HttpServer
+from edged.api.messages import HttpError, Request, Response, json_response
+from edged.api.routing import Router
 
 
 @dataclass
@@ -49,7 +52,7 @@ def make_router(running: list[Running]) -> Router:
         try:
             while chunk := await request.content.readany():
                 body += chunk
-        except http.BrokenBody as exc:
+        except messages.BrokenBody as exc:
             return json_response({"error": str(exc)}, status=400)
         return json_response({"path": request.path, "method": request.method,
                               "match": request.match_info, "body": body.decode()})
@@ -109,7 +112,7 @@ def running(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Running]
         try:
             return await router.resolve(request)(request)
         except HttpError as exc:
-            response = http.error_response(exc.status, str(exc))
+            response = messages.error_response(exc.status, str(exc))
             if exc.allow:
                 response.headers = {"Allow": exc.allow}
             return response
@@ -296,7 +299,7 @@ def test_a_slow_handler_does_not_make_a_body_buffer_grow(running: Running) -> No
         sock.sendall(b"\0" * (size - sent))
         status, _, body = read_answer(sock)
     assert status == 200 and json.loads(body)["size"] == size
-    assert running.largest_buffer[0] <= http.BODY_BUFFER_BYTES + (1 << 20)
+    assert running.largest_buffer[0] <= messages.BODY_BUFFER_BYTES + (1 << 20)
 
 
 def test_an_idle_kept_alive_connection_is_closed_after_the_keepalive(running: Running) -> None:
@@ -344,10 +347,7 @@ def test_handling_counts_the_requests_being_answered_so_one_can_tell_it_is_alone
         sock.sendall(b"GET /handling HTTP/1.1\r\nHost: x\r\n\r\n")
         assert json.loads(read_answer(sock)[2]) == {"handling": 1}
         waiting.sendall(b"GET /gate HTTP/1.1\r\nHost: x\r\n\r\n")  # held until the gate
-        deadline = 100
-        while running.server.handling < 1 and deadline:
-            deadline -= 1
-            threading.Event().wait(0.05)
+        wait_until(lambda: running.server.handling == 1, what="the held request handled")
         sock.sendall(b"GET /handling HTTP/1.1\r\nHost: x\r\n\r\n")
         assert json.loads(read_answer(sock)[2]) == {"handling": 2}
         running.gate.set()
@@ -374,16 +374,10 @@ def test_a_client_that_will_not_take_its_answer_is_cut_off_after_the_send_timeou
     with running.unix() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")  # 3 MiB, never read
-        deadline = 100
-        while not running.server.timed_out and deadline:  # body_timeout_s 1: well before 5 s
-            deadline -= 1
-            threading.Event().wait(0.05)
-        assert running.server.timed_out == 1  # cut off: its slot is free for another
-        deadline = 100
-        while running.server.live and deadline:
-            deadline -= 1
-            threading.Event().wait(0.05)
-        assert running.server.live == 0
+        wait_until(lambda: running.server.timed_out, timeout=5,  # body_timeout_s is 1
+                   what="the reader cut off")
+        assert running.server.timed_out == 1
+        wait_until(lambda: running.server.live == 0, what="its slot free for another")
 
 
 def test_a_flood_of_pipelined_requests_is_parsed_no_further_ahead_than_the_queue_allows(
