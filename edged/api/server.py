@@ -43,7 +43,7 @@ from edged.api.routing import Router
 from edged.api.shm import Lease, ShmRegistry
 from edged.api.shm_routes import Asker, ShmRoutes
 from edged.api.snapshots import SnapshotRoutes
-from edged.batcher import Batcher
+from edged.api.turns import Turns
 from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
 from edged.errors import BodyTimeout, EdgedError, Forbidden, InvalidInput, ModelNotFound
@@ -52,7 +52,7 @@ from edged.instances import instance_count
 from edged.metrics import CONTENT_TYPE, Metrics
 from edged.model.loadspec import options_for
 from edged.model.repository import ModelVersion
-from edged.scheduler import Admitted, Scheduler
+from edged.scheduler import Scheduler
 from edged.states import ModelState
 
 logger = logging.getLogger(__name__)
@@ -443,39 +443,6 @@ def _names_shared_memory(body: memoryview, head: int) -> bool:
     """Whether the JSON part may name a region (a key spelled with escapes is taken to)."""
     text = bytes(body[:head])
     return b"shared_memory_region" in text or b"\\u" in text
-
-
-class Turns:
-    """Infer requests for one model that arrive in the same turn of the event loop, run as one
-    batch at its end (Scheduler.run_together: on the loop where their rows are cheap, else by
-    the workers). A turn's requests are all parsed before any of their handlers runs, and the
-    flush is queued behind them, so it sees them all."""
-
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-        self._open: dict[Batcher, tuple[list[Admitted], asyncio.Future[None]]] = {}
-
-    async def join(self, admitted: Admitted) -> None:
-        """Wait for this turn's batch to be run or queued; the request's future says which."""
-        turn = self._open.get(admitted.batcher)
-        if turn is None:
-            loop = asyncio.get_running_loop()
-            turn = self._open[admitted.batcher] = ([], loop.create_future())
-            loop.call_soon(self._flush, admitted.batcher)
-        turn[0].append(admitted)
-        await asyncio.shield(turn[1])
-
-    def _flush(self, batcher: Batcher) -> None:
-        admitted, flushed = self._open.pop(batcher)
-        try:
-            self.scheduler.run_together(admitted)
-        except Exception as exc:  # each future must end: a bug here fails this turn only
-            logger.exception("running %d requests together failed", len(admitted))
-            for one in admitted:
-                if not one.future.done():
-                    one.future.set_exception(exc)
-        finally:
-            flushed.set_result(None)
 
 
 def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
