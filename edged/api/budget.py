@@ -97,13 +97,10 @@ async def read_body(request: Request, limit: int, charge: Charge | None = None,
         raise TooLarge(f"the body's {length} bytes exceed the {_mb(limit)} allowed here")
     charge = charge or BodyBudget(limit).charge()  # uncharged: the size limit alone
     chunks = _Chunks(request)
-    try:
-        if length is not None and not ENCODINGS[encoding]:
-            charge.add(length)
-            return await _read_exactly(chunks, length, json_length)
-        raw = await _read_chunks(chunks, limit, charge)  # chunked, or compressed
-    finally:
-        chunks.close()
+    if length is not None and not ENCODINGS[encoding]:
+        charge.add(length)
+        return await _read_exactly(chunks, length, json_length)
+    raw = await _read_chunks(chunks, limit, charge)  # chunked, or compressed
     if not ENCODINGS[encoding]:
         return raw
     # Inflating runs on a thread: a hostile body is seconds of CPU.
@@ -114,8 +111,7 @@ async def read_body(request: Request, limit: int, charge: Charge | None = None,
 class _Chunks:
     """A request's body as it arrives, all of it within the body timeout of the headers (a
     timer only while a read waits: a body that came with its headers costs none); a
-    connection lost mid-body is the client's doing (400: it hears nothing), not a 500.
-    `close()` once the body is read."""
+    connection lost mid-body is the client's doing (400: it hears nothing), not a 500."""
 
     def __init__(self, request: Request) -> None:
         self.content = request.content
@@ -139,9 +135,6 @@ class _Chunks:
         finally:
             if timer is not None:
                 timer.cancel()
-
-    def close(self) -> None:
-        """Nothing to release: a timer lives only as long as the read it bounds."""
 
 
 class _Expired(Exception):
