@@ -36,6 +36,9 @@ from edged.scheduler import Outputs, Scheduler
 from edged.sources import Frame, Source, worth_logging
 from edged.stream_events import EventsStage
 
+# One encoder for every result message (json.dumps with separators builds one a call).
+_compact = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes], None]  # (stream name, result JSON)
@@ -211,7 +214,7 @@ class StreamPipeline:
                         extra={"stream": self.cfg.name, "model": item.model.name,
                                "version": item.model.version})
         if self.publish is not None:
-            self.publish(self.cfg.name, json.dumps(message, separators=(",", ":")).encode())
+            self.publish(self.cfg.name, _compact(message).encode())
 
     def _run_cascades(self, frame: Frame, results: dict[str, Any]) -> None:
         """Secondary models on this frame's detections. A failure is counted and logged; the

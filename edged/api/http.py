@@ -56,6 +56,9 @@ FEED_BYTES = 64 * 1024  # a read is parsed in slices this large, so that a pause
 PIPELINED_FEED_BYTES = 4 * 1024
 MAX_QUEUED = 8  # pipelined requests parsed ahead of their turn before reading pauses
 LINGER_S = 2.0
+# A connection's timer that wakes this close to its bound (loops round timers to their clock's
+# resolution, uvloop's a millisecond) acts on it rather than sleeping on for the rest.
+TIMER_SLACK_S = 0.005
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
@@ -135,8 +138,14 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Request] = deque()  # parsed (headers complete), not yet answered
         self.parsing: Request | None = None  # headers complete, body still coming
+        # The bound in force: what it bounds ("head", "send", "linger", "idle"; "" none), when
+        # it falls due (loop time) and what then happens. Re-arming only moves `due`: the one
+        # loop timer set wakes at the earliest due it was set for and sleeps on to a later one
+        # (a keep-alive request re-arms twice: two call_later/cancel pairs a request before).
+        self.timing = ""
+        self.due: float | None = None
+        self.then: Callable[[], None] = self.close
         self.timer: asyncio.TimerHandle | None = None
-        self.timing = ""  # what the timer bounds: "head", "send", "linger", "idle"
         self.paused = False
         self.buffered = 0  # body bytes parsed and not yet read, all requests together
         self.unparsed: bytes | memoryview = b""  # the rest of a read, while reading is paused
@@ -232,7 +241,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is None:
             return  # refused at the cap
         self.server.connections.discard(self)
-        self._disarm()
+        self._drop_timer()
         self.done_reading = True
         for request in self.queue:
             request.content.set_exception(ConnectionResetError("the client hung up"))
@@ -430,19 +439,37 @@ class _Connection(asyncio.Protocol):
                 asyncio.get_running_loop().call_soon(self._parse)
 
     def _arm(self, delay: float, then: Callable[[], None], timing: str) -> None:
-        self._disarm()
-        self.timer = asyncio.get_running_loop().call_later(delay, then)
-        self.timing = timing
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        self.timing, self.due, self.then = timing, due, then
+        if self.timer is None or self.timer.when() > due:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = loop.call_at(due, self._on_timer)
 
     def _disarm(self) -> None:
+        self.timing, self.due = "", None  # a timer still set finds nothing due, and goes
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        due = self.due
+        if due is None:
+            return
+        loop = asyncio.get_running_loop()
+        if due - loop.time() > TIMER_SLACK_S:  # re-armed since: sleep on to the new due
+            self.timer = loop.call_at(due, self._on_timer)
+            return
+        then = self.then
+        self._disarm()
+        then()
+
+    def _drop_timer(self) -> None:
+        self._disarm()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.timing = ""
 
     def _too_slow(self) -> None:
-        self.timer = None
-        self.timing = ""
         self.server.timed_out += 1
         self.abort()
 

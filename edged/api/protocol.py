@@ -46,9 +46,18 @@ TRITON_TO_NUMPY: dict[str, Any] = {
     "BYTES": np.object_,
 }
 NUMPY_TO_TRITON = {np.dtype(v).str: k for k, v in TRITON_TO_NUMPY.items() if k != "BYTES"}
+# Compact JSON from one encoder made once: json.dumps with separators builds one a call.
+_compact = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+# Little-endian numpy dtypes of the fixed-size datatypes, made once (not per tensor).
+_WIRE_DTYPES = {k: np.dtype(v).newbyteorder("<") for k, v in TRITON_TO_NUMPY.items()
+                if k != "BYTES"}
+_KNOWN = {np.dtype(v): k for k, v in TRITON_TO_NUMPY.items() if k != "BYTES"}
 
 
 def triton_dtype(dtype: np.dtype) -> str:
+    name = _KNOWN.get(dtype)  # the native dtypes outputs come in: one lookup
+    if name is not None:
+        return name
     if tensorbytes.is_bytes(dtype):
         return "BYTES"
     name = NUMPY_TO_TRITON.get(dtype.newbyteorder("<").str)  # big-endian maps like little
@@ -184,7 +193,7 @@ def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
 def _from_bytes(data: memoryview, datatype: str, count: int, name: str) -> np.ndarray:
     if datatype == "BYTES":
         return tensorbytes.unpack(data, count, name)
-    dtype = np.dtype(TRITON_TO_NUMPY[datatype]).newbyteorder("<")
+    dtype = _WIRE_DTYPES[datatype]
     if len(data) != count * dtype.itemsize:
         raise InvalidInput(f"input {name}: {len(data)} bytes of data for {count} {datatype} "
                            f"elements ({count * dtype.itemsize} bytes expected)")
@@ -268,7 +277,7 @@ def encode_response(model: str, version: int, request_id: str | None,
                               "outputs": entries}
     if request_id is not None:
         header["id"] = request_id
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = _compact(header).encode()
     return [head, *blobs], len(head) if blobs else None
 
 
@@ -304,7 +313,7 @@ def encode_request(inputs: Mapping[str, np.ndarray | ShmTensor],
         header["parameters"] = params
     if request_id is not None:
         header["id"] = request_id
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = _compact(header).encode()
     return [head, *blobs], len(head) if blobs else None
 
 
