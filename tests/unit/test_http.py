@@ -309,6 +309,18 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_keepalive(running: Ru
         assert closed(sock)  # keepalive_s 0.5, well under the 10 s socket timeout
 
 
+def test_each_request_moves_the_keepalive_bound_on(running: Running) -> None:
+    """The idle bound re-armed by a later request is the one in force: the connection's timer,
+    set for the first bound, sleeps on to the later one instead of closing (keepalive_s 0.5:
+    the third request comes 0.6 s after the first answer, 0.3 s after the second)."""
+    with running.unix() as sock:
+        for _ in range(3):
+            sock.sendall(b"GET /echo/a HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_answer(sock)[0] == 200
+            threading.Event().wait(0.3)
+        assert closed(sock)  # and idle past its last bound, it is closed
+
+
 def test_stop_answers_what_is_in_flight_and_closes_idle_connections(running: Running) -> None:
     with running.unix() as busy, running.unix() as idle:
         busy.sendall(b"GET /gate HTTP/1.1\r\nHost: x\r\n\r\n")
