@@ -36,6 +36,29 @@ def tiny_model_tools() -> ModuleType:
     return make_test_models
 
 
+def cpu_model() -> str:
+    """The CPU as the kernel reports it: its model name, and on x86 its family, model and
+    clock (a VM may name only the vendor's line: 'AMD EPYC'); else the architecture."""
+    import platform
+
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first CPU's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip().lower(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or fields.get("hardware") or platform.processor() \
+        or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']}"
+        name += f", {float(fields['cpu mhz']):.0f} MHz)" if "cpu mhz" in fields else ")"
+    return name
+
+
 def run_and_report(name: str, run: Callable[[Path], dict[str, Any]],
                    table: Callable[[dict[str, Any]], str], *, out_dir: Path,
                    quick: bool) -> int:
@@ -48,10 +71,13 @@ def run_and_report(name: str, run: Callable[[Path], dict[str, Any]],
 
     with tempfile.TemporaryDirectory(prefix="edb-", dir="/tmp") as tmp:
         results = run(Path(tmp))
-    results["machine"] = {"python": platform.python_version(), "cpu": platform.processor()
-                          or platform.machine(), "cores": os.cpu_count(), "quick": quick}
+    results["machine"] = machine = {"python": platform.python_version(), "cpu": cpu_model(),
+                                    "cores": os.cpu_count(), "quick": quick}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(results, indent=2))
     print(table(results))
+    # Absolute figures move with the machine (the same VM kind has run 2x apart on two days):
+    # the table says which one it came from.
+    print(f"\nmachine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}")
     print(f"\nwritten to {out_dir / f'{name}.json'}")
     return 0
