@@ -1,0 +1,180 @@
+"""`python -m tools.bench instructions`: what one request costs edged in CPU instructions, counted
+by valgrind's callgrind instead of timed. Instructions do not move with a shared VM's load or
+with the day (the same build and requests count the same within a few percent, where CPU time
+on this project's 2-core VMs has moved 2x between days), so this is the figure to compare two
+commits by when a change to the request path is a few percent.
+
+edged runs as a real daemon (`edged run`) under callgrind with counting off; after warm-up,
+counting is switched on (`callgrind_control -i on`) for N requests sent back to back by one
+client (concurrency 1: every request takes the same path, so the count repeats), then off and
+dumped. The count is every thread of the daemon in user space (the kernel's share, the send and
+receive system calls, is not in it), split by where the instructions ran: the interpreter,
+ONNX Runtime, the JSON codec, the HTTP parser, uvloop, numpy, libc, the rest. Needs valgrind
+(Debian's `valgrind`); skipped without it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tools.bench import api, yardstick
+from tools.bench.broker import free_port, stop_process
+
+# (label, model, transport): perf_analyzer's request (binary tensors) over TCP, and over the
+# Unix socket edged's own clients use.
+CASES = (("tiny_cls 1x3x8x8", "tiny_cls", "tcp"), ("tiny_cls 1x3x8x8", "tiny_cls", "unix"),
+         ("PP-OCR cls 1x3x48x192", "cls", "tcp"))
+# Where a function's instructions count, by its source file and shared object (first match).
+_PARTS = (("ONNX Runtime", re.compile(r"onnxruntime")),
+          ("json", re.compile(r"_json\.c")),
+          ("httptools", re.compile(r"httptools|llhttp")),
+          ("uvloop", re.compile(r"uvloop")),
+          ("numpy", re.compile(r"numpy")),
+          ("libc", re.compile(r"libc\.so|libm\.so")),
+          ("interpreter", re.compile(r"libpython|Python-3\.")))
+_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
+_LINE = re.compile(r"\s*([\d,]+) \([^)]*\)\s+(.*)$")
+
+
+def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        return {"skipped": "valgrind is not installed (apt-get install valgrind)"}
+    api.build_repository(workdir / "models")
+    port = free_port()
+    config = api.edged_config(workdir, preload=sorted({c[1] for c in CASES}),
+                              http=f"127.0.0.1:{port}", threads=1)
+    (workdir / "edged.yaml").write_text(config)
+    requests = 200 if quick else 2000
+    log = (workdir / "edged.log").open("w")
+    out = workdir / "callgrind.out"
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+         sys.executable, "-m", "edged.cli", "run", "--config", str(workdir / "edged.yaml")],
+        stdout=log, stderr=subprocess.STDOUT)
+    rows = []
+    try:
+        for label, model, transport in CASES:
+            x = np.random.default_rng(0).random(yardstick.SHAPES[model], dtype=np.float32)
+            request = yardstick.binary_request(model, x)
+            target: tuple[str, Any] = ("unix", str(workdir / "s.sock")) if transport == "unix" \
+                else ("tcp", ("127.0.0.1", port))
+            with _Client(target, proc, workdir) as client:
+                for _ in range(50 if model == "cls" else 200):  # warm
+                    client.exchange(request)
+                count = requests // 4 if model == "cls" else requests
+                total = _counted(proc.pid, out, client, request, count)
+            parts = {name: ir / count for name, ir in total.items()}
+            rows.append({"case": label, "transport": transport, "requests": count,
+                         "instructions_per_request": sum(parts.values()), "by_part": parts})
+    finally:
+        stop_process(proc, 60)
+        log.close()
+    return {"rows": rows}
+
+
+class _Client:
+    """One keep-alive connection, waiting (bounded) for the daemon under valgrind to come up."""
+
+    def __init__(self, target: tuple[str, Any], proc: subprocess.Popen[bytes],
+                 workdir: Path) -> None:
+        self.target, self.proc, self.workdir = target, proc, workdir
+
+    def __enter__(self) -> _Client:
+        deadline = time.monotonic() + 600  # an interpreter and ONNX Runtime under valgrind
+        while True:
+            try:
+                family = socket.AF_UNIX if self.target[0] == "unix" else socket.AF_INET
+                self.sock = socket.socket(family)
+                self.sock.settimeout(120)
+                self.sock.connect(self.target[1])
+                return self
+            except OSError:
+                self.sock.close()
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("edged under callgrind did not come up: "
+                                       f"{(self.workdir / 'edged.log').read_text()[-2000:]}"
+                                       ) from None
+                time.sleep(2)
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def exchange(self, request: bytes) -> None:
+        self.sock.sendall(request)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += self._recv()
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"edged answered {head[:200]!r}")
+        found = _LENGTH.search(head)
+        if found is None:
+            raise RuntimeError(f"edged answered with no Content-Length: {head[:200]!r}")
+        length = int(found.group(1))
+        while len(rest) < length:
+            rest += self._recv()
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(1 << 16)
+        if not chunk:
+            raise RuntimeError("edged closed the connection")
+        return chunk
+
+
+def _counted(pid: int, out: Path, client: _Client, request: bytes,
+             count: int) -> Counter[str]:
+    """Instructions the daemon ran answering `count` requests, by part."""
+    control = ["callgrind_control"]
+    subprocess.run([*control, "-z", str(pid)], check=True, capture_output=True, timeout=120)
+    subprocess.run([*control, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
+    for _ in range(count):
+        client.exchange(request)
+    subprocess.run([*control, "-i", "off", str(pid)], check=True, capture_output=True,
+                   timeout=120)
+    before = set(out.parent.glob(out.name + "*"))
+    subprocess.run([*control, "-d", str(pid)], check=True, capture_output=True, timeout=120)
+    deadline = time.monotonic() + 60
+    while not (dumped := set(out.parent.glob(out.name + "*")) - before):
+        if time.monotonic() > deadline:
+            raise RuntimeError("callgrind wrote no dump")
+        time.sleep(0.2)
+    path = max(dumped, key=os.path.getmtime)
+    time.sleep(0.5)  # written whole
+    report = subprocess.run(["callgrind_annotate", "--threshold=100", str(path)],
+                            capture_output=True, text=True, timeout=300, check=True).stdout
+    return _by_part(report)
+
+
+def _by_part(report: str) -> Counter[str]:
+    parts: Counter[str] = Counter()
+    for line in report.splitlines():
+        match = _LINE.match(line)
+        if match is None or "PROGRAM TOTALS" in line:
+            continue
+        where = match.group(2)
+        part = next((name for name, pattern in _PARTS if pattern.search(where)), "the rest")
+        parts[part] += int(match.group(1).replace(",", ""))
+    return parts
+
+
+def format_table(r: dict[str, Any]) -> str:
+    if "skipped" in r:
+        return f"instructions: skipped: {r['skipped']}"
+    names = [name for name, _ in _PARTS] + ["the rest"]
+    lines = ["| case | transport | requests | k instructions/request | "
+             + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
+    for row in r["rows"]:
+        split = " | ".join(f"{row['by_part'].get(n, 0) / 1e3:.0f}" for n in names)
+        lines.append(f"| {row['case']} | {row['transport']} | {row['requests']} | "
+                     f"{row['instructions_per_request'] / 1e3:.0f} | {split} |")
+    return "\n".join(lines)
