@@ -12,7 +12,6 @@ sub_labels, on this same thread and outside the stats lock.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -28,6 +27,7 @@ import numpy as np
 from edged.cascade import Cascade, run_all
 from edged.config import StreamConfig
 from edged.errors import EdgedError
+from edged.events.publish import compact
 from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.post import Postprocessor
@@ -35,9 +35,6 @@ from edged.processing.pre import Geometry, preprocess
 from edged.scheduler import Outputs, Scheduler
 from edged.sources import Frame, Source, worth_logging
 from edged.stream_events import EventsStage
-
-# One encoder for every result message (json.dumps with separators builds one a call).
-_compact = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +211,7 @@ class StreamPipeline:
                         extra={"stream": self.cfg.name, "model": item.model.name,
                                "version": item.model.version})
         if self.publish is not None:
-            self.publish(self.cfg.name, _compact(message).encode())
+            self.publish(self.cfg.name, compact(message))
 
     def _run_cascades(self, frame: Frame, results: dict[str, Any]) -> None:
         """Secondary models on this frame's detections. A failure is counted and logged; the

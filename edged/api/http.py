@@ -56,9 +56,7 @@ FEED_BYTES = 64 * 1024  # a read is parsed in slices this large, so that a pause
 PIPELINED_FEED_BYTES = 4 * 1024
 MAX_QUEUED = 8  # pipelined requests parsed ahead of their turn before reading pauses
 LINGER_S = 2.0
-# A connection's timer that wakes this close to its bound (loops round timers to their clock's
-# resolution, uvloop's a millisecond) acts on it rather than sleeping on for the rest.
-TIMER_SLACK_S = 0.005
+TIMER_SLACK_S = 0.005  # a timer this close to its bound acts (loops round to their clock)
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
@@ -139,9 +137,8 @@ class _Connection(asyncio.Protocol):
         self.queue: deque[Request] = deque()  # parsed (headers complete), not yet answered
         self.parsing: Request | None = None  # headers complete, body still coming
         # The bound in force: what it bounds ("head", "send", "linger", "idle"; "" none), when
-        # it falls due (loop time) and what then happens. Re-arming only moves `due`: the one
-        # loop timer set wakes at the earliest due it was set for and sleeps on to a later one
-        # (a keep-alive request re-arms twice: two call_later/cancel pairs a request before).
+        # it falls due (loop time), what then happens. Re-arming moves `due`: the one loop
+        # timer wakes at the earliest due it was set for and sleeps on to a later one.
         self.timing = ""
         self.due: float | None = None
         self.then: Callable[[], None] = self.close

@@ -39,8 +39,12 @@ def topic_level(name: str) -> str:
     return name.translate(_RESERVED) or "_"
 
 
+# One encoder made once: json.dumps with separators builds one a call.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
 def compact(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return _ENCODE(value).encode()
 
 
 def count_topic(stream: str, label: str) -> str:
