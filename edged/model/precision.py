@@ -214,9 +214,9 @@ def runtime_version(module: str) -> str:
         return "unknown"
 
 
-def cpu_fingerprint() -> str:
-    """The CPU model and a digest of its feature flags (AVX-512 VNNI and the like decide
-    whether INT8 kernels are fast), plus the core count."""
+def cpu_fields() -> dict[str, str]:
+    """/proc/cpuinfo as the first value of each key (the first CPU's; empty where there is
+    none)."""
     fields: dict[str, str] = {}
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -224,9 +224,15 @@ def cpu_fingerprint() -> str:
         text = ""
     for line in text.splitlines():
         key, sep, value = line.partition(":")
-        key = key.strip()
-        if sep and key in ("model name", "flags", "Features", "CPU implementer", "CPU part"):
-            fields.setdefault(key, value.strip())
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_fingerprint() -> str:
+    """The CPU model and a digest of its feature flags (AVX-512 VNNI and the like decide
+    whether INT8 kernels are fast), plus the core count."""
+    fields = cpu_fields()
     name = fields.get("model name") or platform.processor() or platform.machine()
     features = fields.get("flags") or fields.get("Features", "")
     extra = " ".join(fields.get(k, "") for k in ("CPU implementer", "CPU part")).strip()

@@ -41,21 +41,14 @@ def cpu_model() -> str:
     clock (a VM may name only the vendor's line: 'AMD EPYC'); else the architecture."""
     import platform
 
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first CPU's block is enough
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip().lower(), value.strip())
-    except OSError:
-        pass
-    name = fields.get("model name") or fields.get("hardware") or platform.processor() \
+    from edged.model.precision import cpu_fields
+
+    fields = cpu_fields()
+    name = fields.get("model name") or fields.get("Hardware") or platform.processor() \
         or platform.machine()
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']} model {fields['model']}"
-        name += f", {float(fields['cpu mhz']):.0f} MHz)" if "cpu mhz" in fields else ")"
+        name += f", {float(fields['cpu MHz']):.0f} MHz)" if "cpu MHz" in fields else ")"
     return name
 
 

@@ -16,10 +16,10 @@ ONNX Runtime, the JSON codec, the HTTP parser, uvloop, numpy, libc, the rest. Ne
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +33,7 @@ import numpy as np
 
 from tools.bench import api, yardstick
 from tools.bench.broker import free_port, stop_process
+from tools.bench.load import Target, exchange
 
 # (label, model, transport): perf_analyzer's request (binary tensors) over TCP, and over the
 # Unix socket edged's own clients use.
@@ -46,7 +47,6 @@ _PARTS = (("ONNX Runtime", re.compile(r"onnxruntime")),
           ("numpy", re.compile(r"numpy")),
           ("libc", re.compile(r"libc\.so|libm\.so")),
           ("interpreter", re.compile(r"libpython|Python-3\.")))
-_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
 _LINE = re.compile(r"\s*([\d,]+) \([^)]*\)\s+(.*)$")
 
 
@@ -71,11 +71,10 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
         for label, model, transport in CASES:
             x = np.random.default_rng(0).random(yardstick.SHAPES[model], dtype=np.float32)
             request = yardstick.binary_request(model, x)
-            target: tuple[str, Any] = ("unix", str(workdir / "s.sock")) if transport == "unix" \
-                else ("tcp", ("127.0.0.1", port))
+            target = Target(unix=str(workdir / "s.sock")) if transport == "unix" \
+                else Target(port=port)
             with _Client(target, proc, workdir) as client:
-                for _ in range(50 if model == "cls" else 200):  # warm
-                    client.exchange(request)
+                client.send(request, 50 if model == "cls" else 200)  # warm
                 count = requests // 10 if model == "cls" else requests  # cls: ~25x dearer
                 began = time.monotonic()
                 total = _counted(proc.pid, out, partial(client.send, request, count))
@@ -96,56 +95,38 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
 
 
 class _Client:
-    """One keep-alive connection, waiting (bounded) for the daemon under valgrind to come up."""
+    """One keep-alive connection (the load generator's exchange), made once the daemon under
+    valgrind answers (bounded)."""
 
-    def __init__(self, target: tuple[str, Any], proc: subprocess.Popen[bytes],
-                 workdir: Path) -> None:
+    def __init__(self, target: Target, proc: subprocess.Popen[bytes], workdir: Path) -> None:
         self.target, self.proc, self.workdir = target, proc, workdir
+        self.loop = asyncio.new_event_loop()
 
     def __enter__(self) -> _Client:
         deadline = time.monotonic() + 600  # an interpreter and ONNX Runtime under valgrind
         while True:
             try:
-                family = socket.AF_UNIX if self.target[0] == "unix" else socket.AF_INET
-                self.sock = socket.socket(family)
-                self.sock.settimeout(120)
-                self.sock.connect(self.target[1])
+                self.reader, self.writer = self.loop.run_until_complete(self.target.connect())
                 return self
             except OSError:
-                self.sock.close()
                 if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.loop.close()
                     raise RuntimeError("edged under callgrind did not come up: "
                                        f"{(self.workdir / 'edged.log').read_text()[-2000:]}"
                                        ) from None
                 time.sleep(2)
 
     def __exit__(self, *exc: object) -> None:
-        self.sock.close()
+        self.writer.close()
+        self.loop.close()
 
     def send(self, request: bytes, count: int) -> None:
-        for _ in range(count):
-            self.exchange(request)
+        """`count` requests back to back, each answered 200 before the next."""
+        async def run() -> None:
+            for _ in range(count):
+                await exchange(self.reader, self.writer, request)
 
-    def exchange(self, request: bytes) -> None:
-        self.sock.sendall(request)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            buf += self._recv()
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(f"edged answered {head[:200]!r}")
-        found = _LENGTH.search(head)
-        if found is None:
-            raise RuntimeError(f"edged answered with no Content-Length: {head[:200]!r}")
-        length = int(found.group(1))
-        while len(rest) < length:
-            rest += self._recv()
-
-    def _recv(self) -> bytes:
-        chunk = self.sock.recv(1 << 16)
-        if not chunk:
-            raise RuntimeError("edged closed the connection")
-        return chunk
+        self.loop.run_until_complete(run())
 
 
 def _counted(pid: int, out: Path, work: Callable[[], object]) -> Counter[str]:

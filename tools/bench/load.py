@@ -37,8 +37,9 @@ class HttpFailed(RuntimeError):
     pass
 
 
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    request: bytes) -> bytes:
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   request: bytes) -> bytes:
+    """One request on a kept-alive connection; its answer's body (HttpFailed unless 200)."""
     writer.write(request)
     head = await reader.readuntil(b"\r\n\r\n")
     match = _CONTENT_LENGTH.search(head)
@@ -55,7 +56,7 @@ def one(target: Target, request: bytes) -> bytes:
     async def run() -> bytes:
         reader, writer = await target.connect()
         try:
-            return await _exchange(reader, writer, request)
+            return await exchange(reader, writer, request)
         finally:
             writer.close()
 
@@ -85,7 +86,7 @@ def closed_loop(target: Target, request: bytes, *, concurrency: int, seconds: fl
         async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             while not stop:
                 started = time.perf_counter()
-                await _exchange(reader, writer, request)
+                await exchange(reader, writer, request)
                 if counting:
                     latencies.append(time.perf_counter() - started)
 
@@ -134,7 +135,7 @@ def sampled_loop(target: Target, request: bytes, *, concurrency: int,
                 while not stop():
                     started = time.perf_counter()
                     try:
-                        body: bytes | None = await _exchange(reader, writer, request)
+                        body: bytes | None = await exchange(reader, writer, request)
                     except (HttpFailed, OSError, asyncio.IncompleteReadError):
                         body = None
                         writer.close()

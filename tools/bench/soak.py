@@ -50,7 +50,7 @@ from tools.bench.api import edged_config, run_edged
 from tools.bench.assets import PPOCR_CLS, ppocr_model, tiny_model_tools
 from tools.bench.broker import RestartableBroker
 from tools.bench.core import CLS_YAML, Latency
-from tools.bench.load import Target, _exchange, closed_loop, http_request
+from tools.bench.load import Target, closed_loop, exchange, http_request
 from tools.bench.ota import StatusWatch, variant
 
 CLIENTS = 4  # socket connections: half binary, half shared memory
@@ -97,7 +97,7 @@ def paced_clients(target: Target, requests: list[bytes], rate: float, recorder: 
                 due = max(due + period, time.monotonic() - period)
                 started = time.perf_counter()
                 try:
-                    await _exchange(reader, writer, request)
+                    await exchange(reader, writer, request)
                     recorder.answer(time.perf_counter() - started)
                 except Exception as exc:  # counted, then a fresh connection
                     recorder.answer(None, f"{type(exc).__name__}: {exc}")
