@@ -8,6 +8,9 @@ shared memory, on tiny_cls and on PP-OCR det at 1x3x640x640. (b) closed-loop req
 concurrency 1 and 8 on tiny_cls with one lean load generator (`tools.bench.load`) for every
 server: edged over the socket (binary), edged over TCP with JSON, and MLServer over TCP with
 the byte-identical JSON request (it has neither Unix sockets nor the binary extension).
+The first table (`tools.bench.yardstick`) runs Triton's perf_analyzer against edged, against
+direct `session.run`, and against the floor (`tools.bench.floor`: the least a Python server on
+edged's stack does per request), in one run.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from edged.backends.onnxruntime import session_options
 from edged.model.repository import ModelRepository
 from edged.model.threads import remembered_threads
 from edged.ops.client import EdgedClient, InferResponse, SharedRegion
-from tools.bench import pipeline_cpu, yardstick
+from tools.bench import floor, pipeline_cpu, yardstick
 from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, tiny_model_tools
 from tools.bench.broker import free_port, stop_process
 from tools.bench.core import CLS_YAML, Latency, interleaved
@@ -189,8 +192,14 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
         sessions = {model: direct_session(workdir / "models" / model / "1" / "model.onnx",
                                           chosen[model])
                     for model in yardstick.SHAPES}
-        results["yardstick"] = yardstick.measure(yardstick.Edged(proc.pid, port, sock),
-                                                 sessions, workdir, seconds=seconds)
+        served = {model: workdir / "models" / model / "1" / "model.onnx"
+                  for model in yardstick.SHAPES}
+        floor_port = free_port()
+        replies = floor.capture_replies(f"127.0.0.1:{port}", list(served))
+        with floor.run_floor(workdir, floor_port, served, replies, chosen) as floor_proc:
+            results["yardstick"] = yardstick.measure(
+                yardstick.Edged(proc.pid, port, sock), sessions, workdir, seconds=seconds,
+                floor=yardstick.Served(floor_proc.pid, floor_port))
         del sessions
         for model, x, rounds in (("tiny_cls", tiny_x, rounds_tiny), ("det", det_x, rounds_det)):
             session = direct_session(workdir / "models" / model / "1" / "model.onnx",

@@ -70,18 +70,28 @@ def binary_request(model: str, x: np.ndarray) -> bytes:
                          HEADER_LENGTH: str(json_length)})
 
 
-class Edged:
-    """The daemon under test: its pid (CPU), TCP url (perf_analyzer, statistics), socket."""
+class Served:
+    """A server perf_analyzer runs against: its pid (CPU) and TCP url (statistics)."""
 
-    def __init__(self, pid: int, port: int, sock: Path) -> None:
-        self.pid, self.url, self.sock = pid, f"127.0.0.1:{port}", sock
+    def __init__(self, pid: int, port: int) -> None:
+        self.pid, self.url = pid, f"127.0.0.1:{port}"
 
     def meter(self, model: str) -> perfanalyzer.CpuMeter:
         return perfanalyzer.CpuMeter(self.pid, f"http://{self.url}", model)
 
 
+class Edged(Served):
+    """The daemon under test, with its Unix socket too."""
+
+    def __init__(self, pid: int, port: int, sock: Path) -> None:
+        super().__init__(pid, port)
+        self.sock = sock
+
+
 def measure(edged: Edged, sessions: dict[str, Any], workdir: Path, *,
-            seconds: float) -> dict[str, Any]:
+            seconds: float, floor: Served | None = None) -> dict[str, Any]:
+    """Every row; with `floor` (tools.bench.floor, serving the same models), perf_analyzer
+    runs against it too, right after edged: what any Python server here pays."""
     pa = perfanalyzer.find()
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
@@ -95,12 +105,11 @@ def measure(edged: Edged, sessions: dict[str, Any], workdir: Path, *,
             if isinstance(pa, str):
                 row["edged_tcp"] = {"skipped": pa}
             else:
-                with edged.meter(model) as meter:
-                    got = perfanalyzer.run(pa, model, edged.url, concurrency,
-                                           window_ms=int(seconds * 1000), workdir=workdir)
-                row["edged_tcp"] = {**got.__dict__, "cpu_us": meter.us_per_request,
-                                    "client_cpu_us": got.client_cpu_s
-                                    / max(meter.requests, 1) * 1e6}
+                row["edged_tcp"] = _perf_analyzer(pa, edged, model, concurrency, seconds,
+                                                  workdir)
+                if floor is not None:
+                    row["floor_tcp"] = _perf_analyzer(pa, floor, model, concurrency, seconds,
+                                                      workdir)
             row["direct"] = direct_rate(session, feed, concurrency, seconds)
             with edged.meter(model) as meter:
                 client_cpu = time.process_time()  # the load generator runs in this process
@@ -114,6 +123,15 @@ def measure(edged: Edged, sessions: dict[str, Any], workdir: Path, *,
         rows.append({"model": model, "concurrency": 1,
                      "shm": shm_rate(edged, model, session, x, seconds)})
     return {"rows": rows, "perf_analyzer": None if isinstance(pa, str) else str(pa.binary)}
+
+
+def _perf_analyzer(pa: perfanalyzer.PerfAnalyzer, server: Served, model: str, concurrency: int,
+                   seconds: float, workdir: Path) -> dict[str, float]:
+    with server.meter(model) as meter:
+        got = perfanalyzer.run(pa, model, server.url, concurrency,
+                               window_ms=int(seconds * 1000), workdir=workdir)
+    return {**got.__dict__, "cpu_us": meter.us_per_request,
+            "client_cpu_us": got.client_cpu_s / max(meter.requests, 1) * 1e6}
 
 
 def shm_rate(edged: Edged, model: str, session: Any, x: np.ndarray,
@@ -153,12 +171,13 @@ def _timed(call: Callable[[], object], seconds: float) -> list[float]:
 
 def format_rows(r: dict[str, Any]) -> list[str]:
     lines = ["| model | conc | caller | infer/s | direct ORT infer/s | ratio | p50 µs "
-             "(direct) | p99 µs (direct) | edged CPU µs/request | client CPU µs/request |",
+             "(direct) | p99 µs (direct) | server CPU µs/request | client CPU µs/request |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in r["rows"]:
         label, c = LABELS[row["model"]], row["concurrency"]
         direct = row.get("direct")
         for key, caller in (("edged_tcp", "perf_analyzer, TCP"),
+                            ("floor_tcp", "perf_analyzer, TCP: the floor, a bare Python server"),
                             ("unix_binary", "Unix socket, binary"), ("shm", "shared memory")):
             got = row.get(key)
             if got is None:
