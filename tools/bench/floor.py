@@ -208,13 +208,15 @@ def capture_replies(edged_url: str, models: list[str]) -> dict[str, str]:
 
 @contextmanager
 def run_floor(workdir: Path, port: int, models: dict[str, Path], replies: dict[str, str],
-              threads: dict[str, int]) -> Iterator[subprocess.Popen[bytes]]:
-    """The floor server as a subprocess on 127.0.0.1:`port`, once it answers; each model's
-    session with the intra-op threads edged chose for it."""
+              threads: dict[str, int], *, prefix: list[str] | None = None,
+              ready_s: float = 60) -> Iterator[subprocess.Popen[bytes]]:
+    """The floor server as a subprocess on 127.0.0.1:`port`, once it answers (within
+    `ready_s`); each model's session with the intra-op threads edged chose for it. `prefix`
+    runs it under another program (the instructions bench's valgrind)."""
     from tools.bench.broker import stop_process
 
     (workdir / "floor-replies.json").write_text(json.dumps(replies))
-    cmd = [sys.executable, "-m", "tools.bench.floor", "--port", str(port),
+    cmd = [*(prefix or []), sys.executable, "-m", "tools.bench.floor", "--port", str(port),
            "--replies", str(workdir / "floor-replies.json")]
     cmd += [arg for name, path in models.items() for arg in ("--model", f"{name}={path}")]
     cmd += [arg for name, n in threads.items() for arg in ("--threads", f"{name}={n}")]
@@ -222,7 +224,7 @@ def run_floor(workdir: Path, port: int, models: dict[str, Path], replies: dict[s
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                             cwd=Path(__file__).resolve().parents[2])
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + ready_s
         first = next(iter(models))
         while True:
             if proc.poll() is not None:
@@ -230,12 +232,13 @@ def run_floor(workdir: Path, port: int, models: dict[str, Path], replies: dict[s
                 raise RuntimeError(f"the floor server exited: {log_text}")
             try:
                 with urllib.request.urlopen(
-                        f"http://127.0.0.1:{port}/v2/models/{first}/stats", timeout=2) as resp:
+                        f"http://127.0.0.1:{port}/v2/models/{first}/stats", timeout=10) as resp:
                     resp.read()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("the floor server did not answer in 60 s") from None
+                    raise RuntimeError(f"the floor server did not answer in {ready_s:g} s"
+                                       ) from None
                 time.sleep(0.1)
         yield proc
     finally:

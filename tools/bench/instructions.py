@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from tools.bench import api, yardstick
+from tools.bench import api, floor, yardstick
 from tools.bench.broker import free_port, stop_process
 from tools.bench.load import Target, exchange
 
@@ -47,6 +47,7 @@ _PARTS = (("ONNX Runtime", re.compile(r"onnxruntime")),
           ("numpy", re.compile(r"numpy")),
           ("libc", re.compile(r"libc\.so|libm\.so")),
           ("interpreter", re.compile(r"libpython|Python-3\.")))
+_VALGRIND = ("valgrind", "--tool=callgrind", "--instr-atstart=no")
 _LINE = re.compile(r"\s*([\d,]+) \([^)]*\)\s+(.*)$")
 
 
@@ -55,43 +56,62 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
         return {"skipped": "valgrind is not installed (apt-get install valgrind)"}
     api.build_repository(workdir / "models")
     port = free_port()
-    config = api.edged_config(workdir, preload=sorted({c[1] for c in CASES}),
-                              http=f"127.0.0.1:{port}", threads=1,
+    models = sorted({c[1] for c in CASES})
+    config = api.edged_config(workdir, preload=models, http=f"127.0.0.1:{port}", threads=1,
                               mqtt="enabled: false, stats_interval_s: 86400")
     (workdir / "edged.yaml").write_text(config)
     requests = 200 if quick else 2000
     log = (workdir / "edged.log").open("w")
     out = workdir / "callgrind.out"
     proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+        [*_VALGRIND, f"--callgrind-out-file={out}",
          sys.executable, "-m", "edged.cli", "run", "--config", str(workdir / "edged.yaml")],
         stdout=log, stderr=subprocess.STDOUT)
-    rows = []
     try:
-        for label, model, transport in CASES:
-            x = np.random.default_rng(0).random(yardstick.SHAPES[model], dtype=np.float32)
-            request = yardstick.binary_request(model, x)
-            target = Target(unix=str(workdir / "s.sock")) if transport == "unix" \
-                else Target(port=port)
-            with _Client(target, proc, workdir) as client:
-                client.send(request, 50 if model == "cls" else 200)  # warm
-                count = requests // 10 if model == "cls" else requests  # cls: ~25x dearer
-                began = time.monotonic()
-                total = _counted(proc.pid, out, partial(client.send, request, count))
-                span = time.monotonic() - began
-                # The daemon's own timers run on meanwhile, over ~50x as many ticks as the
-                # requests would take outside valgrind: an idle span as long is counted and
-                # taken off (its periodic stats and heap trim are put off, above: a burst of
-                # ~40M instructions, in or out of a span, would swamp the difference).
-                idle = _counted(proc.pid, out, partial(time.sleep, span))
-            parts = {name: (total[name] - idle[name]) / count for name in total}
-            rows.append({"case": label, "transport": transport, "requests": count,
-                         "instructions_per_request": sum(parts.values()), "by_part": parts,
-                         "idle_per_request": sum(idle.values()) / count})
+        rows = [_count(proc, out, workdir, label, model, target, requests, "edged")
+                for label, model, target in _targets(workdir, port)]
+        replies = floor.capture_replies(f"127.0.0.1:{port}", models)
     finally:
         stop_process(proc, 60)
         log.close()
+    # The floor (tools.bench.floor: the least a Python server on this stack does) counted the
+    # same way: what is left of edged's count is edged's own work.
+    floor_port, floor_out = free_port(), workdir / "floor-callgrind.out"
+    served = {model: workdir / "models" / model / "1" / "model.onnx" for model in models}
+    with floor.run_floor(workdir, floor_port, served, replies, dict.fromkeys(models, 1),
+                         prefix=[*_VALGRIND, f"--callgrind-out-file={floor_out}"],
+                         ready_s=600) as floor_proc:
+        rows += [_count(floor_proc, floor_out, workdir, label, model, target, requests, "floor")
+                 for label, model, target in _targets(workdir, floor_port) if target.unix is None]
     return {"rows": rows}
+
+
+def _targets(workdir: Path, port: int) -> list[tuple[str, str, Target]]:
+    return [(label, model, Target(unix=str(workdir / "s.sock")) if transport == "unix"
+             else Target(port=port)) for label, model, transport in CASES]
+
+
+def _count(proc: subprocess.Popen[bytes], out: Path, workdir: Path, label: str, model: str,
+           target: Target, requests: int, server: str) -> dict[str, Any]:
+    """One case's instructions per request, by part, on the server under callgrind."""
+    x = np.random.default_rng(0).random(yardstick.SHAPES[model], dtype=np.float32)
+    request = yardstick.binary_request(model, x)
+    with _Client(target, proc, workdir) as client:
+        client.send(request, 50 if model == "cls" else 200)  # warm
+        count = requests // 10 if model == "cls" else requests  # cls: ~25x dearer
+        began = time.monotonic()
+        total = _counted(proc.pid, out, partial(client.send, request, count))
+        span = time.monotonic() - began
+        # The daemon's own timers run on meanwhile, over ~50x as many ticks as the
+        # requests would take outside valgrind: an idle span as long is counted and
+        # taken off (its periodic stats and heap trim are put off, above: a burst of
+        # ~40M instructions, in or out of a span, would swamp the difference).
+        idle = _counted(proc.pid, out, partial(time.sleep, span))
+    parts = {name: (total[name] - idle[name]) / count for name in total}
+    transport = "unix" if target.unix is not None else "tcp"
+    return {"case": label, "transport": transport, "server": server, "requests": count,
+            "instructions_per_request": sum(parts.values()), "by_part": parts,
+            "idle_per_request": sum(idle.values()) / count}
 
 
 class _Client:
@@ -167,12 +187,13 @@ def format_table(r: dict[str, Any]) -> str:
     if "skipped" in r:
         return f"instructions: skipped: {r['skipped']}"
     names = [name for name, _ in _PARTS] + ["the rest"]
-    lines = ["| case | transport | requests | k instructions/request | "
+    lines = ["| case | transport | server | requests | k instructions/request | "
              + " | ".join(names) + " | idle, taken off |",
-             "|---|---|---|---|" + "---|" * (len(names) + 1)]
+             "|---|---|---|---|---|" + "---|" * (len(names) + 1)]
     for row in r["rows"]:
         split = " | ".join(f"{row['by_part'].get(n, 0) / 1e3:.0f}" for n in names)
-        lines.append(f"| {row['case']} | {row['transport']} | {row['requests']} | "
+        lines.append(f"| {row['case']} | {row['transport']} | {row.get('server', 'edged')} | "
+                     f"{row['requests']} | "
                      f"{row['instructions_per_request'] / 1e3:.0f} | {split} | "
                      f"{row['idle_per_request'] / 1e3:.0f} |")
     return "\n".join(lines)
