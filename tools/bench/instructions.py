@@ -11,7 +11,9 @@ dumped; then an idle span as long is counted and taken off (the daemon's own tim
 threads, which under valgrind's ~50x slowdown would otherwise be billed to the requests).
 The count is every thread of the daemon in user space (the kernel's share, the send and
 receive system calls, is not in it), split by where the instructions ran: the interpreter,
-ONNX Runtime, the JSON codec, the HTTP parser, uvloop, numpy, libc, the rest. Needs valgrind
+ONNX Runtime, the JSON codec, the HTTP parser, uvloop, numpy, libc, the rest. Then the floor
+(`tools.bench.floor`, the least a Python server on edged's stack does per request) is counted
+the same way over TCP: edged's count less the floor's is edged's own work. Needs valgrind
 (Debian's `valgrind`); skipped without it."""
 
 from __future__ import annotations
