@@ -10,9 +10,10 @@ a server owes its users: no validation (a malformed request raises in the handle
 connection drops), no body bounds or budgets, no timeouts, no keep-alive limits, no statistics
 but a count, no batching, no scheduling, no shared memory. It is a yardstick, never a server.
 
-Inference runs on the loop while the model's last run took under INLINE_S (no thread hop for a
-model that takes microseconds), else on a pool of one thread per core (so requests for a slower
-model overlap, as edged's instances do). The metadata and config perf_analyzer asks for first
+Inference runs on the loop when the model's last run took under INLINE_S (no thread hop for a
+model that takes microseconds) or when the request is alone (no other arrived in its turn of
+the loop or is running); else on a pool of one thread per core, so that requests for a slower
+model overlap, as edged's instances do. The metadata and config perf_analyzer asks for first
 are edged's own answers, captured by the bench and replayed byte for byte."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,22 @@ class Floor:
         self.models = models
         self.replies = replies  # GET path -> JSON body (edged's own answers)
         self.pool = ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)))
+        self.in_flight = 0  # requests on the pool
+        self.waiting: list[tuple[Connection, Model, dict[str, Any], dict[str, np.ndarray]]] = []
+
+    def dispatch(self) -> None:
+        """The slow model's requests of one turn: alone, run on the loop (no hop); else on
+        the pool, side by side."""
+        jobs, self.waiting = self.waiting, []
+        if len(jobs) == 1 and not self.in_flight:
+            connection, model, request, feed = jobs[0]
+            connection._answer(model, request, model.run(feed))
+            return
+        loop = asyncio.get_running_loop()
+        for connection, model, request, feed in jobs:
+            self.in_flight += 1
+            future = loop.run_in_executor(self.pool, model.run, feed)
+            future.add_done_callback(partial(connection.pooled, model, request))
 
 
 class Connection(asyncio.Protocol):
@@ -113,10 +131,16 @@ class Connection(asyncio.Protocol):
                 offset += size
         if model.last_s < INLINE_S:
             self._answer(model, request, model.run(feed))
-        else:
-            future = asyncio.get_running_loop().run_in_executor(self.floor.pool, model.run,
-                                                                 feed)
-            future.add_done_callback(lambda done: self._answer(model, request, done.result()))
+            return
+        floor = self.floor
+        floor.waiting.append((self, model, request, feed))
+        if len(floor.waiting) == 1:  # after every read of this turn is parsed
+            asyncio.get_running_loop().call_soon(floor.dispatch)
+
+    def pooled(self, model: Model, request: dict[str, Any],
+               done: asyncio.Future[list[np.ndarray]]) -> None:
+        self.floor.in_flight -= 1
+        self._answer(model, request, done.result())
 
     def _answer(self, model: Model, request: dict[str, Any], outputs: list[np.ndarray]) -> None:
         model.count += 1
