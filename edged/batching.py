@@ -228,6 +228,8 @@ def _check_shape(model: ModelVersion, spec: TensorSpec, shape: tuple[int, ...],
     """InvalidInput unless `shape` fits `spec` (the batch dim, when batched, is any size)."""
     dims = spec.shape[1:] if batched else spec.shape
     given = shape[1:] if batched else shape
+    if given == dims and len(shape) == len(spec.shape):  # all dims as given: one compare
+        return
 
     def fits(got: tuple[int, ...]) -> bool:
         return len(got) == len(dims) and all(

@@ -137,6 +137,7 @@ class Request:
         "body_timeout_s",
         "complete",
         "content",
+        "content_length",
         "headers",
         "is_unix",
         "keep_alive",
@@ -163,11 +164,8 @@ class Request:
         self.body_timeout_s = body_timeout_s
         self.match_info: dict[str, str] = {}
         self.complete = False  # the whole message (its body too) has been parsed
-
-    @property
-    def content_length(self) -> int | None:
-        raw = self.headers.get("content-length")
-        return int(raw) if raw is not None else None  # llhttp has checked it is digits
+        length = headers.get("content-length")
+        self.content_length = int(length) if length is not None else None  # llhttp: digits
 
     @property
     def content_type(self) -> str:

@@ -92,6 +92,8 @@ class InferRequest:
     timeout_s: float | None = None
 
 
+_DECODER = json.JSONDecoder()
+_INT = frozenset({int})  # the type of a JSON integer (a JSON true is a bool)
 ShmReader = Callable[[ShmRef], memoryview]
 Charger = Callable[[int], None]  # told of memory a request is about to take
 # A message body as parts (the JSON, then each tensor's bytes), sent without joining them:
@@ -159,12 +161,13 @@ def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
     if datatype not in TRITON_TO_NUMPY:
         raise InvalidInput(f"input {name}: unknown datatype {datatype!r}")
     shape = raw.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
-                                              and 0 <= d <= MAX_DIM for d in shape):
+    # Every dim an int (not a bool: its type is not int), in 0..MAX_DIM; C loops, not Python.
+    if not isinstance(shape, list) or (shape and not (
+            _INT.issuperset(map(type, shape)) and min(shape) >= 0 and max(shape) <= MAX_DIM)):
         raise InvalidInput(f"input {name}: shape must be a list of integers in 0..{MAX_DIM}")
     if len(shape) > MAX_RANK:
         raise InvalidInput(f"input {name}: {len(shape)} dimensions (at most {MAX_RANK})")
-    if math.prod(d for d in shape if d) > MAX_ELEMENTS:
+    if math.prod(filter(None, shape)) > MAX_ELEMENTS:  # the dims that are not 0
         raise InvalidInput(f"input {name}: shape {shape} describes more than {MAX_ELEMENTS} "
                            "elements")
     count = math.prod(shape)
@@ -405,7 +408,10 @@ def parse_cost(text: bytes) -> int:
 
 def _parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        header = json.loads(raw)
+        try:  # UTF-8, as every KServe client sends: decoded here, json need not sniff it
+            header = _DECODER.decode(raw.decode("utf-8-sig"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            header = json.loads(raw)  # UTF-16 or -32 (json.loads takes them), or its error
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"malformed JSON: {exc}") from exc
     except RecursionError as exc:  # a hostile body nested deeper than the parser can go
@@ -447,6 +453,8 @@ def _shm_ref(params: Mapping[str, Any], what: str) -> ShmRef:
 
 def _refuse_unclaimed(params: Mapping[str, Any], unclaimed: Mapping[str, str],
                       what: str) -> None:
+    if params.keys().isdisjoint(unclaimed):
+        return
     for key, feature in unclaimed.items():
         if key in params:
             raise InvalidInput(f"{what}: parameter {key!r} needs {feature}, which edged does "

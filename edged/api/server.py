@@ -390,7 +390,7 @@ class ApiServer:
         if json_length is None:
             return Response(parts[0], content_type="application/json")
         headers = {HEADER_LENGTH: str(json_length)}
-        if sum(len(part) for part in parts) <= JOIN_BYTES:  # one buffer: one send
+        if sum(map(len, parts)) <= JOIN_BYTES:  # one buffer: one send
             return Response(b"".join(parts), headers=headers)
         # Large tensor bytes go out as they are: joining them to the JSON would copy them again.
         return Response(parts=list(parts), headers=headers)

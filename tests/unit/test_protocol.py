@@ -101,6 +101,14 @@ BAD_REQUESTS = [
      "shape must be a list of integers in 0.."),
     (b'{"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]}', None,
      "2 values for shape"),
+    *((b'{"inputs": [{"name": "x", "shape": %s, "datatype": "FP32", "data": [1]}]}' % shape,
+       None, "shape must be a list of integers in 0..")
+      for shape in (b"[1, true]", b"[1.0]", b'["1"]', b"[null]", b"[[1]]", b"[1099511627777]",
+                    b'{"0": 1}', b"7")),
+    (b'{"inputs": [{"name": "x", "shape": [2097152, 1048576, 0], "datatype": "FP32",'
+     b' "data": []}]}', None, "describes more than"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}\xff', None,
+     "malformed JSON"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": ["a"]}]}', None,
      "data is not INT32"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}', None, "no data"),
@@ -130,6 +138,28 @@ def test_decode_when_request_is_malformed_raises_invalid_input(body: bytes, leng
                                                                message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         decode_request(body, length)
+
+
+@pytest.mark.parametrize("encode", [
+    lambda text: text.encode(),  # what every client sends
+    lambda text: b"\xef\xbb\xbf" + text.encode(),  # UTF-8 with a byte order mark
+    lambda text: text.encode("utf-16"),  # json.loads takes UTF-16 and -32: so does edged
+    lambda text: text.encode("utf-32-le"),
+])
+def test_decode_when_json_is_utf8_or_another_unicode_encoding_reads_it(encode: Any) -> None:
+    text = '{"id": "\u00e9t\u00e9", "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", ' \
+           '"data": [1.5]}]}'
+    request = decode_request(encode(text))
+    assert request.id == "\u00e9t\u00e9"
+    assert request.inputs["x"].tolist() == [1.5]
+
+
+def test_decode_when_shape_has_no_dims_or_a_zero_dim_takes_it() -> None:
+    scalar = decode_request(b'{"inputs": [{"name": "x", "shape": [], "datatype": "FP32",'
+                            b' "data": [2]}]}')
+    empty = decode_request(b'{"inputs": [{"name": "x", "shape": [0, 3], "datatype": "FP32",'
+                           b' "data": []}]}')
+    assert scalar.inputs["x"].shape == () and empty.inputs["x"].shape == (0, 3)
 
 
 def test_decode_when_data_is_nested_very_deeply_stays_a_clean_error() -> None:

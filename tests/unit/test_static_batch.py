@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import make_test_models
 import numpy as np
@@ -18,11 +20,13 @@ from support.models import write_yaml
 from edged.api.describe import model_config, model_metadata
 from edged.backends.onnxruntime import provider_chain
 from edged.backends.profiles import InputProfile, derive_profile
+from edged.batching import validate
 from edged.cache import ModelCache
 from edged.config import OrtConfig
 from edged.errors import InvalidInput, InvalidModel
 from edged.model.loadspec import backend_options, engine_hints, load_spec, warmup_inputs
 from edged.model.repository import ModelRepository
+from edged.model.tensor import TensorSpec
 from edged.scheduler import Scheduler
 
 Core = tuple[ModelCache, Scheduler]
@@ -219,3 +223,33 @@ def test_scheduler_when_a_request_does_not_fit_the_fixed_batch_raises_invalid_in
     _, scheduler = core
     with pytest.raises(InvalidInput, match=message):
         scheduler.submit(model, {"image": x})
+
+
+def _model(shape: tuple[int, ...], max_batch_size: int) -> Any:
+    """What `validate` reads of a ModelVersion."""
+    return SimpleNamespace(inputs=(TensorSpec("x", np.dtype(np.float32), shape),),
+                           max_batch_size=max_batch_size, fixed_batch=None, label="m:1")
+
+
+@pytest.mark.parametrize(("shape", "max_batch", "given", "rows"), [
+    ((-1, 3), 8, (2, 3), 2),  # every dim after the batch one as the spec has it
+    ((-1,), 8, (5,), 5),  # nothing after the batch dim
+    ((-1, -1), 8, (1, 7), 1),  # a dynamic dim
+    ((2, 3), 0, (2, 3), 1),  # not batched: the whole shape
+])
+def test_validate_when_the_shape_fits_gives_its_rows(shape: tuple[int, ...], max_batch: int,
+                                                     given: tuple[int, ...], rows: int) -> None:
+    assert validate(_model(shape, max_batch), {"x": np.zeros(given, np.float32)})[0] == rows
+
+
+@pytest.mark.parametrize(("shape", "max_batch", "given"), [
+    ((-1,), 8, ()),  # no batch dim at all: the dims after it match, the rank does not
+    ((-1, 3), 8, (3,)),
+    ((-1, 3), 8, (2, 4)),
+    ((2, 3), 0, (3, 2)),
+    ((2, 3), 0, (1, 2, 3)),
+])
+def test_validate_when_the_shape_does_not_fit_refuses_it(shape: tuple[int, ...], max_batch: int,
+                                                         given: tuple[int, ...]) -> None:
+    with pytest.raises(InvalidInput, match="input x has shape"):
+        validate(_model(shape, max_batch), {"x": np.zeros(given, np.float32)})
