@@ -409,7 +409,10 @@ def parse_cost(text: bytes) -> int:
 def _parse_json(raw: bytes) -> dict[str, Any]:
     try:
         try:  # UTF-8, as every KServe client sends: decoded here, json need not sniff it
-            header = _DECODER.decode(raw.decode("utf-8-sig"))
+            # (with "utf-8", which needs no codec looked up: a client that has dropped its
+            # privileges may no longer be able to import one)
+            text = raw.decode("utf-8")
+            header = _DECODER.decode(text[1:] if text.startswith("\ufeff") else text)
         except (UnicodeDecodeError, json.JSONDecodeError):
             header = json.loads(raw)  # UTF-16 or -32 (json.loads takes them), or its error
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
