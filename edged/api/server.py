@@ -355,8 +355,9 @@ class ApiServer:
                                              charge=charger)
         else:
             parsed = decode_request(body, json_length, read_shm=reader, charge=charger)
-        _check_outputs(self.scheduler.model(name, version), parsed)
-        if any(out.shm is not None for out in parsed.outputs):
+        if parsed.outputs:  # most requests name none: every output comes back
+            _check_outputs(self.scheduler.model(name, version), parsed)
+        if parsed.outputs and any(out.shm is not None for out in parsed.outputs):
             await asker.resolve()  # before holding them here, on the loop
         for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
             if out.shm is not None:
