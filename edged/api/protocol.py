@@ -408,13 +408,7 @@ def parse_cost(text: bytes) -> int:
 
 def _parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        try:  # UTF-8, as every KServe client sends: decoded here, json need not sniff it
-            # (with "utf-8", which needs no codec looked up: a client that has dropped its
-            # privileges may no longer be able to import one)
-            text = raw.decode("utf-8")
-            header = _DECODER.decode(text[1:] if text.startswith("\ufeff") else text)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            header = json.loads(raw)  # UTF-16 or -32 (json.loads takes them), or its error
+        header = _loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"malformed JSON: {exc}") from exc
     except RecursionError as exc:  # a hostile body nested deeper than the parser can go
@@ -422,6 +416,22 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise InvalidInput("the request must be a JSON object")
     return header
+
+
+def _loads(raw: bytes) -> Any:
+    """`json.loads(raw)`, with UTF-8, what every KServe client sends, decoded here rather than
+    sniffed first (and with "utf-8", which needs no codec looked up: a client that has dropped
+    its privileges may no longer import one). json.loads still takes the rest: a NUL in the
+    first two bytes (how it tells UTF-16/32 without a BOM), and what is not strict UTF-8
+    (UTF-16/32 with a BOM, encoded surrogates, bytes that are no text)."""
+    if raw[:2].count(0) == 0:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            return _DECODER.decode(text[1:] if text.startswith("\ufeff") else text)
+    return json.loads(raw)
 
 
 def _mapping(value: Any, what: str) -> Mapping[str, Any]:
