@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from operator import attrgetter
 
 import numpy as np
 
@@ -58,7 +57,6 @@ MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and cloc
 # twice: more CPU than running tiny_cls itself, and latency on every model. The loop is
 # blocked this long at most, and only while it has no other request to serve.
 INLINE_MAX_NS = 2_000_000
-_ROWS = attrgetter("rows")  # a Request's: summed in C, not in a Python generator
 INLINE_UNKNOWN = 1 << 62  # no batch run yet: nothing is run inline before one has
 # Requests for a cheap model that arrive together on the event loop run there as one batch
 # (Batcher.run_together) when their rows' moving cost is under this: the loop is held that
@@ -435,7 +433,7 @@ class Batcher:
         started = time.perf_counter_ns()
         now = self._clock()
         queued_s = sum(now - r.enqueued for r in batch)  # each first: never below 0
-        rows = sum(map(_ROWS, batch))
+        rows = sum(r.rows for r in batch)
         sent = max(rows, model.fixed_batch or 0)
         failure: EdgedError | None = None
         outputs: Outputs = {}

@@ -357,11 +357,11 @@ class ApiServer:
             parsed = decode_request(body, json_length, read_shm=reader, charge=charger)
         if parsed.outputs:  # most requests name none: every output comes back
             _check_outputs(self.scheduler.model(name, version), parsed)
-        if parsed.outputs and any(out.shm is not None for out in parsed.outputs):
-            await asker.resolve()  # before holding them here, on the loop
-        for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
-            if out.shm is not None:
-                lease.hold(out.shm)
+            if any(out.shm is not None for out in parsed.outputs):
+                await asker.resolve()  # before holding them here, on the loop
+            for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
+                if out.shm is not None:
+                    lease.hold(out.shm)
         # Alone: no other request is being handled or arrived in this turn of the loop. A quick
         # model then runs right here, with no hop to a worker thread and back (tiny_cls at c=1
         # cost ~20% less server CPU per request, and the answer comes sooner). Requests that

@@ -35,10 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from edged.api.protocol import NUMPY_TO_TRITON, TRITON_TO_NUMPY
+
 INLINE_S = 200e-6
-_DTYPES = {"FP32": "<f4", "FP16": "<f2", "FP64": "<f8", "INT64": "<i8", "INT32": "<i4",
-           "INT8": "i1", "UINT8": "u1", "BOOL": "?"}
-_NAMES = {np.dtype(v).str: k for k, v in _DTYPES.items()}
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n"
 
 
@@ -121,7 +120,7 @@ class Connection(asyncio.Protocol):
         request = json.loads(body[:length])
         feed, offset = {}, length
         for spec in request["inputs"]:
-            dtype = np.dtype(_DTYPES[spec["datatype"]])
+            dtype = np.dtype(TRITON_TO_NUMPY[spec["datatype"]])
             size = spec.get("parameters", {}).get("binary_data_size")
             if size is None:
                 feed[spec["name"]] = np.array(spec["data"], dtype).reshape(spec["shape"])
@@ -151,7 +150,7 @@ class Connection(asyncio.Protocol):
         for meta, array in zip(model.session.get_outputs(), outputs, strict=True):
             if asked and meta.name not in asked:
                 continue
-            entry = {"name": meta.name, "datatype": _NAMES[array.dtype.str],
+            entry = {"name": meta.name, "datatype": NUMPY_TO_TRITON[array.dtype.str],
                      "shape": list(array.shape)}
             if asked.get(meta.name, binary):
                 blob = array.tobytes()
