@@ -74,7 +74,8 @@ def test_metadata_when_a_value_is_malformed_treats_it_as_absent_with_a_warning(
 @pytest.mark.parametrize(("outputs", "metadata", "size", "expected"), [
     ([spec("output0", 84, 8400)], ultralytics(), (640, 640), ("yolov8", True, "8400 anchors")),
     ([spec("output0", 84, -1)], None, None, ("yolov8", True, "more rows than columns")),
-    ([spec("output0", 8400, 84)], None, (640, 640), ("yolov8", False, "8400 anchors")),
+    ([spec("output0", 8400, 84)], read_metadata({"names": COCO}, "m"), (640, 640),
+     ("yolov8", False, "8400 anchors")),
     ([spec("output0", 25200, 85)], None, (640, 640), ("yolov5", False, "three per cell")),
     ([spec("output0", 25200, 85)], read_metadata({"stride": "32", "names": COCO}, "m"), None,
      ("yolov5", False, "85 = 5 + 80 classes (names)")),
@@ -141,12 +142,13 @@ def test_choose_head_when_v5_and_v8_both_fit_says_what_is_missing() -> None:
 
 @pytest.mark.parametrize("outputs", [[spec("prob", 4)], [spec("map", 1, 64, 64)],
                                      [spec("output0", 3, 3)]])
-def test_choose_head_when_no_layout_fits_refuses_naming_the_format_key(
+def test_choose_head_when_no_layout_fits_refuses_suggesting_only_kind_raw(
         outputs: list[TensorSpec]) -> None:
     with pytest.raises(InvalidModel) as caught:
         choose_head(outputs, None, DETECT, said=(), batched=True)
     assert f"{outputs[0].name} {list(outputs[0].shape)}" in str(caught.value)
-    assert "set postprocess.format (yolov5 [N, 5+C]" in str(caught.value)
+    assert "none of the heads edged reads" in str(caught.value)
+    assert "serve it with postprocess.kind: raw" in str(caught.value)  # the one key that works
 
 
 def test_choose_head_when_metadata_says_end2end_and_model_yaml_a_format_yaml_wins() -> None:
