@@ -141,3 +141,33 @@ def test_real_model_when_a_tf_od_api_ssd_has_a_labels_file_names_its_one_based_i
     assert (person["class"], person["label"]) == (1, "person")
     x1, y1, x2, y2 = person["box"]
     assert 0 <= x1 < 60 and 0 <= y1 < 60 and 300 < x2 < 420 and y2 > 480  # frame pixels
+
+
+def test_real_model_when_its_size_is_dynamic_threads_and_warm_up_use_the_served_size(
+        real_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """nudenet takes any H x W and says imgsz 320: the thread choice is timed on real
+    sessions at 320 x 320 (not the 32 x 32 a bare dynamic dim gets) and the model warms up
+    there, and the log says so."""
+    import dataclasses
+
+    from support.backends import options
+
+    from edged.cache import ModelCache
+    from edged.model import threads
+    from edged.model.loadspec import warmup_inputs
+
+    repo = repository(tmp_path / "models", real_models, "nudenet", "nudenet_320n.onnx")
+    assert warmup_inputs(repo.resolve("nudenet"))["images"].shape == (1, 3, 320, 320)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    cache = ModelCache(repo, budget_bytes=1 << 30,
+                       options=dataclasses.replace(options(tmp_path), intra_op_threads=0))
+    try:
+        with caplog.at_level("INFO"):
+            cache.load("nudenet")
+    finally:
+        cache.close()
+    text = caplog.text
+    assert "intra-op thread(s) (measured" in text
+    assert "at the served size: images [1, 3, 320, 320]" in text
+    assert "warmed at images [1, 3, 320, 320]" in text
