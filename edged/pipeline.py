@@ -31,7 +31,7 @@ from edged.events.publish import compact
 from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.post import Postprocessor
-from edged.processing.pre import Geometry, preprocess
+from edged.processing.pre import Geometry, preprocess, size_inputs
 from edged.scheduler import Outputs, Scheduler
 from edged.sources import Frame, Source, worth_logging
 from edged.stream_events import EventsStage
@@ -171,9 +171,11 @@ class StreamPipeline:
         cfg = model.config.preprocess or PreprocessConfig()
         buffer = self._free.pop() if self._free else None
         tensor, geometry = preprocess(frame.data, cfg, spec, buffer)
-        if model.max_batch_size == 0:
-            return {spec.name: tensor[0]}, geometry, tensor
-        return {spec.name: tensor}, geometry, tensor
+        batched = model.max_batch_size > 0
+        inputs = {spec.name: tensor if batched else tensor[0]}
+        if len(model.inputs) > 1:  # D-FINE's orig_target_sizes beside the image
+            inputs.update(size_inputs(model.inputs, tensor, cfg.layout, batched))
+        return inputs, geometry, tensor
 
     def _finish(self, item: _InFlight, outputs: Outputs) -> None:
         inference_ms = (self.clock() - item.submitted) * 1000

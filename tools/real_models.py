@@ -111,6 +111,9 @@ MODELS = (
     Entry("yolonas_sig", "nudenet_as_yolonas.onnx", "yolonas", "made", "nudenet's weights, "
           "outputs rewritten to YOLO-NAS' raw export: boxes [1, N, 4] x1, y1, x2, y2 in input "
           "pixels + scores [1, N, C]", "AGPL-3.0"),
+    Entry("dfine_sig", "nudenet_as_dfine.onnx", "dfine", "made", "nudenet's weights, outputs "
+          "rewritten to D-FINE's deploy export: labels [1, Q], boxes [1, Q, 4] x1, y1, x2, y2 "
+          "scaled by the orig_target_sizes input, scores [1, Q]", "AGPL-3.0"),
     Entry("rfdetr_sig", "nudenet_as_rfdetr.onnx", "rfdetr", "made", "nudenet's weights, "
           "outputs rewritten to RF-DETR's export: dets [1, Q, 4] normalised cx, cy, w, h + "
           "labels [1, Q, C] logits", "AGPL-3.0"),

@@ -36,6 +36,8 @@ CLAIMED: dict[str, tuple[str, str, Reference]] = {
                        lambda s, f: ref.tf_od_api(s, f, THRESHOLD)),
     "yolonas_sig": ("nudenet_as_yolonas.onnx", "yolonas",
                     lambda s, f: ref.yolonas(s, f, 320, THRESHOLD)),
+    "dfine_sig": ("nudenet_as_dfine.onnx", "detr",
+                  lambda s, f: ref.dfine(s, f, 320, THRESHOLD)),
     "rfdetr_sig": ("nudenet_as_rfdetr.onnx", "detr",
                    lambda s, f: ref.rfdetr(s, f, 320, THRESHOLD)),
 }
@@ -53,13 +55,16 @@ def repository(tmp: Path, corpus: Path, name: str, file: str) -> ModelRepository
 
 def served(model: ModelVersion, session: ort.InferenceSession,
            frame: np.ndarray) -> list[dict]:
-    """edged's own path: preprocess into the input, the session, the Postprocessor."""
-    from edged.processing.pre import preprocess
+    """edged's own path: preprocess into the input (and the size inputs beside it, D-FINE's),
+    the session, the Postprocessor."""
+    from edged.processing.pre import preprocess, size_inputs
 
-    tensor, geometry = preprocess(frame, model.config.preprocess or PreprocessConfig(),
-                                  model.inputs[0])
+    pre = model.config.preprocess or PreprocessConfig()
+    tensor, geometry = preprocess(frame, pre, model.inputs[0])
+    feed = {model.inputs[0].name: tensor,
+            **size_inputs(model.inputs, tensor, pre.layout, model.max_batch_size > 0)}
     names = [o.name for o in session.get_outputs()]
-    outputs = dict(zip(names, session.run(None, {model.inputs[0].name: tensor}), strict=True))
+    outputs = dict(zip(names, session.run(None, feed), strict=True))
     post = Postprocessor(model.config.postprocess, model.dir, model.head)
     return post(outputs, geometry)["detections"]
 

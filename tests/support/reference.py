@@ -170,3 +170,16 @@ def rfdetr(s: ort.InferenceSession, frame: np.ndarray, size: int, threshold: flo
     boxes = np.stack([(cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w,
                       (cy + bh / 2) * h], 1)
     return _clip(boxes, frame), scores[keep], classes[keep]
+
+
+def dfine(s: ort.InferenceSession, frame: np.ndarray, size: int, threshold: float) -> Found:
+    """D-FINE's deploy export: resized square, RGB 0..1, with orig_target_sizes = the frame's
+    [[w, h]]; outputs labels, boxes x1, y1, x2, y2 already in frame pixels, scores; no NMS."""
+    h, w = frame.shape[:2]
+    x = resize(frame, size, size)[:, :, ::-1].transpose(2, 0, 1)[None].astype(np.float32) / 255
+    out = dict(zip([o.name for o in s.get_outputs()],
+                   s.run(None, {"images": x, "orig_target_sizes": np.array([[w, h]], np.int64)}),
+                   strict=True))
+    labels, boxes, scores = out["labels"][0], out["boxes"][0], out["scores"][0]
+    keep = scores >= threshold
+    return _clip(boxes[keep].copy(), frame), scores[keep], labels[keep]
