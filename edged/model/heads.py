@@ -201,7 +201,8 @@ def _fits(rows: int, cols: int, ev: _Evidence) -> list[_Fit]:
         return "more rows than columns (no anchor grid known)" if n == -1 or n > other else None
 
     fits: list[_Fit] = []
-    if cols == 6 and rows != 0:
+    # End-to-end exports keep 100-300 rows; thousands of 6-wide rows are an anchor table.
+    if cols == 6 and rows != 0 and (rows <= MAX_QUERIES or ev.metadata.end2end):
         mark = 2 if ev.metadata.end2end else 1 if 0 < rows <= MAX_QUERIES else 0
         fits.append(_Fit("end2end", False, f"[{rows}, 6]: x1, y1, x2, y2, score, class", mark))
     layouts: tuple[tuple[Format, bool, int, frozenset[int], str], ...] = (
