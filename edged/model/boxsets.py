@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.heads import (
     MAX_QUERIES,
     Box,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.boxsets import tf_od_outputs
 from edged.model.config import ModelConfig, PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head, choose_head

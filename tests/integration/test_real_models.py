@@ -18,7 +18,7 @@ import pytest
 from support import reference as ref
 from support.models import write_yaml
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelRepository, ModelVersion
 from edged.processing.post import Postprocessor
@@ -158,9 +158,9 @@ def test_real_model_when_its_size_is_dynamic_threads_and_warm_up_use_the_served_
 
     from support.backends import options
 
-    from edged.cache import ModelCache
-    from edged.model import threads
-    from edged.model.loadspec import warmup_inputs
+    from edged.inference import threads
+    from edged.inference.cache import ModelCache
+    from edged.inference.loadspec import warmup_inputs
 
     repo = repository(tmp_path / "models", real_models, "nudenet", "nudenet_320n.onnx")
     assert warmup_inputs(repo.resolve("nudenet"))["images"].shape == (1, 3, 320, 320)

@@ -13,13 +13,12 @@ import pytest
 from support.backends import options
 from support.models import write_yaml
 
-from edged import instances
 from edged.backends import BackendOptions, LoadSpec
 from edged.backends.onnxruntime import OrtBackend
-from edged.cache import ModelCache
-from edged.model import threads
-from edged.model.loadspec import load_spec
-from edged.model.precision import sample_inputs
+from edged.inference import instances, threads
+from edged.inference.cache import ModelCache
+from edged.inference.loadspec import load_spec
+from edged.inference.precision import sample_inputs
 from edged.model.repository import ModelRepository, ModelVersion
 
 
@@ -151,7 +150,7 @@ def test_choose_when_the_input_size_is_dynamic_times_it_at_the_served_size(
     monkeypatch.setattr(threads, "time_loads", time_loads)
     monkeypatch.setattr(threads, "cores", lambda: 2)
     opts = dataclasses.replace(options(tmp_path), intra_op_threads=0)
-    with caplog.at_level("INFO", logger="edged.model.threads"):
+    with caplog.at_level("INFO", logger="edged.inference.threads"):
         chosen = threads.choose_threads(model, OrtBackend(), load_spec(model), opts)
     assert seen == [(1, 3, 40, 48)] and chosen.intra_op_threads == 2
     assert "at the served size: image [1, 3, 40, 48]" in caplog.text
