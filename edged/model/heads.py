@@ -196,8 +196,9 @@ def _fits(rows: int, cols: int, ev: _Evidence) -> list[_Fit]:
 
     def anchors(n: int, other: int, grid: frozenset[int], per_cell: str) -> str | None:
         if grid:
-            return f"{n} anchors = {per_cell} of the input's grid" if n in grid or n == -1 \
-                else None
+            if n == -1:
+                return f"N dynamic (the input's grid has {per_cell})"
+            return f"{n} anchors = {per_cell} of the input's grid" if n in grid else None
         return "more rows than columns (no anchor grid known)" if n == -1 or n > other else None
 
     fits: list[_Fit] = []
