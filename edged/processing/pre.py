@@ -51,13 +51,19 @@ def size_inputs(specs: Sequence[TensorSpec], tensor: np.ndarray, layout: str,
     the tensor's own size, so boxes come out in tensor pixels and map back to the frame as
     every other head's do. `tensor` is the image input as built (a batch of one)."""
     height, width = tensor.shape[-2:] if layout == "nchw" else tensor.shape[-3:-1]
-    return {spec.name: np.array([[width, height]] if batched else [width, height], spec.dtype)
-            for spec in specs[1:] if is_size_input(spec, batched)}
+    found = {}
+    for spec in specs[1:]:
+        if is_size_input(spec, batched):
+            dims = spec.shape[1:] if batched else spec.shape
+            shape = ([1] if batched else []) + [1] * (len(dims) - 1) + [2]
+            found[spec.name] = np.array([width, height], spec.dtype).reshape(shape)
+    return found
 
 
 def is_size_input(spec: TensorSpec, batched: bool) -> bool:
-    dims = spec.shape[1:] if batched else spec.shape
-    return "size" in spec.name.lower() and tuple(dims) == (2,) and spec.dtype.kind in "iuf"
+    """[N, 2] (or an unbatched [1, 2] or [2]) named as a size."""
+    dims = tuple(spec.shape[1:] if batched else spec.shape)
+    return "size" in spec.name.lower() and dims in ((2,), (1, 2)) and spec.dtype.kind in "iuf"
 
 
 def tensor_shape(cfg: PreprocessConfig, spec: TensorSpec,

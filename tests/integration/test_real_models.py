@@ -176,3 +176,23 @@ def test_real_model_when_its_size_is_dynamic_threads_and_warm_up_use_the_served_
     assert "intra-op thread(s) (measured" in text
     assert "at the served size: images [1, 3, 320, 320]" in text
     assert "warmed at images [1, 3, 320, 320]" in text
+
+
+def test_edged_infer_when_a_dfine_export_takes_orig_target_sizes_fills_it_from_the_image(
+        real_models: Path, tmp_path: Path) -> None:
+    """`edged infer` with one image for D-FINE's two inputs: the image goes to `images`, and
+    `orig_target_sizes` gets the tensor's (width, height), as streams give it."""
+    from edged.ops.commands import read_inputs
+
+    image = tmp_path / "astronaut.png"
+    shutil.copyfile(real_models / "astronaut.png", image)
+    repo = repository(tmp_path / "models", real_models, "dfine", "nudenet_as_dfine.onnx")
+    model = repo.resolve("dfine")
+    assert model.max_batch_size == 1  # a fixed batch of one: dims without it
+    meta = {"max_batch_size": 1, "edged": {"preprocess": None},
+            "input": [{"name": t.name, "data_type": "TYPE_" + {"float32": "FP32",
+                                                               "int64": "INT64"}[str(t.dtype)],
+                       "dims": list(t.shape[1:])} for t in model.inputs]}
+    inputs, images = read_inputs(meta, "dfine", [str(image)])
+    assert inputs["images"].shape == (1, 3, 320, 320) and set(images) == {"images"}
+    assert inputs["orig_target_sizes"].tolist() == [[320, 320]]
