@@ -106,17 +106,26 @@ def test_real_model_when_served_without_model_yaml_gives_the_reference_boxes(
     assert found_any
 
 
+@pytest.mark.parametrize(("name", "shapes"), [
+    ("picodet", "transpose_0.tmp_0 [1, 7600, 10]"),  # PP-PicoDet: per-level scores + DFL
+    ("ppocr_det", "sigmoid_0.tmp_0 [-1, 1, -1, -1]"),  # PP-OCR's DBNet: a text map
+])
 def test_real_model_when_the_head_is_not_one_edged_reads_serves_raw_and_refuses_detect(
-        real_models: Path, tmp_path: Path) -> None:
-    repo = repository(tmp_path, real_models, "picodet", "picodet_layout_cdla.onnx")
-    model = repo.resolve("picodet")
+        real_models: Path, tmp_path: Path, name: str, shapes: str) -> None:
+    from tools.bench.assets import PPOCR_DET, ppocr_model
+
+    if name == "picodet":
+        repo = repository(tmp_path, real_models, name, "picodet_layout_cdla.onnx")
+    else:
+        repo = repository(tmp_path, ppocr_model(PPOCR_DET).parent, name, PPOCR_DET)
+    model = repo.resolve(name)
     assert model.head is None
     assert model.config.postprocess is None or model.config.postprocess.kind == "raw"
-    write_yaml(tmp_path, "picodet", "postprocess: {kind: detect}\n")
+    write_yaml(tmp_path, name, "postprocess: {kind: detect}\n")
     with pytest.raises(InvalidModel) as caught:
-        ModelRepository(tmp_path).resolve("picodet")
+        ModelRepository(tmp_path).resolve(name)
     message = str(caught.value)
-    assert "transpose_0.tmp_0 [1, 7600, 10]" in message  # the shapes, named
+    assert shapes in message  # the shapes, named
     assert "postprocess.kind: raw" in message and "format: yolo" not in message
 
 
