@@ -168,7 +168,8 @@ class PreprocessConfig:
     layout: Literal["nchw", "nhwc"] = setting("nchw", "tensor layout")
 
 
-HeadFormat = Literal["auto", "yolo", "yolov5", "yolov8", "end2end", "ssd", "detr"]
+HeadFormat = Literal["auto", "yolo", "yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas",
+                     "detr"]
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,12 @@ class PostprocessConfig:
     top_k: int = setting(1, "classes reported (classify)", check=at_least(1))
     format: HeadFormat = setting(
         "auto", "detect head: auto = told by the output shapes and the ONNX metadata, at load; "
-        "yolov5 = [N, 5+C] (objectness); yolov8 = [4+C, N]; end2end = [K, 6] (x1, y1, x2, y2, "
+        "yolov5 = [N, 5+C] (objectness); yolov8 = [4+C, N]; yolox = [N, 5+C] raw grid offsets, "
+        "one row per cell of the stride 8/16/32 grids; end2end = [K, 6] (x1, y1, x2, y2, "
         "score, class; no NMS); ssd = boxes [N, 4] + scores [N, C] or scores [N] + classes "
-        "[N]; detr = [Q, 4+C] or logits [Q, C] + boxes [Q, 4] (0..1 cx, cy, w, h; no NMS); "
+        "[N] (TF's detection_* outputs: y1, x1, y2, x2 0..1, ids from 1); yolonas = boxes "
+        "[N, 4] x1, y1, x2, y2 pixels + scores [N, C]; detr = [Q, 4+C] or logits [Q, C] + "
+        "boxes [Q, 4] (0..1 cx, cy, w, h; no NMS), or labels + boxes + scores (D-FINE); "
         "yolo = yolov5 or yolov8 by `objectness` and `transposed`")
     objectness: bool = setting(False, "yolo: a 5th column scales the class scores")
     transposed: bool | None = setting(None, "yolo: the head is [4+C, N] (YOLOv8); null = "

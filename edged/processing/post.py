@@ -97,9 +97,22 @@ def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
     # Python floats once for the lot: a numpy scalar at a time costs more than the NMS. Rounded
     # as published, so that every stage sees what subscribers see.
     found_classes = classes[chosen].tolist()
+    base = _label_base(head, labels)
     return Detections.of([[round(v, 2) for v in box] for box in boxes[chosen].tolist()],
                          [round(score, 5) for score in scores[chosen].tolist()],
-                         found_classes, [_label(labels, c) for c in found_classes])
+                         found_classes, [_label(labels, c - base) for c in found_classes])
+
+
+BACKGROUND = {"???", "background", "__background__", "bg"}
+
+
+def _label_base(head: Head, labels: Sequence[str]) -> int:
+    """Which class id the first label names. TF's ids count from 1 (a label map's first item),
+    so its first label names id 1, unless the file gives id 0 a line of its own (`???`,
+    `background`), as TF Lite's COCO labels do; the class id published stays the model's."""
+    if head.class_base and labels and labels[0].strip().lower() not in BACKGROUND:
+        return head.class_base
+    return 0
 
 
 def specs_of(outputs: Mapping[str, np.ndarray]) -> tuple[TensorSpec, ...]:

@@ -31,7 +31,7 @@ from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.detections import Detections
 from edged.processing.post import Postprocessor, published
-from edged.processing.pre import Geometry, preprocess
+from edged.processing.pre import Geometry, preprocess, size_inputs
 from edged.sources import Frame, Source, worth_logging
 from edged.streams.cascade import Cascade, run_all
 from edged.streams.config import StreamConfig
@@ -173,9 +173,11 @@ class StreamPipeline:
         cfg = model.config.preprocess or PreprocessConfig()
         buffer = self._free.pop() if self._free else None
         tensor, geometry = preprocess(frame.data, cfg, spec, buffer)
-        if model.max_batch_size == 0:
-            return {spec.name: tensor[0]}, geometry, tensor
-        return {spec.name: tensor}, geometry, tensor
+        batched = model.max_batch_size > 0
+        inputs = {spec.name: tensor if batched else tensor[0]}
+        if len(model.inputs) > 1:  # D-FINE's orig_target_sizes beside the image
+            inputs.update(size_inputs(model.inputs, tensor, cfg.layout, batched))
+        return inputs, geometry, tensor
 
     def _finish(self, item: _InFlight, outputs: Outputs) -> None:
         inference_ms = (self.clock() - item.submitted) * 1000

@@ -104,7 +104,7 @@ def test_detect_when_no_head_fits_the_outputs_fails_at_load_naming_them(
     with pytest.raises(InvalidModel) as caught:
         ModelRepository(repo_dir).resolve("tiny_cls")
     assert "output prob [-1, 4]" in str(caught.value)
-    assert "set postprocess.format (yolov5 [N, 5+C]" in str(caught.value)
+    assert "postprocess.kind: raw" in str(caught.value)
 
 
 def test_model_yaml_when_it_speaks_wins_over_the_metadata_key_by_key(
