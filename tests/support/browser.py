@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from support.polling import wait_until
 
 BINARIES = ("/usr/lib/chromium/chromium", "chromium", "chromium-browser")
