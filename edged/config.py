@@ -158,6 +158,13 @@ class ApiConfig:
         "auto", "copy shm inputs (pread) instead of lending models views of the mapping: "
         "auto copies for peers of another uid than edged's (not root), so that a client "
         "shrinking its object under a queued request cannot crash edged")
+    live_fps: float = setting(5.0, "frames a second at most in a live MJPEG view "
+                                   "(/v2/edged/streams/<name>/live.mjpeg); each is drawn "
+                                   "when sent, never on the stream's own thread",
+                              check=between(0.2, 60))
+    live_viewers: int = setting(4, "live MJPEG views of one stream open at once; more are "
+                                   "answered 503 (latest.jpg still answers)",
+                                check=between(1, 100))
 
 
 @dataclass(frozen=True)
@@ -256,9 +263,9 @@ class StreamConfig:
         "auto", "the hardware decoder's codec: auto = read from a file, H.264 for rtsp://")
     payload: Literal["json", "raw"] = setting(
         "json", "mqtt:// sensors: JSON arrays, or raw little-endian tensors")
-    log_results: bool = setting(False, "log one line per result (the demo shows them); a "
-                                       "detect stream with events and no per-frame results: "
-                                       "one per object that appears or ends")
+    log_results: bool = setting(False, "log one line per result at DEBUG (the demo does); "
+                                       "a detect stream with events and no per-frame "
+                                       "results: one at INFO per object that appears or ends")
     secondary: list[SecondaryConfig] = setting(
         factory=list, help="models run on crops of this detect stream's detections")
     # Events (edged/events/): what a detect stream's detections become.
@@ -319,6 +326,10 @@ class LoggingConfig:
     target: Literal["auto", "journal", "stderr"] = setting(
         "auto", "auto: the journal (with MODEL=, STREAM=, CODE= fields) when systemd "
                 "connected stderr to it, else stderr")
+    status_interval_s: float = setting(
+        30.0, "a summary line of the streams (fps, objects, last event) this often when "
+              "stderr is not a terminal (0: none); on a terminal a line per stream is "
+              "redrawn in place under the log instead", check=at_least(0))
 
 
 @dataclass(frozen=True)

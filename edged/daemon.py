@@ -32,12 +32,14 @@ from edged.model.repository import ModelRepository
 from edged.mqtt.link import MqttLink
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import TrustStore
+from edged.ota.progress import OtaProgress
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
 from edged.service.health import HealthMonitor, RecentErrors
 from edged.service.metrics import Metrics
 from edged.service.reload import plan as reload_plan
-from edged.service.reporting import Reporter, throttle_warning
+from edged.service.reporting import Reporter, inference_view, throttle_warning
+from edged.service.statusline import StatusLines, TerminalStatus
 from edged.service.systemd import Notifier, activated_unix_socket, listen_fds
 from edged.streams.events_stage import EventsHub, open_store
 from edged.streams.pipeline import StreamPipeline
@@ -54,9 +56,13 @@ OTA_STOP_S = 10.0
 class Daemon:
     def __init__(self, config: DaemonConfig, *,
                  reload_config: Callable[[], DaemonConfig] | None = None,
-                 notifier: Notifier | None = None) -> None:
-        """`reload_config` reads the config again (SIGHUP); None: reloading is refused."""
+                 notifier: Notifier | None = None,
+                 terminal: TerminalStatus | None = None) -> None:
+        """`reload_config` reads the config again (SIGHUP); None: reloading is refused.
+        `terminal`: stderr's log handler on a terminal, under which the streams' status
+        lines are redrawn (None: a summary line per interval instead)."""
         self.config = config
+        self.terminal = terminal
         self.reload_config = reload_config
         self.notifier = notifier or Notifier()
         self.started = time.monotonic()
@@ -88,11 +94,14 @@ class Daemon:
             self.scheduler, self._publish_result,
             subscribe=self.mqtt.subscribe if self.mqtt else None,
             unsubscribe=self.mqtt.unsubscribe if self.mqtt else None,
-            backend_of=self.cache.serving_on, events=self.events)
+            backend_of=self.cache.serving_on, events=self.events,
+            live_viewers=config.api.live_viewers)
+        self.ota_progress = OtaProgress(shadows=lambda: self.updater.shadows.status())
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
             self.scheduler.counters, self.cache.status, loads=self.cache.counters,
             streams=self.streams.snapshots,
-            link=self.mqtt.stats if self.mqtt is not None else None)
+            link=self.mqtt.stats if self.mqtt is not None else None,
+            looks=self.streams.looks, ota=self.ota_progress)
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)
@@ -100,7 +109,8 @@ class Daemon:
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.is_live, status=self.status_report,
-                             snapshots=lambda: self.events.store)
+                             snapshots=lambda: self.events.store, live=self.streams.live,
+                             recent=lambda: self.events.recent)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
@@ -159,6 +169,7 @@ class Daemon:
             self.mqtt.publish("results", f"streams/{stream}/results", payload)
 
     def _ota_event(self, event: Event) -> None:
+        self.ota_progress.record(event)
         if self.ota is not None:
             self.ota.report(event)
         else:
@@ -222,13 +233,26 @@ class Daemon:
                         self.config.models_dir, len(self.pipelines))
             self.notifier.ready(self.status_line())
             tasks = [asyncio.create_task(self._report_loop()),
-                     asyncio.create_task(self._health_loop())]
+                     asyncio.create_task(self._health_loop()),
+                     asyncio.create_task(self._status_loop())]
             await self._stop.wait()
         finally:
             for task in tasks:
                 task.cancel()
             await self.shutdown()
             logging.getLogger().removeHandler(self.recent)
+
+    async def _status_loop(self) -> None:
+        """The streams' status lines: redrawn in place on a terminal, or a summary line each
+        `logging.status_interval_s` (a reload may change it) in a log that is not one."""
+        lines = StatusLines(self.streams.describe, interval_s=0, terminal=self.terminal,
+                            logger=logger)
+        while True:
+            lines.interval_s = self.config.logging.status_interval_s
+            period = lines.period_s
+            await asyncio.sleep(period if period is not None else 5.0)
+            if period is not None:
+                await asyncio.to_thread(lines.tick)  # reads percentiles: off the loop
 
     # -- health and status -------------------------------------------------------------------
     async def _health_loop(self) -> None:
@@ -284,11 +308,13 @@ class Daemon:
             "models": [{**dataclasses.asdict(row), "device": row.device}
                        for row in self.cache.status()],
             "queues": self.scheduler.queues(),
+            "inference": inference_view(self.scheduler.counters()),
             "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
             # takes updates: every OTA subscription confirmed by the broker on this connection
             "ota": {"listening": self.ota.listening, "shadows": self.updater.shadows.status()}
             if self.ota is not None else None,
+            "updates": self.ota_progress.latest(),
             "process": {"rss_bytes": host.rss_bytes()},
             "gpus": [dataclasses.asdict(gpu) for gpu in host.gpus()],
             "jetson": jetson.as_dict() if (jetson := host.jetson()) is not None else None,

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Protocol
 
-from edged.api.messages import Handler, Request, Response
+from edged.api.http.messages import Handler, Request, Response
 from edged.api.page import SAME_ORIGIN
-from edged.errors import InvalidInput, StreamNotFound, Unavailable
+from edged.core.errors import InvalidInput, NoPicture, StreamNotFound, TooManyViewers
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +32,11 @@ NO_STORE = {**SAME_ORIGIN, "Cache-Control": "no-store"}
 
 
 class Picture(Protocol):
-    seq: int  # the frame's sequence number in its stream
-    jpeg: bytes
+    @property
+    def seq(self) -> int: ...  # the frame's sequence number in its stream
+
+    @property
+    def jpeg(self) -> bytes: ...
 
 
 class Viewable(Protocol):
@@ -67,7 +70,7 @@ class LiveRoutes:
         raw, height = _options(request)
         picture = await asyncio.to_thread(view.picture, raw=raw, height=height)
         if picture is None:
-            raise Unavailable(f"stream {request.match_info['name']!r} has no frame yet")
+            raise NoPicture(f"stream {request.match_info['name']!r} has no frame yet")
         return Response(picture.jpeg, content_type="image/jpeg",
                         headers={**NO_STORE, "X-Frame-Seq": str(picture.seq)})
 
@@ -77,34 +80,48 @@ class LiveRoutes:
         fps = _number(request.query.get("fps"), "fps", 0.2, self.max_fps) or self.max_fps
         release = view.watch()
         if release is None:
-            raise Unavailable(f"stream {request.match_info['name']!r} has as many live "
+            raise TooManyViewers(f"stream {request.match_info['name']!r} has as many live "
                               "viewers as api.live_viewers allows; latest.jpg still answers")
         response = Response(content_type=f"multipart/x-mixed-replace; boundary={BOUNDARY}",
                             headers=NO_STORE)
-        response.stream = _parts(view, raw, height, 1.0 / fps, release)
+        response.stream = _Watch(_parts(view, raw, height, 1.0 / fps), release)
         return response
 
 
-async def _parts(view: Viewable, raw: bool, height: int | None, period_s: float,
-                 release: Callable[[], None]) -> AsyncIterator[bytes]:
+class _Watch:
+    """One viewer's parts; closing them, read or not, gives the viewer's place back."""
+
+    def __init__(self, parts: AsyncGenerator[bytes, None], release: Callable[[], None]) -> None:
+        self._parts = parts
+        self._release = release
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._parts
+
+    async def aclose(self) -> None:
+        try:
+            await self._parts.aclose()
+        finally:
+            self._release()
+
+
+async def _parts(view: Viewable, raw: bool, height: int | None, period_s: float
+                 ) -> AsyncGenerator[bytes, None]:
     """A part per new frame, at most one per `period_s`; the last again after KEEPALIVE_S
     without a new one (so a client sees the stream is alive, and a gone one is noticed)."""
     loop = asyncio.get_running_loop()
-    try:
-        last_seq: int | None = None
-        sent_at = due = loop.time()
-        while True:
-            picture = await asyncio.to_thread(view.picture, raw=raw, height=height)
-            now = loop.time()
-            if picture is not None and (picture.seq != last_seq or now - sent_at >= KEEPALIVE_S):
-                last_seq, sent_at = picture.seq, now
-                yield (f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: "
-                       f"{len(picture.jpeg)}\r\nX-Frame-Seq: {picture.seq}\r\n\r\n"
-                       ).encode("ascii") + picture.jpeg + b"\r\n"
-            due = max(due + period_s, loop.time())  # behind: no burst to catch up
-            await asyncio.sleep(due - loop.time())
-    finally:
-        release()
+    last_seq: int | None = None
+    sent_at = due = loop.time()
+    while True:
+        picture = await asyncio.to_thread(view.picture, raw=raw, height=height)
+        now = loop.time()
+        if picture is not None and (picture.seq != last_seq or now - sent_at >= KEEPALIVE_S):
+            last_seq, sent_at = picture.seq, now
+            yield (f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: "
+                   f"{len(picture.jpeg)}\r\nX-Frame-Seq: {picture.seq}\r\n\r\n"
+                   ).encode("ascii") + picture.jpeg + b"\r\n"
+        due = max(due + period_s, loop.time())  # behind: no burst to catch up
+        await asyncio.sleep(due - loop.time())
 
 
 def _options(request: Request) -> tuple[bool, int | None]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from edged.api.messages import Handler, HttpError, Request, Response
+from edged.api.http.messages import Handler, HttpError, Request, Response
 
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}

@@ -21,6 +21,7 @@ from typing import Any
 
 from edged import __version__
 from edged.api import describe, logsettings
+from edged.api.events import EventRoutes
 from edged.api.http import browsers
 from edged.api.http.bodies import json_body
 from edged.api.http.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
@@ -35,6 +36,8 @@ from edged.api.http.messages import (
     json_response,
 )
 from edged.api.http.routing import Router
+from edged.api.live import LiveRoutes, Viewable
+from edged.api.page import PageRoutes
 from edged.api.protocol import (
     HEADER_LENGTH,
     InferRequest,
@@ -50,6 +53,7 @@ from edged.config import ApiConfig, split_host_port
 from edged.core.errors import BodyTimeout, EdgedError, Forbidden, InvalidInput, ModelNotFound
 from edged.core.states import ModelState
 from edged.events.store import SnapshotStore
+from edged.events.tally import RecentEvents
 from edged.inference.cache import ModelCache
 from edged.inference.instances import instance_count
 from edged.inference.loadspec import options_for
@@ -76,7 +80,11 @@ class ApiServer:
                  shm: ShmRegistry, metrics: Metrics, is_ready: Callable[[], bool],
                  is_live: Liveness | None = None,
                  status: Callable[[], dict[str, Any]] | None = None,
-                 snapshots: Callable[[], SnapshotStore | None] = lambda: None) -> None:
+                 snapshots: Callable[[], SnapshotStore | None] = lambda: None,
+                 live: Callable[[str], Viewable | None] = lambda name: None,
+                 recent: Callable[[], RecentEvents | None] = lambda: None) -> None:
+        """`live` gives a running stream's live view by name, `recent` the recent objects of
+        the detect streams (the status page and its pictures)."""
         self.config = config
         self.scheduler = scheduler
         self.cache = cache
@@ -86,6 +94,8 @@ class ApiServer:
         self.is_live: Liveness = is_live or (lambda: (True, []))
         self.status = status
         self.snapshots = SnapshotRoutes(snapshots)
+        self.live_views = LiveRoutes(live, max_fps=config.live_fps)
+        self.events = EventRoutes(recent)
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
         self._allowed_gids = frozenset(config.allowed_gids)
@@ -128,6 +138,9 @@ class ApiServer:
             ("POST", "/v2/logging", self.logging),
             ("GET", "/v2/edged/status", self.daemon_status),
             *self.snapshots.routes(),
+            *self.live_views.routes(),
+            *self.events.routes(),
+            *PageRoutes().routes(),  # the status page (GET only)
         ]
         router = Router()
         for method, path, handler in routes:

@@ -44,6 +44,7 @@ from edged.inference.batching import (
 )
 from edged.inference.cache import Lease, ModelCache
 from edged.inference.instances import instance_count, runs_on_gpu
+from edged.inference.latency import observe
 from edged.inference.loadspec import options_for
 from edged.model.repository import ModelVersion
 
@@ -477,6 +478,8 @@ class Batcher:
             self._row_ns = (row_ns + 3 * self._row_ns) // 4 if self._row_ns else row_ns
             s.queue_ns += int(queued_s * 1e9)
             spent = int(queued_s * 1e9) + (finished - started) * len(batch)
+            for request in batch:  # each request's own wait + its batch's compute
+                observe(s.latency, int((now - request.enqueued) * 1e9) + finished - started)
             s.request_ns += spent
             s.last_exec = self._clock()
             s.last_inference_ms = int(time.time() * 1000)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edged.core.errors import InvalidInput
+from edged.inference import latency
 from edged.model.config import BatchingConfig
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec
@@ -278,11 +279,13 @@ class BatcherStats:
     last_inference_ms: int = 0  # wall clock (ms since the epoch) of the same, for clients
     # rows in a batch -> (batches of that size, their compute ns): Triton's batch_stats
     batch_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    latency: list[int] = field(default_factory=latency.empty)  # requests per latency bucket
 
     def __add__(self, other: BatcherStats) -> BatcherStats:
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
                   for f in dataclasses.fields(self)
-                  if f.name not in ("last_exec", "last_inference_ms", "batch_sizes")}
+                  if f.name not in ("last_exec", "last_inference_ms", "batch_sizes",
+                                    "latency")}
         sizes = dict(self.batch_sizes)
         for rows, (count, ns) in other.batch_sizes.items():
             held = sizes.get(rows, (0, 0))
@@ -290,10 +293,12 @@ class BatcherStats:
         return BatcherStats(**summed, last_exec=max(self.last_exec, other.last_exec),
                             last_inference_ms=max(self.last_inference_ms,
                                                   other.last_inference_ms),
-                            batch_sizes=sizes)
+                            batch_sizes=sizes,
+                            latency=latency.merged(self.latency, other.latency))
 
     def copy(self) -> BatcherStats:
-        return dataclasses.replace(self, batch_sizes=dict(self.batch_sizes))
+        return dataclasses.replace(self, batch_sizes=dict(self.batch_sizes),
+                                   latency=list(self.latency))
 
 
 @dataclass(frozen=True)
@@ -313,10 +318,11 @@ class InferenceCounters:
     pending: int  # requests queued now
     rejected: int = 0  # refused at submit: the queue was full (not in `failure`)
     timeouts: int = 0  # expired while queued, never run (also in `failure`)
+    latency: tuple[int, ...] = ()  # requests per latency bucket (edged.inference.latency)
 
     @classmethod
     def of(cls, model: str, version: int, stats: BatcherStats, pending: int
            ) -> InferenceCounters:
         return cls(model, version, stats.success, stats.failure, stats.inference_count,
                    stats.exec_count, stats.request_ns, stats.queue_ns, stats.compute_ns,
-                   pending, stats.rejected, stats.timeouts)
+                   pending, stats.rejected, stats.timeouts, tuple(stats.latency))

@@ -232,11 +232,13 @@ function drawModels(s) {
     const stats = (s.inference || {})[key] || {};
     let waiting = 0;
     let running = 0;
+    let instances = null;
     for (const label of [m.name, key]) {
       const q = queues[label];
       if (q && (label === key || m.state === "READY")) {
         waiting += q.queued;
         running += q.pending - q.queued;
+        instances = Math.max(instances || 0, q.instances || 0);
       }
     }
     const provider = (m.providers || []).join(", ") || m.reason || "";
@@ -246,7 +248,7 @@ function drawModels(s) {
       el("td", { text: `${m.backend || "–"}${provider ? ` · ${provider}` : ""}` }),
       el("td", { text: m.precision || "–" }),
       el("td", { text: m.device || "–" }),
-      el("td", { text: stats.instances ?? "–" }),
+      el("td", { text: instances ?? "–" }),
       el("td", { text: `${waiting} waiting, ${running} running` }),
       el("td", { text: stats.p50_ms === undefined ? "–" : `${num(stats.p50_ms, 2)} / ${num(stats.p99_ms, 2)}` }),
       el("td", { text: count(stats.success) }),
