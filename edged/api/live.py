@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from edged.api.http.messages import Handler, Request, Response
@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 BOUNDARY = "edgedframe"
 MAX_HEIGHT = 4320
 KEEPALIVE_S = 5.0  # a stream with no new frame sends its last one again this often
+STOP_CHECK_S = 0.25  # a live view notices the server stopping within this
 NO_STORE = {**SAME_ORIGIN, "Cache-Control": "no-store"}
 
 
@@ -48,10 +49,13 @@ class Viewable(Protocol):
 
 
 class LiveRoutes:
-    def __init__(self, views: Callable[[str], Viewable | None], *, max_fps: float) -> None:
-        """`views` gives a running stream's live view by name (None: no such stream)."""
+    def __init__(self, views: Callable[[str], Viewable | None], *, max_fps: float,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        """`views` gives a running stream's live view by name (None: no such stream);
+        `stopping` says the server is stopping (live views then end)."""
         self.views = views
         self.max_fps = max_fps
+        self.stopping = stopping
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         base = "/v2/edged/streams/{name}"
@@ -84,7 +88,8 @@ class LiveRoutes:
                               "viewers as api.live_viewers allows; latest.jpg still answers")
         response = Response(content_type=f"multipart/x-mixed-replace; boundary={BOUNDARY}",
                             headers=NO_STORE)
-        response.stream = _Watch(_parts(view, raw, height, 1.0 / fps), release)
+        response.stream = _Watch(_parts(view, raw, height, 1.0 / fps, stopping=self.stopping),
+                                 release)
         return response
 
 
@@ -105,23 +110,33 @@ class _Watch:
             self._release()
 
 
-async def _parts(view: Viewable, raw: bool, height: int | None, period_s: float
+async def _parts(view: Viewable, raw: bool, height: int | None, period_s: float, *,
+                 stopping: Callable[[], bool] = lambda: False,
+                 clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
                  ) -> AsyncGenerator[bytes, None]:
     """A part per new frame, at most one per `period_s`; the last again after KEEPALIVE_S
-    without a new one (so a client sees the stream is alive, and a gone one is noticed)."""
-    loop = asyncio.get_running_loop()
+    without a new one (so a client sees the stream is alive, and a gone one is noticed).
+    Ends when the server stops."""
+    clock = clock or asyncio.get_running_loop().time
     last_seq: int | None = None
-    sent_at = due = loop.time()
-    while True:
+    sent_at = due = clock()
+    while not stopping():
         picture = await asyncio.to_thread(view.picture, raw=raw, height=height)
-        now = loop.time()
+        now = clock()
         if picture is not None and (picture.seq != last_seq or now - sent_at >= KEEPALIVE_S):
             last_seq, sent_at = picture.seq, now
-            yield (f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: "
-                   f"{len(picture.jpeg)}\r\nX-Frame-Seq: {picture.seq}\r\n\r\n"
-                   ).encode("ascii") + picture.jpeg + b"\r\n"
-        due = max(due + period_s, loop.time())  # behind: no burst to catch up
-        await asyncio.sleep(due - loop.time())
+            yield part(picture)
+        due = max(due + period_s, clock())  # behind: no burst to catch up
+        while (left := due - clock()) > 0 and not stopping():
+            await sleep(min(left, STOP_CHECK_S))
+
+
+def part(picture: Picture) -> bytes:
+    """One picture as a part of the multipart answer."""
+    return (f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: "
+            f"{len(picture.jpeg)}\r\nX-Frame-Seq: {picture.seq}\r\n\r\n"
+            ).encode("ascii") + picture.jpeg + b"\r\n"
 
 
 def _options(request: Request) -> tuple[bool, int | None]:

@@ -94,7 +94,8 @@ class ApiServer:
         self.is_live: Liveness = is_live or (lambda: (True, []))
         self.status = status
         self.snapshots = SnapshotRoutes(snapshots)
-        self.live_views = LiveRoutes(live, max_fps=config.live_fps)
+        self.live_views = LiveRoutes(live, max_fps=config.live_fps,
+                                     stopping=lambda: self.connections.closing)
         self.events = EventRoutes(recent)
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
