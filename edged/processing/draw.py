@@ -128,9 +128,10 @@ def _zones(out: np.ndarray, zones: Sequence[tuple[str, Sequence[Point]]], scale:
     cv2.addWeighted(tinted, ZONE_FILL_ALPHA, out, 1 - ZONE_FILL_ALPHA, 0, dst=out)
     for (name, _), polygon in zip(zones, polygons, strict=True):
         cv2.polylines(out, [polygon], True, ZONE_COLOUR, thickness, cv2.LINE_AA)
-        x, y = polygon.reshape(-1, 2).min(axis=0)
-        _label(out, f"zone {name}", (int(x) + thickness, int(y) + thickness), ZONE_COLOUR,
-               font, below=True)
+        # Its name at its bottom left, clear of the corner panel at the picture's top left.
+        x, y = polygon.reshape(-1, 2).min(axis=0)[0], polygon.reshape(-1, 2).max(axis=0)[1]
+        _label(out, f"zone {name}", (int(x) + thickness, int(y) - thickness), ZONE_COLOUR,
+               font, below=False)
 
 
 def _line(out: np.ndarray, name: str, points: Sequence[Point], scale: float, thickness: int,

@@ -31,11 +31,13 @@ def demo_streams(tmp_path: Path) -> list[dict[str, Any]]:
     return streams
 
 
-def serve_demo(make_served: ServeFactory, repo_dir: Path, tmp_path: Path,
-               api: str = "") -> Served:
-    make_test_models.write_repository(repo_dir, names=["colors", "grid_det"])
+def serve_demo(make_served: ServeFactory, tmp_path: Path, api: str = "") -> Served:
+    """The demo's models (only they, as `make run` has) and streams, device edge-01."""
+    models = make_test_models.write_repository(tmp_path / "demo-models",
+                                               names=["colors", "grid_det"])
     streams = json.dumps(demo_streams(tmp_path))  # JSON is YAML
-    served = make_served(cache="preload: [colors, grid_det]", streams=streams, api=api)
+    served = make_served(cache="preload: [colors, grid_det]", streams=streams, api=api,
+                         models_dir=models, device_id="edge-01")
     running = sorted(p.cfg.name for p in served.daemon.pipelines)
     assert running == ["crossing", "demo"], f"the demo's streams did not start: {running}"
     return served
@@ -69,17 +71,19 @@ SQUARE_COLOURS = {"red": (0, 0, 255), "green": (0, 255, 0), "blue": (255, 0, 0)}
 
 
 def find_square(picture: np.ndarray) -> tuple[str, tuple[int, int, int, int]] | None:
-    """The demo's coloured square in a picture: its colour and its box (x1, y1, x2, y2),
-    or None when no square (of at least 16x16 pixels) is in it."""
+    """The demo's coloured square in a picture: its colour and its box (x1, y1, x2, y2), or
+    None when none is in it. A square is a solid blob of one colour at least 16x16, about as
+    high as wide (what else is drawn in that colour, a line or a label, is not)."""
     for label, colour in SQUARE_COLOURS.items():
-        mask = np.all(np.abs(picture.astype(int) - np.array(colour)) < 60, axis=2)
-        if mask.sum() < 256:
-            continue
-        ys, xs = np.nonzero(mask)
-        return label, (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+        mask = np.all(np.abs(picture.astype(int) - np.array(colour)) < 45, axis=2)
+        count, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), 4)
+        for x, y, width, height, area in stats[1:count]:
+            if min(width, height) >= 16 and 0.8 <= width / height <= 1.25 \
+                    and area >= 0.8 * width * height:
+                return label, (int(x), int(y), int(x + width), int(y + height))
     return None
 
 
 @pytest.fixture
-def demo(make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> Served:
-    return serve_demo(make_served, repo_dir, tmp_path)
+def demo(make_served: ServeFactory, tmp_path: Path) -> Served:
+    return serve_demo(make_served, tmp_path)

@@ -60,6 +60,10 @@ async def send_stream(connection: _Connection, request: Request, response: Respo
                     server.timed_out += 1
                     connection.abort()
                     break
+    except asyncio.CancelledError:
+        # The loop is closing (the daemon stopped) while the stream waited for its next frame,
+        # its client gone: nothing is left to answer, and that is no failure.
+        pass
     finally:
         try:
             await stream.aclose()
