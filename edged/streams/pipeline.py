@@ -27,6 +27,7 @@ import numpy as np
 from edged.config import StreamConfig
 from edged.core.errors import EdgedError
 from edged.events.publish import compact
+from edged.hardware.host import name_os_thread
 from edged.inference.scheduler import Outputs, Scheduler
 from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelVersion
@@ -109,6 +110,7 @@ class StreamPipeline:
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread(f"pipeline-{self.cfg.name}")  # its CPU in top -H (and the live bench)
         window: deque[_InFlight] = deque()
         try:
             self._loop(window)
