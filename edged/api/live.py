@@ -9,8 +9,8 @@
   `api.live_viewers` at once per stream (503 past that).
 
 Pictures are drawn on a worker thread when asked for, from the stream's last results, and
-shared by every viewer of the same frame and size: the stream's own thread never draws.
-Nobody watching costs nothing."""
+shared by every viewer of the same size: at most one drawing per frame and per 1/live_fps,
+whoever asks. The stream's own thread never draws; nobody watching costs nothing."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ from edged.core.errors import InvalidInput, NoPicture, StreamNotFound, TooManyVi
 logger = logging.getLogger(__name__)
 
 BOUNDARY = "edgedframe"
+# Of a live_fps period: a picture drawn this recently is shared (the rest of the period keeps
+# one viewer's own pace, which asks once a period, from reusing its own last picture).
+SHARED_SHARE = 0.9
 MAX_HEIGHT = 4320
 KEEPALIVE_S = 5.0  # a stream with no new frame sends its last one again this often
 STOP_CHECK_S = 0.25  # a live view notices the server stopping within this
@@ -43,7 +46,8 @@ class Picture(Protocol):
 class Viewable(Protocol):
     """A running stream's live view (`edged.streams.live.LiveView`)."""
 
-    def picture(self, *, raw: bool, height: int | None) -> Picture | None: ...
+    def picture(self, *, raw: bool, height: int | None, max_age_s: float) -> Picture | None:
+        ...
 
     def watch(self) -> Callable[[], None] | None: ...  # a release, or None when full
 
@@ -72,7 +76,8 @@ class LiveRoutes:
     async def latest(self, request: Request) -> Response:
         view = self._view(request)
         raw, height = _options(request)
-        picture = await asyncio.to_thread(view.picture, raw=raw, height=height)
+        picture = await asyncio.to_thread(view.picture, raw=raw, height=height,
+                                          max_age_s=SHARED_SHARE / self.max_fps)
         if picture is None:
             raise NoPicture(f"stream {request.match_info['name']!r} has no frame yet")
         return Response(picture.jpeg, content_type="image/jpeg",
@@ -88,8 +93,9 @@ class LiveRoutes:
                               "viewers as api.live_viewers allows; latest.jpg still answers")
         response = Response(content_type=f"multipart/x-mixed-replace; boundary={BOUNDARY}",
                             headers=NO_STORE)
-        response.stream = _Watch(_parts(view, raw, height, 1.0 / fps, stopping=self.stopping),
-                                 release)
+        response.stream = _Watch(_parts(view, raw, height, 1.0 / fps,
+                                        SHARED_SHARE / self.max_fps,
+                                        stopping=self.stopping), release)
         return response
 
 
@@ -110,19 +116,22 @@ class _Watch:
             self._release()
 
 
-async def _parts(view: Viewable, raw: bool, height: int | None, period_s: float, *,
+async def _parts(view: Viewable, raw: bool, height: int | None, period_s: float,
+                 max_age_s: float = 0.0, *,
                  stopping: Callable[[], bool] = lambda: False,
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
                  ) -> AsyncGenerator[bytes, None]:
     """A part per new frame, at most one per `period_s`; the last again after KEEPALIVE_S
     without a new one (so a client sees the stream is alive, and a gone one is noticed).
-    Ends when the server stops."""
+    Pictures up to `max_age_s` old are shared with the stream's other viewers. Ends when the
+    server stops."""
     clock = clock or asyncio.get_running_loop().time
     last_seq: int | None = None
     sent_at = due = clock()
     while not stopping():
-        picture = await asyncio.to_thread(view.picture, raw=raw, height=height)
+        picture = await asyncio.to_thread(view.picture, raw=raw, height=height,
+                                          max_age_s=max_age_s)
         now = clock()
         if picture is not None and (picture.seq != last_seq or now - sent_at >= KEEPALIVE_S):
             last_seq, sent_at = picture.seq, now

@@ -61,7 +61,8 @@ class LiveView:
         self._times: deque[float] = deque(maxlen=FPS_WINDOW)
         self._lock = threading.Lock()  # viewers, the frame times
         self._draw_lock = threading.Lock()  # one drawing at a time; the next asker reuses it
-        self._drawn: dict[tuple[bool, int | None], Picture] = {}  # of the latest frame only
+        # (raw, height) -> the last picture drawn of that kind, and when (clock)
+        self._drawn: dict[tuple[bool, int | None], tuple[Picture, float]] = {}
 
     # -- on the stream's thread ------------------------------------------------------------
     def record(self, seq: int, captured: float, frame: np.ndarray, results: dict[str, Any],
@@ -106,23 +107,28 @@ class LiveView:
 
         return release
 
-    def picture(self, *, raw: bool = False, height: int | None = None) -> Picture | None:
+    def picture(self, *, raw: bool = False, height: int | None = None,
+                max_age_s: float = 0.0) -> Picture | None:
         """The latest frame as JPEG, annotated unless `raw`, at most `height` pixels high;
-        None before the first frame. Drawn once per frame and size."""
+        None before the first frame. Drawn at most once per frame and size, and no more often
+        than `max_age_s` per size: a picture that young is answered even if a newer frame
+        came, so viewers out of step with one another (or a burst of askers) cost no more
+        drawings than one viewer."""
         seen = self._latest
         if seen is None:
             return None
         key = (raw, height)
         with self._draw_lock:
             held = self._drawn.get(key)
-            if held is not None and held.seq == seen.seq:
-                return held
+            if held is not None and (held[0].seq == seen.seq
+                                     or self.clock() - held[1] < max_age_s):
+                return held[0]
+            started = self.clock()
             overlay = Overlay() if raw else Overlay(boxes=boxes_of(seen), zones=self.zones,
                                                     lines=self.lines, corner=self._corner(seen))
             picture = Picture(seen.seq, seen.captured,
                               encode_jpeg(annotate(seen.frame, overlay, height)))
-            self._drawn = {k: p for k, p in self._drawn.items() if p.seq == seen.seq}
-            self._drawn[key] = picture
+            self._drawn[key] = (picture, started)
             self.pictures += 1
         return picture
 

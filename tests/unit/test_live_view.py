@@ -75,6 +75,19 @@ def test_picture_when_asked_twice_for_one_frame_draws_it_once_per_size() -> None
     assert again is not None and again.seq == 2 and live.pictures == 3
 
 
+def test_picture_when_a_young_one_is_held_answers_it_for_a_newer_frame_until_it_ages() -> None:
+    clock = Clock()
+    live = view(clock)
+    live.record(1, 1e9, frame_with_square(), {}, ())
+    first = live.picture(max_age_s=0.2)
+    live.record(2, 1e9 + 0.1, frame_with_square(), {}, ())
+    clock.now += 0.1
+    assert live.picture(max_age_s=0.2) is first  # a viewer out of step: no second drawing
+    clock.now += 0.15
+    newer = live.picture(max_age_s=0.2)
+    assert newer is not None and newer.seq == 2 and live.pictures == 2
+
+
 def test_picture_when_objects_are_tracked_draws_their_boxes_zone_and_line() -> None:
     live = view()
     objects = (("1.000-cam-7", "red", 0.99, [64.0, 64.0, 128.0, 128.0], None),)
@@ -135,7 +148,7 @@ class CountingView:
     def __init__(self) -> None:
         self.seq = itertools.count(1)
 
-    def picture(self, *, raw: bool, height: int | None) -> Any:
+    def picture(self, *, raw: bool, height: int | None, max_age_s: float) -> Any:
         return Picture(next(self.seq), 0.0, b"\xff\xd8jpeg\xff\xd9")
 
     def watch(self) -> Any:
@@ -145,7 +158,7 @@ class CountingView:
 class StillView(CountingView):
     """The same frame every time (a stream that stopped)."""
 
-    def picture(self, *, raw: bool, height: int | None) -> Any:
+    def picture(self, *, raw: bool, height: int | None, max_age_s: float) -> Any:
         return Picture(7, 0.0, b"\xff\xd8jpeg\xff\xd9")
 
 
