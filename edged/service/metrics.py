@@ -8,7 +8,7 @@ as the sample `edged_inference_count_total`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -27,7 +27,6 @@ from edged.inference.latency import cumulative
 if TYPE_CHECKING:
     from edged.inference.batching import InferenceCounters
     from edged.inference.modelstatus import ModelCounters, ModelStatus
-    from edged.ota.progress import OtaProgress
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -211,8 +210,18 @@ class LooksCollector(Collector):
         yield from (events, objects, zones, lines, viewers, pictures)
 
 
+class Updates(Protocol):
+    """What /metrics reads of the updates' progress (edged.ota.progress.OtaProgress)."""
+
+    def counts(self) -> Mapping[tuple[str, str], int]: ...
+
+    def states(self) -> Mapping[str, str]: ...
+
+    def shadows(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
 class OtaCollector(Collector):
-    def __init__(self, progress: OtaProgress) -> None:
+    def __init__(self, progress: Updates) -> None:
         self._progress = progress
 
     def collect(self) -> Iterator[Metric]:
@@ -341,7 +350,7 @@ class Metrics:
                  streams: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
                  link: Callable[[], Mapping[str, Any] | None] | None = None,
                  looks: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
-                 ota: OtaProgress | None = None,
+                 ota: Updates | None = None,
                  gpus: Callable[[], Iterable[host.GpuStats]] = host.gpus,
                  jetson: Callable[[], TegraStats | None] = host.jetson) -> None:
         """`counters`: Scheduler.counters; `models`: ModelCache.status; `loads`:

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from edged.config import StreamConfig
 from edged.processing.draw import Box, Overlay, annotate, encode_jpeg
+from edged.streams.config import StreamConfig
 
 FPS_WINDOW = 32  # frames the fps estimate covers
 Visible = tuple[str | None, str, float, Sequence[float], str | None]  # id, label, score, box, sub

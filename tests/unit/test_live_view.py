@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from edged.api.live import BOUNDARY, KEEPALIVE_S, _parts, _Watch
-from edged.config import StreamConfig
 from edged.events.config import LineConfig, ZoneConfig
 from edged.processing.draw import colour_of
+from edged.streams.config import StreamConfig
 from edged.streams.live import LiveView, Picture, answer_of, boxes_of
 
 SIDE = 256
