@@ -93,9 +93,15 @@ class LiveRoutes:
                               "viewers as api.live_viewers allows; latest.jpg still answers")
         response = Response(content_type=f"multipart/x-mixed-replace; boundary={BOUNDARY}",
                             headers=NO_STORE)
+        name = request.match_info["name"]
+
+        def ended() -> bool:
+            """The server stops, or the stream is gone or was restarted (a reload): the
+            client connects again, to the stream as it is now."""
+            return self.stopping() or self.views(name) is not view
+
         response.stream = _Watch(_parts(view, raw, height, 1.0 / fps,
-                                        SHARED_SHARE / self.max_fps,
-                                        stopping=self.stopping), release)
+                                        SHARED_SHARE / self.max_fps, stopping=ended), release)
         return response
 
 
@@ -124,8 +130,8 @@ async def _parts(view: Viewable, raw: bool, height: int | None, period_s: float,
                  ) -> AsyncGenerator[bytes, None]:
     """A part per new frame, at most one per `period_s`; the last again after KEEPALIVE_S
     without a new one (so a client sees the stream is alive, and a gone one is noticed).
-    Pictures up to `max_age_s` old are shared with the stream's other viewers. Ends when the
-    server stops."""
+    Pictures up to `max_age_s` old are shared with the stream's other viewers. Ends when
+    `stopping()` says so."""
     clock = clock or asyncio.get_running_loop().time
     last_seq: int | None = None
     sent_at = due = clock()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from support.daemon import Served, ServeFactory
 from support.demo import find_square, get, get_json, image, serve_demo
 from support.polling import wait_until
@@ -148,6 +149,29 @@ def test_live_mjpeg_when_every_place_is_taken_answers_503_until_a_viewer_goes(
         for reader in readers:
             reader.close()
     wait_until(lambda: view.viewers == 0, timeout=30, what="every place back")
+
+
+def test_live_mjpeg_when_its_stream_restarts_ends_so_the_viewer_connects_to_the_new_one(
+        demo: Served) -> None:
+    reader = MjpegReader(demo.http)
+    try:
+        reader.part()
+        old = demo.daemon.streams.live("crossing")
+        [pipeline] = [p for p in demo.daemon.pipelines if p.cfg.name == "crossing"]
+        demo.daemon.streams.restart(["crossing"], [pipeline.cfg])  # what a reload does
+        with pytest.raises(AssertionError, match="the stream ended"):
+            for _ in range(100):  # (a part or two may still be on its way)
+                reader.part()
+    finally:
+        reader.close()
+    assert old is not None and old.viewers == 0
+    again = MjpegReader(demo.http)
+    try:
+        assert again.answer.status == 200 and again.part()[1]
+        new = demo.daemon.streams.live("crossing")
+        assert new is not old and new is not None and new.viewers == 1
+    finally:
+        again.close()
 
 
 def test_page_when_asked_is_served_same_origin_only_and_names_no_other_site(
