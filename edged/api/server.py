@@ -18,6 +18,7 @@ from typing import Any
 from edged import __version__
 from edged.api import logsettings
 from edged.api.config import ApiConfig, split_host_port
+from edged.api.events import EventRoutes
 from edged.api.http import browsers
 from edged.api.http.bodies import json_body
 from edged.api.http.budget import BodyBudget
@@ -33,11 +34,14 @@ from edged.api.http.messages import (
 )
 from edged.api.http.routing import Router
 from edged.api.kserve import KServeRoutes
+from edged.api.live import LiveRoutes, Viewable
+from edged.api.page import PageRoutes
 from edged.api.shm import ShmRegistry
 from edged.api.shm_routes import ShmRoutes
 from edged.api.snapshots import SnapshotRoutes
 from edged.core.errors import BodyTimeout, EdgedError, Forbidden, ModelNotFound
 from edged.events.store import SnapshotStore
+from edged.events.tally import RecentEvents
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
 from edged.service.metrics import CONTENT_TYPE, Metrics
@@ -55,7 +59,11 @@ class ApiServer:
                  shm: ShmRegistry, metrics: Metrics, is_ready: Callable[[], bool],
                  is_live: Liveness | None = None,
                  status: Callable[[], dict[str, Any]] | None = None,
-                 snapshots: Callable[[], SnapshotStore | None] = lambda: None) -> None:
+                 snapshots: Callable[[], SnapshotStore | None] = lambda: None,
+                 live: Callable[[str], Viewable | None] = lambda name: None,
+                 recent: Callable[[], RecentEvents | None] = lambda: None) -> None:
+        """`live` gives a running stream's live view by name, `recent` the recent objects of
+        the detect streams (the status page and its pictures)."""
         self.config = config
         self.shm = shm
         self.metrics = metrics
@@ -63,6 +71,9 @@ class ApiServer:
         self.is_live: Liveness = is_live or (lambda: (True, []))
         self.status = status
         self.snapshots = SnapshotRoutes(snapshots)
+        self.live_views = LiveRoutes(live, max_fps=config.live_fps,
+                                     stopping=lambda: self.connections.closing)
+        self.events = EventRoutes(recent)
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
         self._allowed_gids = frozenset(config.allowed_gids)
@@ -92,6 +103,9 @@ class ApiServer:
             ("POST", "/v2/logging", self.logging),
             ("GET", "/v2/edged/status", self.daemon_status),
             *self.snapshots.routes(),
+            *self.live_views.routes(),
+            *self.events.routes(),
+            *PageRoutes().routes(),  # the status page (GET only)
         ]
         router = Router()
         for method, path, handler in routes:
