@@ -33,7 +33,7 @@ from tritonclient.utils import (
 from edged.api import server as server_module
 from edged.api.protocol import HEADER_LENGTH
 
-IDENTITIES = ["identity_bytes", "identity_fp32"]
+IDENTITIES = ["identity_bytes", "identity_bytes_1", "identity_fp32"]
 TEXT = np.array([[b"hello", b"", "héllo".encode()]], dtype=np.object_)
 
 
@@ -150,21 +150,42 @@ def post(served: Served, path: str, body: bytes,
     return status, dict(got), raw
 
 
-def test_raw_binary_request_when_the_body_is_the_one_inputs_bytes_answers_200(
+def raw_outputs(headers: dict[str, str], raw: bytes) -> tuple[dict, bytes]:
+    """A binary answer's one output entry and its bytes, as Triton's clients read them: the
+    JSON's length from Inference-Header-Content-Length (issue 41 #3: it was missing)."""
+    assert HEADER_LENGTH in headers, headers
+    length = int(headers[HEADER_LENGTH])
+    (out,) = json.loads(raw[:length])["outputs"]
+    assert out["parameters"]["binary_data_size"] == len(raw) - length
+    return out, raw[length:]
+
+
+def test_raw_binary_request_when_the_body_is_the_one_inputs_bytes_answers_binary_data(
         identities: Served) -> None:
-    # Case 4: Inference-Header-Content-Length 0 was a 400 ("malformed JSON").
+    # Case 4: Inference-Header-Content-Length 0 was a 400 ("malformed JSON"); then its outputs
+    # came back as JSON with no Inference-Header-Content-Length (L0_http test_raw_binary).
     values = np.arange(5, dtype=np.float32)
     octets = {HEADER_LENGTH: "0", "Content-Type": "application/octet-stream"}
-    status, _, raw = post(identities, "/v2/models/identity_fp32/infer", values.tobytes(),
-                          octets)
+    status, headers, raw = post(identities, "/v2/models/identity_fp32/infer",
+                                values.tobytes(), octets)
     assert status == 200, raw
-    (out,) = json.loads(raw)["outputs"]
-    assert out["shape"] == [1, 5] and out["data"] == values.tolist()  # batch of one, as JSON
-    status, _, raw = post(identities, "/v2/models/identity_bytes/infer", b"\x00raw \xc3\xa9",
-                          octets)
+    out, data = raw_outputs(headers, raw)
+    assert out["shape"] == [1, 5] and data == values.tobytes()  # a batch of one
+    assert headers["Content-Type"] == "application/octet-stream"
+    status, headers, raw = post(identities, "/v2/models/identity_bytes_1/infer",
+                                b"\x00raw \xc3\xa9", octets)
     assert status == 200, raw
-    (out,) = json.loads(raw)["outputs"]
-    assert out["shape"] == [1, 1] and out["data"] == ["\x00raw é"]  # one element, no prefix
+    out, data = raw_outputs(headers, raw)  # L0_http test_byte: the element, length-prefixed
+    assert out["shape"] == [1, 1] and data == b"\x07\x00\x00\x00\x00raw \xc3\xa9"
+
+
+def test_raw_binary_request_when_a_bytes_input_may_hold_more_than_one_element_answers_400(
+        identities: Served) -> None:
+    # L0_http test_byte_too_many_elements: a BYTES input of [-1] was answered 200.
+    status, _, raw = post(identities, "/v2/models/identity_bytes/infer", b"427",
+                          {HEADER_LENGTH: "0"})
+    assert status == 400, raw
+    assert "the model must have input shape [1]" in json.loads(raw)["error"]
 
 
 def test_raw_binary_request_when_a_large_bytes_element_comes_copies_it_off_the_loop(
@@ -175,10 +196,10 @@ def test_raw_binary_request_when_a_large_bytes_element_comes_copies_it_off_the_l
     octets = {HEADER_LENGTH: "0", "Content-Type": "application/octet-stream"}
     large = b"edge" * (server_module.DECODE_ON_THREAD_BYTES // 4 + 1)
     for body in (large, b"small"):
-        status, _, raw = post(identities, "/v2/models/identity_bytes/infer", body, octets)
+        status, headers, raw = post(identities, "/v2/models/identity_bytes_1/infer", body,
+                                    octets)
         assert status == 200, raw[:300]
-        (out,) = json.loads(raw)["outputs"]
-        assert out["data"] == [body.decode()]
+        assert raw_outputs(headers, raw)[1][4:] == body
     assert threads[0] != LOOP_THREAD and threads[1] == LOOP_THREAD
     assert identities.daemon.api.bodies.held == 0
 
