@@ -221,6 +221,28 @@ def test_raw_binary_request_when_the_shape_cannot_be_told_answers_400(
     assert re.search(match, json.loads(raw)["error"]), raw
 
 
+@pytest.mark.parametrize("model, datatype, value", [("identity_fp32", "FP32", 123),
+                                                    ("identity_bytes", "BYTES", "hello")])
+def test_json_when_data_nests_deeper_than_100_answers_400_as_triton(
+        identities: Served, model: str, datatype: str, value: object) -> None:
+    # L0_http test_json_recursion_depth_limit: 120 levels were accepted (200).
+    def request(depth: int) -> tuple[int, dict[str, str], bytes]:
+        data: object = value
+        for _ in range(depth):
+            data = [data]
+        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": datatype,
+                                       "shape": [1, 1], "data": data}]}).encode()
+        return post(identities, f"/v2/models/{model}/infer", body,
+                    {"Content-Type": "application/json"})
+
+    status, _, raw = request(120)
+    assert status == 400, raw[:200]
+    assert "JSON nesting depth exceeds maximum allowed limit (100)" in json.loads(raw)["error"]
+    status, _, raw = request(50)
+    assert status == 200, raw[:200]
+    assert json.loads(raw)["outputs"][0]["shape"] == [1, 1]
+
+
 def test_binary_data_output_when_outputs_are_named_answers_those_without_binary_data_as_json(
         identities: Served) -> None:
     # Case 7: an output named without its own binary_data came back binary.
