@@ -15,10 +15,12 @@ copy is request memory: it is charged to the body budget before it is made.
 Outputs are always written with pwrite (it cannot fault).
 
 A request holds the regions it names (a `Lease`) from its first use until it has answered.
-Unregistering a region that requests hold only marks it: it stays listed, and those requests
-still read and write it, until the last of them ends (as in Triton); new requests may not use
-it. Then the descriptor and the mapping close; a mapping still viewed by an input array is
-unmapped when that array goes."""
+Unregistering a region that requests hold only marks it: it stays listed and usable, by those
+requests and by any that come while one still holds it, until the last of them ends; then the
+descriptor and the mapping close (a mapping still viewed by an input array is unmapped when
+that array goes). That is Triton's `awaiting_unregister`: its client tests send requests on a
+region after unregistering it while others are in flight, and count every result. The name
+cannot be registered again until the region has gone."""
 
 from __future__ import annotations
 
@@ -215,10 +217,7 @@ class ShmRegistry:
             region = self._regions.get((owner, name))
             if region is None:
                 raise InvalidInput(f"shared memory region {name!r} is not registered")
-            if region.closing:
-                raise InvalidInput(f"shared memory region {name!r} is being unregistered "
-                                   "(requests still use it)")
-            region.users += 1
+            region.users += 1  # closing or not: it goes once nothing holds it
             return region
 
     def _let_go(self, region: Region) -> None:
