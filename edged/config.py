@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from edged.errors import ConfigError, ConfigIssue
+from edged.core.errors import ConfigError, ConfigIssue
+from edged.core.schema import Parsed, at_least, between, parse, parse_file, setting
 from edged.events.config import (
     LineConfig,
     PublishConfig,
@@ -20,7 +21,6 @@ from edged.events.config import (
     ZoneConfig,
     check_stream_events,
 )
-from edged.schema import Parsed, at_least, between, parse, parse_file, setting
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")  # what `edged run` reads without --config
 SYSTEM_SOCKET = Path("/run/edged/edged.sock")  # the service's (systemd makes /run/edged)
@@ -81,7 +81,7 @@ class OrtConfig:
         factory=lambda: ["tensorrt", "cuda", "cpu"], help="provider chain, best first")
     intra_op_threads: int = setting(
         0, "threads inside one operator; 0 = per model on the CPU, 1 or one per core, "
-        "whichever runs it faster (timed once, remembered; edged.model.threads)",
+        "whichever runs it faster (timed once, remembered; edged.inference.threads)",
         check=at_least(0))
     inter_op_threads: int = setting(1, "threads across operators", check=at_least(0))
     allow_spinning: bool = setting(False, "idle ORT threads spin (fast alone, bad when shared)")

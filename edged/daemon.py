@@ -16,31 +16,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edged import __version__, host
+from edged import __version__
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
-from edged.cache import ModelCache
 from edged.config import DaemonConfig
-from edged.errors import ConfigError
+from edged.core.errors import ConfigError
 from edged.events.discovery import DeviceInfo
-from edged.health import HealthMonitor, RecentErrors
-from edged.host import trim_heap
-from edged.metrics import Metrics
-from edged.model.loadspec import backend_options
+from edged.hardware import host
+from edged.hardware.host import trim_heap
+from edged.hardware.tegra import TegraStats
+from edged.inference.cache import ModelCache
+from edged.inference.loadspec import backend_options
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.mqtt import MqttLink
+from edged.mqtt.link import MqttLink
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import TrustStore
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
-from edged.pipeline import StreamPipeline
-from edged.reload import plan as reload_plan
-from edged.reporting import Reporter, throttle_warning
-from edged.scheduler import Scheduler
-from edged.stream_events import EventsHub, open_store
-from edged.streams import StreamSet
-from edged.systemd import Notifier, activated_unix_socket, listen_fds
-from edged.tegra import TegraStats
+from edged.service.health import HealthMonitor, RecentErrors
+from edged.service.metrics import Metrics
+from edged.service.reload import plan as reload_plan
+from edged.service.reporting import Reporter, throttle_warning
+from edged.service.systemd import Notifier, activated_unix_socket, listen_fds
+from edged.streams.events_stage import EventsHub, open_store
+from edged.streams.pipeline import StreamPipeline
+from edged.streams.streamset import StreamSet
 
 logger = logging.getLogger(__name__)
 

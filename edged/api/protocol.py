@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from edged.api import tensorbytes
-from edged.api.jsondepth import check_depth
-from edged.errors import InvalidInput
+from edged.api.http.jsondepth import check_depth
+from edged.core.errors import InvalidInput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_RANK = 16  # numpy allows 64; no model input has more than a handful

@@ -1,6 +1,7 @@
 """The socket API: the KServe v2 HTTP/REST protocol with Triton's extensions (binary tensors,
-system shared memory, model repository), served by edged's own HTTP layer (`edged.api.http`)
-on the daemon's asyncio loop over a Unix socket and, when configured, a loopback TCP port.
+system shared memory, model repository), served by edged's own HTTP layer
+(`edged.api.http.connection`) on the daemon's asyncio loop over a Unix socket and, when
+configured, a loopback TCP port.
 
 Handlers do not block the loop: inference goes through `Scheduler.submit` (its future wrapped
 with `asyncio.wrap_future`); anything that reads model files or loads a model runs on a thread.
@@ -19,12 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from edged import __version__
-from edged.api import browsers, describe, logsettings
-from edged.api.bodies import json_body
-from edged.api.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
-from edged.api.http import HttpServer
-from edged.api.listeners import UnixListener, bind_unix, peer_identity
-from edged.api.messages import (
+from edged.api import describe, logsettings
+from edged.api.http import browsers
+from edged.api.http.bodies import json_body
+from edged.api.http.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
+from edged.api.http.connection import HttpServer
+from edged.api.http.listeners import UnixListener, bind_unix, peer_identity
+from edged.api.http.messages import (
     Handler,
     HttpError,
     Request,
@@ -32,6 +34,7 @@ from edged.api.messages import (
     error_response,
     json_response,
 )
+from edged.api.http.routing import Router
 from edged.api.protocol import (
     HEADER_LENGTH,
     InferRequest,
@@ -39,21 +42,20 @@ from edged.api.protocol import (
     encode_response,
 )
 from edged.api.rawbinary import copies_body, decode_raw
-from edged.api.routing import Router
 from edged.api.shm import Lease, ShmRegistry
 from edged.api.shm_routes import Asker, ShmRoutes
 from edged.api.snapshots import SnapshotRoutes
 from edged.api.turns import Turns
-from edged.cache import ModelCache
 from edged.config import ApiConfig, split_host_port
-from edged.errors import BodyTimeout, EdgedError, Forbidden, InvalidInput, ModelNotFound
+from edged.core.errors import BodyTimeout, EdgedError, Forbidden, InvalidInput, ModelNotFound
+from edged.core.states import ModelState
 from edged.events.store import SnapshotStore
-from edged.instances import instance_count
-from edged.metrics import CONTENT_TYPE, Metrics
-from edged.model.loadspec import options_for
+from edged.inference.cache import ModelCache
+from edged.inference.instances import instance_count
+from edged.inference.loadspec import options_for
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelVersion
-from edged.scheduler import Scheduler
-from edged.states import ModelState
+from edged.service.metrics import CONTENT_TYPE, Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from edged.api.protocol import (
     triton_dtype,
 )
 from edged.config import default_socket
-from edged.errors import EdgedError
+from edged.core.errors import EdgedError
 
 IDLE_RECONNECT_S = 30.0  # well under aiohttp's 75 s keep-alive timeout
 SHM_DIR = Path("/dev/shm")

@@ -12,7 +12,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.config import PostprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.tensor import TensorSpec

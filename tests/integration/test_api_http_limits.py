@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from support.daemon import Served, ServeFactory
 
-from edged.api import framing
+from edged.api.http import framing
 
 
 def exchange(served: Served, request: bytes) -> tuple[int, dict[str, str], bytes]:

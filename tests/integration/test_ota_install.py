@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.artifacts import ArtifactServer
 from support.backends import options
 
-from edged.cache import ModelCache
 from edged.config import OtaConfig
+from edged.inference.cache import ModelCache
 from edged.model.repository import ModelRepository
 from edged.ota.fetch import ChunkAssembler, Fetcher
 from edged.ota.install import Event, Updater

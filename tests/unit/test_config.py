@@ -11,9 +11,9 @@ import pytest
 from edged import config as config_module
 from edged.cli import main
 from edged.config import DaemonConfig, default_socket, load_config, parse_config, with_overrides
-from edged.errors import ConfigError
+from edged.core.errors import ConfigError
+from edged.core.schema import parse
 from edged.model.config import BatchingConfig, ModelConfig
-from edged.schema import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 

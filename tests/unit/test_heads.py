@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.config import PostprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.metadata import ExportMetadata, read_metadata

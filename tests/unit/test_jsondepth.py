@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from edged.api.jsondepth import MAX_DEPTH, check_depth
-from edged.errors import InvalidInput
+from edged.api.http.jsondepth import MAX_DEPTH, check_depth
+from edged.core.errors import InvalidInput
 
 
 def nested(depth: int, inner: str = "1") -> bytes:
