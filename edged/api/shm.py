@@ -41,6 +41,7 @@ import numpy as np
 from edged.api import tensorbytes
 from edged.api.protocol import ShmRef
 from edged.core.errors import EdgedError, Forbidden, InvalidInput
+from edged.hardware import filemaps
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class Region:
     users: int = 0
     closing: bool = field(default=False)
     owner: Owner = None
+    tracked: filemaps.FileRange | None = None  # where the mapping lies, for copies out of it
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -136,6 +138,9 @@ class ShmRegistry:
                 region.skip = offset % mmap.ALLOCATIONGRANULARITY
                 region.mapping = mmap.mmap(fd, byte_size + region.skip, mmap.MAP_SHARED,
                                            mmap.PROT_READ, offset=offset - region.skip)
+                address = np.frombuffer(region.mapping, np.uint8).ctypes.data
+                region.tracked = filemaps.track(address, byte_size + region.skip, fd,
+                                                offset - region.skip, name)
         except OSError as exc:
             os.close(fd)
             raise InvalidInput(f"shared memory key {key!r} cannot be mapped: "
@@ -374,6 +379,8 @@ def _check_size(region: Region, end: int) -> None:
 
 
 def _close(region: Region) -> None:
+    if region.tracked is not None:  # before the mapping goes (its address may be reused)
+        filemaps.untrack(region.tracked)
     os.close(region.fd)
     if region.mapping is not None:
         try:

@@ -31,7 +31,8 @@ from edged.core.errors import (
     ShuttingDown,
     Timeout,
 )
-from edged.hardware.memory import BufferPool, HostBufferPool, new_pool
+from edged.hardware.memory import BufferPool, new_pool
+from edged.inference.assembly import assemble
 from edged.inference.batching import (
     BatcherStats,
     BatchPolicy,
@@ -434,24 +435,18 @@ class Batcher:
         started = time.perf_counter_ns()
         now = self._clock()
         queued_s = sum(now - r.enqueued for r in batch)  # each first: never below 0
+        taken = batch
         rows = sum(r.rows for r in batch)
         sent = max(rows, model.fixed_batch or 0)
         failure: EdgedError | None = None
         outputs: Outputs = {}
-        inputs: Mapping[str, np.ndarray]
+        dropped: list[tuple[Request, EdgedError]] = []  # their shm objects shrank
         try:
-            if sent > rows:
-                staging = pool or HostBufferPool(sent)  # inline callers bring no pool
-                inputs = {name: staging.concatenate(name, [r.inputs[name] for r in batch],
-                                                    sent)
-                          for name in batch[0].inputs}
-            elif len(batch) == 1:
-                inputs = batch[0].inputs  # a request that is a batch of its own: no copy
-            else:
-                joined = pool or HostBufferPool(rows)  # inline callers bring no pool
-                inputs = {name: joined.concatenate(name, [r.inputs[name] for r in batch])
-                          for name in batch[0].inputs}
-            outputs = session.infer(inputs)
+            batch, inputs, dropped = assemble(batch, pool, model.fixed_batch, session)
+            rows = sum(r.rows for r in batch)
+            sent = max(rows, model.fixed_batch or 0) if batch else 0
+            if batch:
+                outputs = session.infer(inputs)
             if (len(batch) > 1 or sent > rows) and any(v.shape[:1] != (sent,)
                                                        for v in outputs.values()):
                 failure = InferenceFailed(f"{self.label}: outputs do not keep the batch dim "
@@ -462,7 +457,7 @@ class Batcher:
             logger.exception("%s: inference failed for a batch of %d", self.label, rows)
             failure = InferenceFailed(f"{self.label}: inference failed: {exc}")
         finished = time.perf_counter_ns()
-        for request in batch:
+        for request in taken:
             # Inputs may be views of a caller's buffer (a shared memory region): let go of them
             # before the caller hears back and unmaps it.
             request.inputs = {}
@@ -488,10 +483,11 @@ class Batcher:
             else:
                 s.failure += len(batch)
                 s.fail_ns += spent
-            self._in_flight -= len(batch)
-        if failure is not None:
-            return partial(_fail_all, batch, failure)
-        return partial(split, batch, outputs, model.version)
+            s.failure += len(dropped)
+            self._in_flight -= len(taken)
+        deliver = partial(_fail_all, batch, failure) if failure is not None else \
+            partial(split, batch, outputs, model.version)
+        return partial(_deliver, deliver, dropped) if dropped else deliver
 
     def _fail(self, requests: list[Request], error: EdgedError) -> None:
         with self._lock:
@@ -550,6 +546,12 @@ class Batcher:
             self._fail(leftovers, ShuttingDown(f"{self.label}: shut down before it ran"))
         for thread in self._threads:
             thread.join(max(0.0, deadline - self._clock()) + 0.1)
+
+
+def _deliver(deliver: Delivery, dropped: list[tuple[Request, EdgedError]]) -> None:
+    for request, error in dropped:
+        _fail_all([request], error)
+    deliver()
 
 
 def _fail_all(requests: list[Request], error: EdgedError) -> None:
