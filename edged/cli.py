@@ -10,12 +10,12 @@ import logging
 import sys
 from pathlib import Path
 
+from edged.api.config import default_socket
 from edged.config import (
     CHECKS,
     DEFAULT_CONFIG_PATH,
     DaemonConfig,
     builtin_config,
-    default_socket,
     load_config,
     with_overrides,
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -305,3 +306,15 @@ def each(check: Check) -> Check:
                 return f"item {i}: {message}"
         return None
     return run
+
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # models, streams, zones, groups
+
+
+def check_name(value: str) -> str | None:
+    return None if NAME.match(value) else f"{value!r} is not a valid name ([A-Za-z0-9_.-])"
+
+
+def check_names(values: list[str]) -> str | None:
+    bad = [v for v in values if not NAME.match(v)]
+    return f"{bad[0]!r} is not a valid name ([A-Za-z0-9_.-])" if bad else None

@@ -24,7 +24,6 @@ import numpy as np
 from edged.backends import Session
 from edged.core.errors import (
     EdgedError,
-    InferenceFailed,
     InvalidInput,
     ModelLoadError,
     QueueFull,
@@ -32,18 +31,21 @@ from edged.core.errors import (
     Timeout,
 )
 from edged.hardware.memory import BufferPool, new_pool
-from edged.inference.assembly import assemble
 from edged.inference.batching import (
+    INLINE_MAX_NS,
+    INLINE_UNKNOWN,
+    SPREAD_MIN_NS,
+    TOGETHER_MAX_NS,
     BatcherStats,
     BatchPolicy,
     Outputs,
     Pending,
     Request,
     RequestQueue,
-    split,
     validate,
 )
 from edged.inference.cache import Lease, ModelCache
+from edged.inference.execution import run_batch
 from edged.inference.instances import instance_count, runs_on_gpu
 from edged.inference.loadspec import options_for
 from edged.model.repository import ModelVersion
@@ -52,27 +54,6 @@ logger = logging.getLogger(__name__)
 
 Delivery = Callable[[], None]  # completes futures; always called without the lock
 MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and clock safety)
-# A model whose batches take less than this may run on the asking thread (the API's event
-# loop, for a request with no other in flight) when it is idle: handing a request to a worker
-# and its answer back costs two thread wake-ups (futex, eventfd) and the GIL changing hands
-# twice: more CPU than running tiny_cls itself, and latency on every model. The loop is
-# blocked this long at most, and only while it has no other request to serve.
-INLINE_MAX_NS = 2_000_000
-INLINE_UNKNOWN = 1 << 62  # no batch run yet: nothing is run inline before one has
-# Requests for a cheap model that arrive together on the event loop run there as one batch
-# (Batcher.run_together) when their rows' moving cost is under this: the loop is held that
-# long at most, and each request skips the hop to a worker and back (two thread wake-ups,
-# two GIL hand-overs, a future chained across threads). tiny_cls, 8 clients: see
-# docs/design-notes.md, "Requests of one turn batch on the loop".
-TOGETHER_MAX_NS = 500_000
-# On the CPU an instance runs a batch on its own thread (ONNX Runtime's intra-op threads split
-# an operator, not the batch), and a batch costs about its rows: PP-OCR cls at 1 intra-op
-# thread, 874 us a row alone, 833 in a batch of 4. So where a row takes this long, an instance
-# takes only its share of the queue (the rows over the instances) and leaves the rest to
-# another: at 8 callers one instance ran a batch of 6 while the other sat idle (box 57% idle,
-# 0.48x direct). Below it, one call per batch saves more than a second core would give.
-SPREAD_MIN_NS = 250_000
-
 
 class Batcher:
     """The queue and instance workers of one model (a fixed version, or whichever is active)."""
@@ -429,65 +410,26 @@ class Batcher:
 
     def _execute(self, batch: list[Request], session: Session, pool: BufferPool | None,
                  model: ModelVersion) -> Delivery:
-        """Run one batch on `model`'s session; return the call that hands its results (or
-        error) to the callers. A graph with a fixed batch dim gets its batch padded with zero
-        rows, in the same one copy, and the callers get the real rows back."""
-        started = time.perf_counter_ns()
-        now = self._clock()
-        queued_s = sum(now - r.enqueued for r in batch)  # each first: never below 0
-        taken = batch
-        rows = sum(r.rows for r in batch)
-        sent = max(rows, model.fixed_batch or 0)
-        failure: EdgedError | None = None
-        outputs: Outputs = {}
-        dropped: list[tuple[Request, EdgedError]] = []  # their shm objects shrank
-        try:
-            batch, inputs, dropped = assemble(batch, pool, model.fixed_batch, session)
-            rows = sum(r.rows for r in batch)
-            sent = max(rows, model.fixed_batch or 0) if batch else 0
-            if batch:
-                outputs = session.infer(inputs)
-            if (len(batch) > 1 or sent > rows) and any(v.shape[:1] != (sent,)
-                                                       for v in outputs.values()):
-                failure = InferenceFailed(f"{self.label}: outputs do not keep the batch dim "
-                                          f"of {sent} rows; set max_batch_size: 0")
-            elif sent > rows:
-                outputs = {k: v[:rows] for k, v in outputs.items()}  # the padding's rows go
-        except Exception as exc:  # the backend call: fail this batch only, keep the worker
-            logger.exception("%s: inference failed for a batch of %d", self.label, rows)
-            failure = InferenceFailed(f"{self.label}: inference failed: {exc}")
-        finished = time.perf_counter_ns()
-        for request in taken:
+        """Run one batch on `model`'s session (`execution.run_batch`); return the call that
+        hands its results (or error) to the callers."""
+        queued_s = sum(self._clock() - r.enqueued for r in batch)  # each first: never below 0
+        ran = run_batch(self.label, batch, session, pool, model.fixed_batch)
+        for request in batch:
             # Inputs may be views of a caller's buffer (a shared memory region): let go of them
             # before the caller hears back and unmaps it.
             request.inputs = {}
+        ns = ran.ns
         with self._lock:
-            s = self._counters()  # the version run: adopted under the lease held now
-            s.exec_count += 1
-            s.inference_count += rows
-            s.compute_ns += finished - started
-            self._batch_ns = (finished - started + 3 * self._batch_ns) // 4 \
-                if self._batch_ns < INLINE_UNKNOWN else finished - started
-            row_ns = (finished - started) // max(rows, 1)
+            # The version run: adopted under the lease held now.
+            self._counters().record(len(ran.batch), ran.rows, int(queued_s * 1e9), ns,
+                                    self._clock(), failed=ran.failure is not None)
+            self._counters().failure += len(ran.dropped)  # their shm objects shrank
+            self._batch_ns = (ns + 3 * self._batch_ns) // 4 \
+                if self._batch_ns < INLINE_UNKNOWN else ns
+            row_ns = ns // max(ran.rows, 1)
             self._row_ns = (row_ns + 3 * self._row_ns) // 4 if self._row_ns else row_ns
-            s.queue_ns += int(queued_s * 1e9)
-            spent = int(queued_s * 1e9) + (finished - started) * len(batch)
-            s.request_ns += spent
-            s.last_exec = self._clock()
-            s.last_inference_ms = int(time.time() * 1000)
-            count, ns = s.batch_sizes.get(rows, (0, 0))
-            s.batch_sizes[rows] = (count + 1, ns + finished - started)
-            if failure is None:
-                s.success += len(batch)
-                s.success_ns += spent
-            else:
-                s.failure += len(batch)
-                s.fail_ns += spent
-            s.failure += len(dropped)
-            self._in_flight -= len(taken)
-        deliver = partial(_fail_all, batch, failure) if failure is not None else \
-            partial(split, batch, outputs, model.version)
-        return partial(_deliver, deliver, dropped) if dropped else deliver
+            self._in_flight -= len(batch)
+        return ran.delivery(model.version)
 
     def _fail(self, requests: list[Request], error: EdgedError) -> None:
         with self._lock:
@@ -546,12 +488,6 @@ class Batcher:
             self._fail(leftovers, ShuttingDown(f"{self.label}: shut down before it ran"))
         for thread in self._threads:
             thread.join(max(0.0, deadline - self._clock()) + 0.1)
-
-
-def _deliver(deliver: Delivery, dropped: list[tuple[Request, EdgedError]]) -> None:
-    for request, error in dropped:
-        _fail_all([request], error)
-    deliver()
 
 
 def _fail_all(requests: list[Request], error: EdgedError) -> None:

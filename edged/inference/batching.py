@@ -5,6 +5,7 @@ guards a `RequestQueue` with its own lock and completes futures outside it."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -19,6 +20,27 @@ from edged.model.tensor import TensorSpec
 
 Outputs = dict[str, np.ndarray]
 ShapeKey = tuple[tuple[int, ...], ...] | None
+
+# A model whose batches take less than this may run on the asking thread (the API's event
+# loop, for a request with no other in flight) when it is idle: handing a request to a worker
+# and its answer back costs two thread wake-ups (futex, eventfd) and the GIL changing hands
+# twice: more CPU than running tiny_cls itself, and latency on every model. The loop is
+# blocked this long at most, and only while it has no other request to serve.
+INLINE_MAX_NS = 2_000_000
+INLINE_UNKNOWN = 1 << 62  # no batch run yet: nothing is run inline before one has
+# Requests for a cheap model that arrive together on the event loop run there as one batch
+# (Batcher.run_together) when their rows' moving cost is under this: the loop is held that
+# long at most, and each request skips the hop to a worker and back (two thread wake-ups,
+# two GIL hand-overs, a future chained across threads). tiny_cls, 8 clients: see
+# docs/design-notes.md, "Requests of one turn batch on the loop".
+TOGETHER_MAX_NS = 500_000
+# On the CPU an instance runs a batch on its own thread (ONNX Runtime's intra-op threads split
+# an operator, not the batch), and a batch costs about its rows: PP-OCR cls at 1 intra-op
+# thread, 874 us a row alone, 833 in a batch of 4. So where a row takes this long, an instance
+# takes only its share of the queue (the rows over the instances) and leaves the rest to
+# another: at 8 callers one instance ran a batch of 6 while the other sat idle (box 57% idle,
+# 0.48x direct). Below it, one call per batch saves more than a second core would give.
+SPREAD_MIN_NS = 250_000
 
 
 class Pending(Future[Outputs]):
@@ -278,6 +300,27 @@ class BatcherStats:
     last_inference_ms: int = 0  # wall clock (ms since the epoch) of the same, for clients
     # rows in a batch -> (batches of that size, their compute ns): Triton's batch_stats
     batch_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def record(self, requests: int, rows: int, queued_ns: int, ns: int, now: float, *,
+               failed: bool) -> None:
+        """One batch of `requests` (`rows` rows) that waited `queued_ns` in all and ran for
+        `ns`, finishing at clock time `now`."""
+        self.exec_count += 1
+        self.inference_count += rows
+        self.compute_ns += ns
+        self.queue_ns += queued_ns
+        spent = queued_ns + ns * requests
+        self.request_ns += spent
+        self.last_exec = now
+        self.last_inference_ms = int(time.time() * 1000)
+        count, sized_ns = self.batch_sizes.get(rows, (0, 0))
+        self.batch_sizes[rows] = (count + 1, sized_ns + ns)
+        if failed:
+            self.failure += requests
+            self.fail_ns += spent
+        else:
+            self.success += requests
+            self.success_ns += spent
 
     def __add__(self, other: BatcherStats) -> BatcherStats:
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name)

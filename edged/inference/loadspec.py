@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from edged.backends import BackendOptions, LoadSpec, ShapeRange
+from edged.backends.config import OrtConfig, TensorRTConfig
 from edged.backends.profiles import opt_batch_size
-from edged.config import OrtConfig, TensorRTConfig
 from edged.inference.instances import instance_count
 from edged.model.repository import ModelVersion
 

@@ -26,9 +26,9 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edged.config import MqttConfig
 from edged.core.credentials import credential
 from edged.core.errors import ConfigError
+from edged.mqtt.config import MqttConfig
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
-from edged.config import split_host_port
+from edged.api.config import split_host_port
 from edged.core.errors import ToolError
 from edged.core.states import OtaState
 from edged.ops.keys import (

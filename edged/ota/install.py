@@ -22,13 +22,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.config import OtaConfig
 from edged.core.errors import EdgedError, InvalidModel, ModelNotFound
 from edged.core.states import OtaState
 from edged.inference.cache import ModelCache
 from edged.model.repository import MODEL_FILE, ModelRepository
 from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
+from edged.ota.config import OtaConfig
 from edged.ota.fetch import ChunkAssembler, Fetcher, download_deadline_s
 from edged.ota.journal import InstallJournal
 from edged.ota.manifest import Manifest, Rejected, TrustStore

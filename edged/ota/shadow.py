@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from edged.config import ShadowConfig
 from edged.inference.cache import ModelCache
 from edged.model.repository import ModelVersion
+from edged.ota.config import ShadowConfig
 from edged.ota.manifest import Manifest
 from edged.ota.rollout import bounds_for, judge
 from edged.processing.agreement import Agreement, classify_output

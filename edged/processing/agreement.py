@@ -18,7 +18,7 @@ import numpy as np
 from edged.model.config import QuantizationConfig
 from edged.model.int8_report import Check
 from edged.model.repository import ModelVersion
-from edged.processing.post import iou_matrix
+from edged.processing.boxes import iou_matrix
 
 Outputs = dict[str, np.ndarray]  # one sample's outputs, batch dim removed
 Metrics = dict[str, float | None]

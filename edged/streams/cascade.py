@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from edged.config import SecondaryConfig
 from edged.core.errors import EdgedError, InvalidModel, Timeout
 from edged.inference.scheduler import Outputs, Scheduler
 from edged.model.config import PostprocessConfig, PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.post import Postprocessor
 from edged.processing.pre import preprocess, tensor_shape
+from edged.streams.config import SecondaryConfig
 
 logger = logging.getLogger(__name__)
 

@@ -20,13 +20,13 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from edged.config import StreamConfig
 from edged.events.config import check_labels
 from edged.events.discovery import DeviceInfo, stream_configs
 from edged.events.engine import Changes, StreamEvents
 from edged.events.publish import EventPublisher, Publish
 from edged.events.store import SnapshotStore
 from edged.sources import worth_logging
+from edged.streams.config import StreamConfig
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from edged.config import StreamConfig
 from edged.core.errors import EdgedError
 from edged.events.publish import compact
 from edged.inference.scheduler import Outputs, Scheduler
@@ -34,6 +33,7 @@ from edged.processing.post import Postprocessor
 from edged.processing.pre import Geometry, preprocess
 from edged.sources import Frame, Source, worth_logging
 from edged.streams.cascade import Cascade, run_all
+from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsStage
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from edged.config import StreamConfig
 from edged.core.errors import EdgedError, InvalidModel
 from edged.core.states import SourceState
 from edged.events.config import outputs
@@ -21,10 +20,10 @@ from edged.inference.scheduler import Scheduler
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.post import Postprocessor
-from edged.service.health import Beating
-from edged.sources import SensorLink, open_source
+from edged.sources import SensorLink, Source, open_source
 from edged.sources.sensor import Subscribe
 from edged.streams.cascade import Cascade
+from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsHub, EventsStage
 from edged.streams.pipeline import Publish, StreamPipeline
 
@@ -148,7 +147,7 @@ class StreamSet:
         return sum(1 for p in pipelines if p.source.state is SourceState.STREAMING), \
             len(pipelines)
 
-    def beats(self) -> list[Beating]:
+    def beats(self) -> list[StreamPipeline | Source]:
         """The threads the health tick watches: each stream's loop and capture thread."""
         return [part for p in self._pipelines for part in (p, p.source)]
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from support.backends import options
 
-from edged.config import StreamConfig
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
 from edged.sources import SensorLink, open_source
+from edged.streams.config import StreamConfig
 from edged.streams.pipeline import StreamPipeline
 
 SQUARE = (60, 40, 100, 80)  # x1, y1, x2, y2

@@ -17,7 +17,7 @@ from support.daemon import ServeFactory
 from support.ota import Pusher, statuses, tiny_cls_bytes
 from support.polling import wait_until
 
-from edged.config import MqttConfig
+from edged.mqtt.config import MqttConfig
 from edged.mqtt.link import MqttLink
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edged.config import DaemonConfig, parse_config
-from edged.service.reload import plan
+from edged.reload import plan
 
 BASE = """device_id: a
 models_dir: /m

@@ -18,9 +18,9 @@ from support.backends import GateBackend, hold_worker
 from support.models import write_yaml
 
 from edged.api.describe import model_config, model_metadata
+from edged.backends.config import OrtConfig
 from edged.backends.onnxruntime import provider_chain
 from edged.backends.profiles import InputProfile, derive_profile
-from edged.config import OrtConfig
 from edged.core.errors import InvalidInput, InvalidModel
 from edged.inference.batching import validate
 from edged.inference.cache import ModelCache

@@ -21,11 +21,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edged.config import MqttConfig, StreamConfig
 from edged.hardware import host
 from edged.model.repository import ModelRepository
+from edged.mqtt.config import MqttConfig
 from edged.mqtt.link import MqttLink
 from edged.sources import Frame
+from edged.streams.config import StreamConfig
 from edged.streams.pipeline import StreamPipeline, _InFlight
 from tools.bench.broker import loopback_broker
 from tools.bench.post import yolov8_head
