@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import re
 import socket
+from pathlib import Path
 
+import make_test_models
 import numpy as np
 import pytest
 from support.daemon import Served, ServeFactory
@@ -81,10 +83,8 @@ def chunked_infer(body: bytes, size: int, *, headers: bytes = b"") -> bytes:
 
 
 @pytest.fixture
-def identities(make_served: ServeFactory, repo_dir: object) -> Served:
-    import make_test_models
-
-    make_test_models.write_repository(repo_dir, names=["identity_fp32"])  # type: ignore[arg-type]
+def identities(make_served: ServeFactory, repo_dir: Path) -> Served:
+    make_test_models.write_repository(repo_dir, names=["identity_fp32"])
     return make_served(cache="preload: [tiny_cls, identity_fp32]")
 
 
@@ -112,10 +112,8 @@ def test_api_when_a_chunked_body_has_more_chunks_than_triton_allows_answers_400(
 
 
 def test_api_when_a_chunked_body_exceeds_max_request_mb_answers_413(
-        make_served: ServeFactory, repo_dir: object) -> None:
-    import make_test_models
-
-    make_test_models.write_repository(repo_dir, names=["identity_fp32"])  # type: ignore[arg-type]
+        make_served: ServeFactory, repo_dir: Path) -> None:
+    make_test_models.write_repository(repo_dir, names=["identity_fp32"])
     served = make_served(api="max_request_mb: 1", cache="preload: [identity_fp32]")
     values = np.zeros((1 << 20) // 4 + 1024, np.float32)
     status, _, body = exchange(served, chunked_infer(values.tobytes(), 1 << 16))
