@@ -105,19 +105,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Exit 0 when `run` would take the file (warnings name what cannot be seen from here),
     1 with every error."""
+    invalid: list[str] = []
     try:
         parsed = parse_file(DaemonConfig, args.file, CHECKS)
-        config = with_overrides(parsed.value, models_dir=args.models_dir)
-    except ConfigError as exc:
-        for issue in exc.issues:
-            print(issue)
-        return 1
-    found = check(Parsed(config, parsed.lines), models_dir_given=args.models_dir is not None)
-    for problem in found.errors:
+    except ConfigError as exc:  # said, and what did convert is checked on (every error at once)
+        invalid = [str(issue) for issue in exc.issues]
+        if exc.partial is None:
+            print("\n".join(invalid))
+            return 1
+        parsed = exc.partial
+    config = with_overrides(parsed.value, models_dir=args.models_dir)
+    found = check(Parsed(config, parsed.lines, parsed.positions),
+                  models_dir_given=args.models_dir is not None)
+    for problem in [*invalid, *found.errors]:
         print(problem)
     for warning in found.warnings:
         print(f"warning: {warning}")
-    if found.errors:
+    if invalid or found.errors:
         return 1
     print(f"{args.file}: ok ({len(config.streams)} streams, models in {config.models_dir}"
           + (f"; {len(found.warnings)} warning(s) above" if found.warnings else "") + ")")

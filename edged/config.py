@@ -47,15 +47,16 @@ def check_streams(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
     issues = []
     seen: set[str] = set()
     for i, stream in enumerate(parsed.value.streams):
+        at = parsed.at("streams", i)
         if stream.name in seen:
-            issues.append(parsed.issue(f"streams[{i}].name", f"duplicate stream {stream.name!r}"))
+            issues.append(parsed.issue(f"{at}.name", f"duplicate stream {stream.name!r}"))
         seen.add(stream.name)
         scheme, sep, _rest = stream.source.partition("://")
         if not sep:
-            issues.append(parsed.issue(f"streams[{i}].source", "expected a URI such as file://..."))
+            issues.append(parsed.issue(f"{at}.source", "expected a URI such as file://..."))
         elif scheme not in STREAM_SCHEMES:
-            issues.append(parsed.issue(f"streams[{i}].source", f"unsupported scheme {scheme!r}"))
-        issues += check_stream_events(parsed, f"streams[{i}]", stream)
+            issues.append(parsed.issue(f"{at}.source", f"unsupported scheme {scheme!r}"))
+        issues += check_stream_events(parsed, at, stream)
     return issues
 
 

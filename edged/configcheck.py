@@ -1,5 +1,6 @@
 """`edged check-config`: a config file and what it names, checked the way `edged run` would use
-them, every problem at once. Errors stop `run` (a model file that is not ONNX, a stream or a
+them, every problem at once (the models that streams name are checked even where other keys
+are wrong: `ConfigError.partial`). Errors stop `run` (a model file that is not ONNX, a stream or a
 secondary model that is not in the repository, a stream's `labels:` its model cannot
 produce); warnings are paths that exist only where the
 service runs (a device's models folder, keys, a video file, a systemd credential), so a
@@ -34,13 +35,15 @@ def check(parsed: Parsed[DaemonConfig], *, models_dir_given: bool = False) -> Fi
     """What `run` would refuse (errors) and what cannot be seen from here (warnings). The
     models are checked where `models_dir` exists (or was given on the command line)."""
     config, found = parsed.value, Findings()
+    # Each stream with its key path in the file (one that did not convert is not here).
+    streams = [(parsed.at("streams", i), s) for i, s in enumerate(config.streams)]
 
     def line(path: str) -> str:
         number = parsed.lines.get(path)
         return f" (line {number})" if number is not None else ""
 
     if config.models_dir.is_dir():
-        _check_models(config, found, line)
+        _check_models(config, streams, found, line)
     elif models_dir_given:
         found.errors.append(f"--models-dir {config.models_dir} does not exist")
     else:
@@ -49,16 +52,17 @@ def check(parsed: Parsed[DaemonConfig], *, models_dir_given: bool = False) -> Fi
             "models, streams' models and cache names were not checked: add --models-dir DIR "
             f"to check them{line('models_dir')}")
     _check_secrets(config, found, line)
-    for i, stream in enumerate(config.streams):
+    for at, stream in streams:
         if stream.source.startswith("file://"):
             path = Path(stream.source.removeprefix("file://"))
             if not path.is_file():
-                found.warnings.append(f"streams[{i}].source: {path} does not exist here (a "
-                                      f"file on the device?){line(f'streams[{i}].source')}")
+                found.warnings.append(f"{at}.source: {path} does not exist here (a file on "
+                                      f"the device?){line(f'{at}.source')}")
     return found
 
 
-def _check_models(config: DaemonConfig, found: Findings, line: _Line) -> None:
+def _check_models(config: DaemonConfig, streams: list[tuple[str, StreamConfig]],
+                  found: Findings, line: _Line) -> None:
     repository = ModelRepository(config.models_dir)
     names = repository.names()
     for name in names:
@@ -73,22 +77,22 @@ def _check_models(config: DaemonConfig, found: Findings, line: _Line) -> None:
             if name not in names:
                 found.errors.append(f"cache.{key}: model {name!r} is not in "
                                     f"{config.models_dir}{line(f'cache.{key}')}")
-    for i, stream in enumerate(config.streams):
+    for at, stream in streams:
         if stream.model not in names:
-            found.errors.append(f"streams[{i}].model: {stream.model!r} is not in "
+            found.errors.append(f"{at}.model: {stream.model!r} is not in "
                                 f"{config.models_dir}; the stream would not start"
-                                f"{line(f'streams[{i}].model')}")
+                                f"{line(f'{at}.model')}")
         else:
-            _check_labels(repository, stream, i, found, line)
+            _check_labels(repository, stream, at, found, line)
         for j, secondary in enumerate(stream.secondary):
-            key = f"streams[{i}].secondary[{j}].model"
+            key = f"{at}.secondary[{j}].model"
             if secondary.model not in names:
                 found.errors.append(f"{key}: {secondary.model!r} is not in "
                                     f"{config.models_dir}; the stream would not start"
                                     f"{line(key)}")
 
 
-def _check_labels(repository: ModelRepository, stream: StreamConfig, i: int,
+def _check_labels(repository: ModelRepository, stream: StreamConfig, at: str,
                   found: Findings, line: _Line) -> None:
     """A detect stream's `labels:` against those its model names (a model that names none
     cannot be checked; one that does not load was reported above)."""
@@ -103,7 +107,7 @@ def _check_labels(repository: ModelRepository, stream: StreamConfig, i: int,
                                                  or PostprocessConfig()).kind).events:
         return
     try:
-        check_labels(stream.labels, known, path=f"streams[{i}]")
+        check_labels(stream.labels, known, path=at)
     except ConfigError as exc:
         found.errors += [f"{issue}; the stream would not start{line(issue.path)}"
                          for issue in exc.issues]

@@ -119,7 +119,8 @@ class Daemon:
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
                                groups=config.ota.groups,
-                               chunk_timeout_s=config.ota.chunk_timeout_s)
+                               chunk_timeout_s=config.ota.chunk_timeout_s,
+                               max_downloads=config.ota.max_parallel_downloads)
                     if self.mqtt is not None else None)
         self.updater.shadows.hooks = ShadowHooks(
             self.scheduler.taps, self.scheduler.busy,

@@ -17,7 +17,7 @@ RESTART_ONLY = ("device_id", "models_dir", "backends", "api", "mqtt")
 RESTART_ONLY_KEYS = {
     "cache": ("dir", "budget_mb", "snapshots_mb"),
     "ota": ("keep_versions", "allow_unsigned", "max_artifact_mb", "ca_file", "chunk_timeout_s",
-            "groups"),
+            "groups", "max_parallel_downloads", "staging_mb", "download_rate_kbps"),
     "logging": ("target",),
 }
 

@@ -194,11 +194,11 @@ def make_tiny_cnn_b4(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def make_identity(elem_type: int, name: str) -> onnx.ModelProto:
+def make_identity(elem_type: int, name: str, n: str | int = "n") -> onnx.ModelProto:
     """INPUT0 [batch, n] → OUTPUT0, unchanged: Triton's identity models, for the wire
     protocol (BYTES as ONNX strings, zero-element tensors)."""
     def tensor(tensor_name: str) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(tensor_name, elem_type, ["batch", "n"])
+        return helper.make_tensor_value_info(tensor_name, elem_type, ["batch", n])
 
     return build_model(name, [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
                        [tensor("INPUT0")], [tensor("OUTPUT0")], [])
@@ -206,6 +206,12 @@ def make_identity(elem_type: int, name: str) -> onnx.ModelProto:
 
 def make_identity_bytes(seed: int = 0) -> onnx.ModelProto:
     return make_identity(TensorProto.STRING, "identity_bytes")
+
+
+def make_identity_bytes_1(seed: int = 0) -> onnx.ModelProto:
+    """One string a row (Triton's onnx_zero_1_object_1_element): what a raw binary request
+    may send a BYTES input to."""
+    return make_identity(TensorProto.STRING, "identity_bytes_1", 1)
 
 
 def make_identity_fp32(seed: int = 0) -> onnx.ModelProto:
@@ -448,6 +454,7 @@ MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "colors_b1": make_colors_b1,
     "tiny_cnn_b4": make_tiny_cnn_b4,
     "identity_bytes": make_identity_bytes,
+    "identity_bytes_1": make_identity_bytes_1,
     "identity_fp32": make_identity_fp32,
 }
 # What a repository holds when no names are given: the models every test may rely on. The

@@ -80,6 +80,11 @@ class ApiConfig:
                                     check=at_least(0.1))
     keepalive_s: float = setting(75.0, "an idle kept-alive connection is closed after this",
                                  check=at_least(0.1))
+    max_header_fields: int = setting(100, "header fields a request may carry; more are "
+                                          "answered 431", check=between(8, 10000))
+    max_header_line_bytes: int = setting(8192, "longest header line (name and value) and "
+                                               "request target; longer is answered 431 (a "
+                                               "target: 414)", check=between(1024, 65536))
     shm_copy_inputs: Literal["auto", "always", "never"] = setting(
         "auto", "copy shm inputs (pread) instead of lending models views of the mapping: "
         "auto copies for peers of another uid than edged's (not root), so that a client "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from edged.api import describe
@@ -127,7 +128,9 @@ class KServeRoutes:
     async def infer(self, request: Request) -> Response:
         """The request's body is charged to the body budget, and the shared memory regions it
         names are its own, until it has answered: an unregister meanwhile takes effect after
-        it (as in Triton)."""
+        it (as in Triton). A handler that ends before its request's batch has run (cancelled
+        at a shutdown whose drain timed out) leaves both to the batch, which still views
+        them, until it ends."""
         name, version = _model_ref(request)
         if not self.scheduler.has_batcher(name, version):  # an unknown model: 404, body unread
             await asyncio.to_thread(self.scheduler.prepare, name, version)
@@ -135,14 +138,23 @@ class KServeRoutes:
         # The asking peer is looked up at a first region; inputs copied in are charged.
         asker = Asker(request)
         lease = self.shm.lease(asker, charge.add)
-        try:
-            return await self._infer(request, name, version, charge, lease, asker)
-        finally:
+        running: list[Future[Any]] = []  # its request, once handed to the scheduler
+
+        def let_go(_: object = None) -> None:
             lease.release()
-            charge.release()  # answered (or failed): its body is no longer held
+            charge.release()  # its body is no longer held
+
+        try:
+            return await self._infer(request, name, version, charge, lease, asker, running)
+        finally:
+            if running and not running[0].done():
+                running[0].add_done_callback(let_go)
+            else:
+                let_go()
 
     async def _infer(self, request: Request, name: str, version: int | None,
-                     charge: Charge, lease: Lease, asker: Asker) -> Response:
+                     charge: Charge, lease: Lease, asker: Asker,
+                     running: list[Future[Any]]) -> Response:
         json_length = _json_length(request)
         body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
                                json_length)
@@ -183,14 +195,17 @@ class KServeRoutes:
             future = scheduler.submit_or_run(name, parsed.inputs, version=version,
                                              priority=parsed.priority,
                                              timeout_s=parsed.timeout_s)
+            running.append(future)
         elif scheduler.cheap(name, version):
             admitted = scheduler.admit(name, parsed.inputs, version=version,
                                        priority=parsed.priority, timeout_s=parsed.timeout_s)
+            running.append(admitted.future)
             await self.turns.join(admitted)
             future = admitted.future
         else:
             future = scheduler.submit(name, parsed.inputs, version=version,
                                       priority=parsed.priority, timeout_s=parsed.timeout_s)
+            running.append(future)
         parsed.inputs = {}  # the batch owns them now; nothing here needs them
         outputs = future.result() if future.done() else await asyncio.wrap_future(future)
         served = future.version if future.version is not None else \

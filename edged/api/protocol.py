@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from edged.api import tensorbytes
+from edged.api.http.jsondepth import check_depth
 from edged.core.errors import InvalidInput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -407,6 +408,7 @@ def parse_cost(text: bytes) -> int:
 
 
 def _parse_json(raw: bytes) -> dict[str, Any]:
+    check_depth(raw)  # before the parser meets it
     try:
         header = _loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

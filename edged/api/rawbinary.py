@@ -1,9 +1,11 @@
 """Triton's raw binary request (the binary tensor extension): with
 `Inference-Header-Content-Length: 0` the body is no JSON at all but the bytes of the model's
 one input, whose name, datatype and shape come from the model. Triton's rules: the model has
-exactly one input; a BYTES input has shape [1] and the body is that one element (no length
-prefix); otherwise at most one dim is dynamic, and the body's size fixes it. A batched model
-gets a batch of one. Every output comes back as JSON."""
+exactly one input; a BYTES input has shape [1] (a dynamic dim is refused: the body could not
+say how many elements it holds) and the body is that one element (no length prefix);
+otherwise at most one dim is dynamic, and the body's size fixes it. A batched model gets a
+batch of one. Every output comes back as binary data (`Inference-Header-Content-Length` on
+the answer), as Triton answers a raw request."""
 
 from __future__ import annotations
 
@@ -36,9 +38,9 @@ def decode_raw(model: ModelVersion, body: bytes | bytearray | memoryview,
     batched = model.max_batch_size > 0
     dims = list(spec.shape[1:] if batched else spec.shape)
     if tensorbytes.is_bytes(spec.dtype):
-        if dims not in ([1], [-1]):
-            raise InvalidInput(f"{what}: the BYTES input {spec.name} must have shape [1], "
-                               f"the model's is {dims}")
+        if dims != [1]:
+            raise InvalidInput(f"{what}: for a BYTES input the model must have input shape "
+                               f"[1]; {spec.name} has {dims}")
         if charge is not None:
             charge(len(body))
         array = np.empty(1, dtype=np.object_)
@@ -64,4 +66,5 @@ def decode_raw(model: ModelVersion, body: bytes | bytearray | memoryview,
             raise InvalidInput(f"{what}: {len(body)} bytes for input {spec.name} {dims} "
                                f"({fixed * dtype.itemsize} expected)")
         array = np.frombuffer(body, dtype=dtype, count=count)  # a view: no copy
-    return InferRequest(None, {spec.name: array.reshape([1, *dims] if batched else dims)})
+    return InferRequest(None, {spec.name: array.reshape([1, *dims] if batched else dims)},
+                        binary_default=True)

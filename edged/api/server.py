@@ -81,7 +81,9 @@ class ApiServer:
         self.connections = HttpServer(self._dispatch, max_connections=config.max_connections,
                                       header_timeout_s=config.header_timeout_s,
                                       keepalive_s=config.keepalive_s,
-                                      body_timeout_s=config.body_timeout_s)
+                                      body_timeout_s=config.body_timeout_s,
+                                      max_header_fields=config.max_header_fields,
+                                      max_header_line_bytes=config.max_header_line_bytes)
         self.bodies = BodyBudget(config.max_bodies_mb * 1024 * 1024)
         self._unix: UnixListener | None = None
         self.kserve = KServeRoutes(config, scheduler=scheduler, cache=cache, shm=shm,

@@ -15,10 +15,12 @@ copy is request memory: it is charged to the body budget before it is made.
 Outputs are always written with pwrite (it cannot fault).
 
 A request holds the regions it names (a `Lease`) from its first use until it has answered.
-Unregistering a region that requests hold only marks it: it stays listed, and those requests
-still read and write it, until the last of them ends (as in Triton); new requests may not use
-it. Then the descriptor and the mapping close; a mapping still viewed by an input array is
-unmapped when that array goes."""
+Unregistering a region that requests hold only marks it: it stays listed and usable, by those
+requests and by any that come while one still holds it, until the last of them ends; then the
+descriptor and the mapping close (a mapping still viewed by an input array is unmapped when
+that array goes). That is Triton's `awaiting_unregister`: its client tests send requests on a
+region after unregistering it while others are in flight, and count every result. The name
+cannot be registered again until the region has gone."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ import numpy as np
 from edged.api import tensorbytes
 from edged.api.protocol import ShmRef
 from edged.core.errors import EdgedError, Forbidden, InvalidInput
+from edged.hardware import filemaps
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +79,7 @@ class Region:
     users: int = 0
     closing: bool = field(default=False)
     owner: Owner = None
+    tracked: filemaps.FileRange | None = None  # where the mapping lies, for copies out of it
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -134,6 +138,9 @@ class ShmRegistry:
                 region.skip = offset % mmap.ALLOCATIONGRANULARITY
                 region.mapping = mmap.mmap(fd, byte_size + region.skip, mmap.MAP_SHARED,
                                            mmap.PROT_READ, offset=offset - region.skip)
+                address = np.frombuffer(region.mapping, np.uint8).ctypes.data
+                region.tracked = filemaps.track(address, byte_size + region.skip, fd,
+                                                offset - region.skip, name)
         except OSError as exc:
             os.close(fd)
             raise InvalidInput(f"shared memory key {key!r} cannot be mapped: "
@@ -215,10 +222,7 @@ class ShmRegistry:
             region = self._regions.get((owner, name))
             if region is None:
                 raise InvalidInput(f"shared memory region {name!r} is not registered")
-            if region.closing:
-                raise InvalidInput(f"shared memory region {name!r} is being unregistered "
-                                   "(requests still use it)")
-            region.users += 1
+            region.users += 1  # closing or not: it goes once nothing holds it
             return region
 
     def _let_go(self, region: Region) -> None:
@@ -375,6 +379,8 @@ def _check_size(region: Region, end: int) -> None:
 
 
 def _close(region: Region) -> None:
+    if region.tracked is not None:  # before the mapping goes (its address may be reused)
+        filemaps.untrack(region.tracked)
     os.close(region.fd)
     if region.mapping is not None:
         try:

@@ -42,7 +42,7 @@ from edged.backends.trt_build import (
 )
 from edged.core.errors import BackendUnavailable, InferenceFailed, InvalidInput
 from edged.core.fsutil import file_sha256
-from edged.hardware import gpu, memory
+from edged.hardware import filemaps, gpu, memory
 from edged.model.tensor import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -335,7 +335,8 @@ class TrtSession:
             lent.append(buffer)
         else:
             buffer, offset = self._buffer(slot.staged, name, array.nbytes), 0
-            buffer.view(array.shape, array.dtype)[...] = array
+            # A client's shared memory is read from its file (a shrink: an error, no SIGBUS).
+            filemaps.copy_into(buffer.view(array.shape, array.dtype), array)
         buffer.to_device(slot.stream, offset, array.nbytes)
         return buffer.address() + offset
 

@@ -6,6 +6,7 @@ The code is part of the API and MQTT contract: clients match on it, so never ren
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class EdgedError(Exception):
@@ -44,6 +45,9 @@ class ConfigError(EdgedError):
 
     def __init__(self, issues: list[ConfigIssue] | str) -> None:
         self.issues = [ConfigIssue("", issues)] if isinstance(issues, str) else list(issues)
+        # What did convert (a `schema.Parsed`), when the schema layer could make it: checks of
+        # what it names can still run, so every error is told at once.
+        self.partial: Any = None
         super().__init__("; ".join(str(i) for i in self.issues))
 
 

@@ -40,9 +40,17 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, check: Check 
 class Parsed(typing.Generic[T]):
     value: T
     lines: dict[str, int]  # key path -> 1-based line, for cross-field checks
+    # Top-level lists whose items did not all convert: the file's index of each item kept.
+    positions: dict[str, list[int]] = field(default_factory=dict)
 
     def issue(self, path: str, message: str) -> ConfigIssue:
         return ConfigIssue(path, message, self.lines.get(path))
+
+    def at(self, key: str, i: int) -> str:
+        """The key path of item `i` of the top-level list `key` as the file has it (items
+        that did not convert are left out of a partial value, so the two may differ)."""
+        kept = self.positions.get(key)
+        return f"{key}[{kept[i] if kept is not None else i}]"
 
 
 class _Invalid:
@@ -60,6 +68,7 @@ class _Context:
     # The top-level keys that did convert, kept when others did not: cross-field checks still
     # run on them, so one bad section does not hide the errors of the others.
     converted: dict[str, Any] = field(default_factory=dict)
+    positions: dict[str, list[int]] = field(default_factory=dict)  # see Parsed.positions
 
     def fail(self, path: str, node: yaml.Node, message: str) -> Any:
         self.issues.append(ConfigIssue(path, message, node.start_mark.line + 1))
@@ -70,7 +79,9 @@ def parse(cls: type[T], text: str, *, file: str | None = None,
           checks: Sequence[Callable[[Parsed[T]], list[ConfigIssue]]] = ()) -> Parsed[T]:
     """Parse YAML text into `cls` (a dataclass) and run the cross-field `checks` on it, or
     raise ConfigError with every issue. When some keys do not convert, the checks run on the
-    rest (those keys at their defaults), so every error is reported at once."""
+    rest (those keys at their defaults, a list's items that did not convert left out), so
+    every error is reported at once; the error's `partial` is that value, for checks of
+    what it names (`edged check-config` looks at the models too)."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -93,10 +104,13 @@ def parse(cls: type[T], text: str, *, file: str | None = None,
             value = cls(**ctx.converted)
         except TypeError:  # a required key is missing: no partial value to check
             value = INVALID
-    if value is not INVALID:
-        issues += [issue for check in checks for issue in check(Parsed(value, ctx.lines))]
+    parsed = None if value is INVALID else Parsed(value, ctx.lines, ctx.positions)
+    if parsed is not None:
+        issues += [issue for check in checks for issue in check(parsed)]
     if issues:
-        raise ConfigError([dataclasses.replace(i, file=file) for i in issues])
+        error = ConfigError([dataclasses.replace(i, file=file) for i in issues])
+        error.partial = parsed
+        raise error
     return Parsed(value, ctx.lines)
 
 
@@ -260,8 +274,10 @@ def _convert_dataclass(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> A
             isinstance(value, list) and any(v is INVALID for v in value))
         kwargs[name] = value
         if not path and value is not INVALID:  # items that did not convert are left out
-            ctx.converted[name] = [v for v in value if v is not INVALID] \
-                if isinstance(value, list) else value
+            if isinstance(value, list) and INVALID in value:
+                ctx.positions[name] = [i for i, v in enumerate(value) if v is not INVALID]
+                value = [value[i] for i in ctx.positions[name]]
+            ctx.converted[name] = value
     for key, f in fields.items():
         no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if f.name not in kwargs and no_default:

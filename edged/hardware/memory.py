@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edged.hardware import gpu
+from edged.hardware import filemaps, gpu
 from edged.hardware.gpu import CudaError
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ def concatenate_into(pool: BufferPool, name: str, parts: Sequence[np.ndarray],
                      rows: int | None = None) -> np.ndarray:
     """Stack request arrays along axis 0 into `pool`'s buffer for `name` (one copy). With
     `rows` beyond theirs, zero rows follow them up to `rows` (a graph whose batch dim is
-    fixed takes no fewer)."""
+    fixed takes no fewer). A part that maps a client's shared memory is read from its file
+    (`filemaps.copy_into`: SourceShrunk, naming the part, if it has shrunk)."""
     first = parts[0]
     real = sum(p.shape[0] for p in parts)
     if first.dtype == np.object_:  # strings (BYTES) are Python objects: host memory only
@@ -51,7 +52,13 @@ def concatenate_into(pool: BufferPool, name: str, parts: Sequence[np.ndarray],
         out[real:] = b""
         return out
     out = pool.take(name, max(real, rows or 0), first.shape[1:], first.dtype)
-    np.concatenate(parts, axis=0, out=out[:real])
+    if filemaps.tracked():
+        row = 0
+        for index, part in enumerate(parts):
+            filemaps.copy_into(out[row:row + part.shape[0]], part, index)
+            row += part.shape[0]
+    else:
+        np.concatenate(parts, axis=0, out=out[:real])
     out[real:] = 0  # the buffer is reused: the padding must not hold an earlier batch's rows
     return out
 

@@ -42,7 +42,6 @@ from edged.inference.batching import (
     Pending,
     Request,
     RequestQueue,
-    split,
     validate,
 )
 from edged.inference.cache import Lease, ModelCache
@@ -423,16 +422,17 @@ class Batcher:
         ns = ran.ns
         with self._lock:
             # The version run: adopted under the lease held now.
-            self._counters().record(waits_ns, ran.rows, ns, self._clock(),
+            ran_ids = {id(r) for r in ran.batch}
+            self._counters().record([w for w, r in zip(waits_ns, batch, strict=True)
+                                     if id(r) in ran_ids], ran.rows, ns, self._clock(),
                                     failed=ran.failure is not None)
+            self._counters().failure += len(ran.dropped)  # their shm objects shrank
             self._batch_ns = (ns + 3 * self._batch_ns) // 4 \
                 if self._batch_ns < INLINE_UNKNOWN else ns
             row_ns = ns // max(ran.rows, 1)
             self._row_ns = (row_ns + 3 * self._row_ns) // 4 if self._row_ns else row_ns
             self._in_flight -= len(batch)
-        if ran.failure is not None:
-            return partial(_fail_all, batch, ran.failure)
-        return partial(split, batch, ran.outputs, model.version)
+        return ran.delivery(model.version)
 
     def _fail(self, requests: list[Request], error: EdgedError) -> None:
         with self._lock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.core.schema import at_least, check_names, setting
+from edged.core.schema import at_least, between, check_names, setting
 
 
 def _positive_or_null(value: float | None) -> str | None:
@@ -44,7 +44,18 @@ class OtaConfig:
     download_timeout_s: float | None = setting(
         None, "one artifact download, retries included, must finish within this many seconds; "
               "null = 300 s plus the time the artifact takes at 32 KiB/s (a trickling server "
-              "must not hold the single OTA worker)", check=_positive_or_null)
+              "must not hold its download place for good)", check=_positive_or_null)
+    max_parallel_downloads: int = setting(
+        4, "updates of different models download side by side, this many at once (more wait "
+           "for a place); verifying, installing and warming run one update at a time",
+        check=between(1, 64))
+    staging_mb: int = setting(1024, "staging disk that downloads in progress may hold "
+                                    "together, from their first byte until installed; an "
+                                    "update that does not fit beside them waits",
+                              check=at_least(1))
+    download_rate_kbps: int | None = setting(None, "all downloads together read at most this "
+                                                   "many KiB/s; null = as fast as the link",
+                                             check=_positive_or_null)
     groups: list[str] = setting(factory=list, help="fleet groups this device takes updates "
                                                    "for: <fleet_prefix>/groups/<g>/ota/<model>",
                                 check=check_names)

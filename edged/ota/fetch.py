@@ -55,10 +55,12 @@ class Fetcher:
                                        f"allows {self.max_bytes}")
 
     def fetch(self, artifact: Artifact, dest: Path, progress: Progress, *,
-              deadline_s: float | None = None) -> None:
+              deadline_s: float | None = None,
+              take: Callable[[int], None] = lambda n: None) -> None:
         """`artifact.url` into `dest` (resuming what is already there), all attempts within
         `deadline_s` (default: sized from the artifact) or Rejected('download_timeout'). A
-        read in progress at the deadline ends within the socket timeout."""
+        read in progress at the deadline ends within the socket timeout. `take` is told of
+        each block read (a bandwidth budget that downloads share waits there)."""
         self.check_size(artifact)
         assert artifact.url is not None
         parsed = urllib.parse.urlsplit(artifact.url)
@@ -71,7 +73,8 @@ class Fetcher:
         while True:
             before = dest.stat().st_size if dest.exists() else 0
             try:
-                if self._attempt(artifact.url, artifact.size, dest, progress, deadline, limit):
+                if self._attempt(artifact.url, artifact.size, dest, progress, deadline, limit,
+                                 take):
                     return
             except Rejected:
                 raise
@@ -93,7 +96,7 @@ class Fetcher:
                 delay = min(delay * 2, self.backoff_max_s)
 
     def _attempt(self, url: str, size: int, dest: Path, progress: Progress, deadline: float,
-                 limit: float) -> bool:
+                 limit: float, take: Callable[[int], None]) -> bool:
         have = dest.stat().st_size if dest.exists() else 0
         if have > size:  # not what the manifest describes: start again
             dest.unlink()
@@ -137,6 +140,7 @@ class Fetcher:
                                                         f"manifest's {size} bytes")
                     out.write(block)
                     progress(have, size)
+                    take(len(block))
                     if self.stop.is_set():
                         raise Rejected("download_failed", "the daemon is stopping")
                     if time.monotonic() > deadline:

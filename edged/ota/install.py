@@ -33,6 +33,7 @@ from edged.ota.fetch import ChunkAssembler, Fetcher, download_deadline_s
 from edged.ota.journal import InstallJournal
 from edged.ota.manifest import Manifest, Rejected, TrustStore
 from edged.ota.shadows import ShadowRollouts
+from edged.ota.transfer import Reservation, TransferBudget
 from edged.ota.verify import check_io, golden_check, verify_artifact
 
 logger = logging.getLogger(__name__)
@@ -65,9 +66,20 @@ class Event:
 Report = Callable[[Event], None]
 
 
+@dataclass(frozen=True)
+class Staged:
+    """An update's artifact, downloaded and waiting to be verified and installed; it holds its
+    share of the staging budget until then."""
+
+    stage: Path
+    reservation: Reservation
+
+
 class Updater:
     """Applies updates one at a time per model; another update of a model that is updating
-    is refused with reason `busy` (the fleet tool re-pushes; a queue would hide staleness)."""
+    is refused with reason `busy` (the fleet tool re-pushes; a queue would hide staleness).
+    `download` may run for several models at once (their bytes within `transfers`);
+    `install` runs for one update at a time (the caller's single lane)."""
 
     def __init__(self, repository: ModelRepository, cache: ModelCache, cfg: OtaConfig,
                  trust: TrustStore, report: Report, *, fetcher: Fetcher | None = None,
@@ -86,6 +98,9 @@ class Updater:
         self.drain_timeout_s = drain_timeout_s
         self.step_hook = step_hook
         self.journal = InstallJournal(repository)
+        rate = cfg.download_rate_kbps * 1024 if cfg.download_rate_kbps else None
+        self.transfers = TransferBudget(repository.staging_dir, cfg.staging_mb << 20, rate,
+                                        self.stop)
         self._lock = threading.Lock()
         self._busy: dict[str, int] = {}
         self.shadows = ShadowRollouts(self)  # the daemon lends it its hooks
@@ -149,19 +164,35 @@ class Updater:
                     del self._busy[name]
 
     def apply(self, manifest: Manifest, chunks: ChunkAssembler | None = None) -> None:
-        """Check, stage, install, warm, golden-check, switch. The caller holds claim().
-        Raises Rejected (with nothing changed, or after an automatic rollback). A shadow
+        """Download, then install (below), on the calling thread. The caller holds claim()."""
+        self.install(manifest, self.download(manifest, chunks))
+
+    def download(self, manifest: Manifest, chunks: ChunkAssembler | None = None) -> Staged:
+        """Check the manifest, then fetch its artifact into a staging folder of its own,
+        within the transfer budget: the network part of an update, which updates of other
+        models may do at the same time. Raises Rejected (reported; nothing changed). A shadow
         rollout of the model in progress gives way to it."""
         self.shadows.cancel(manifest.model, f"superseded by version {manifest.version}")
         try:
-            stage = self._stage(manifest, chunks)
+            return self._download(manifest, chunks)
         except Rejected as exc:
             self._emit(manifest, OtaState.FAILED, str(exc), reason=exc.reason)
             raise
-        self._install(manifest, stage)
 
-    def _stage(self, manifest: Manifest, chunks: ChunkAssembler | None) -> Path:
-        """Everything before the repository changes: verified files in a staging folder."""
+    def install(self, manifest: Manifest, staged: Staged) -> None:
+        """Verify, stage, install, warm, golden-check, switch: the caller runs one update at a
+        time here. Raises Rejected (with nothing changed, or after an automatic rollback)."""
+        try:
+            try:
+                files = self._verify(manifest, staged.stage)
+            except Rejected as exc:
+                self._emit(manifest, OtaState.FAILED, str(exc), reason=exc.reason)
+                raise
+            self._install(manifest, files)
+        finally:
+            staged.reservation.release()
+
+    def _download(self, manifest: Manifest, chunks: ChunkAssembler | None) -> Staged:
         name, version = manifest.model, manifest.version
         self._emit(manifest, OtaState.RECEIVED)
         self.trust.verify(manifest, allow_unsigned=self.cfg.allow_unsigned)
@@ -173,10 +204,15 @@ class Updater:
             raise Rejected("downgrade", f"version {version} is older than the active "
                                         f"{current} (set force to downgrade)")
         self.fetcher.check_size(manifest.artifact)
+        limit = download_deadline_s(manifest.artifact.size, self.cfg.download_timeout_s)
+        deadline = time.monotonic() + limit
+        reservation = self.transfers.reserve(
+            manifest.artifact.size, deadline, lambda held: self._emit(
+                manifest, OtaState.RECEIVED, f"waiting for staging room: downloads in "
+                f"progress hold {held >> 20} MiB of ota.staging_mb"))
         stage = self.repository.staging_dir() / f"ota-{name}-{version}-{uuid.uuid4().hex[:8]}"
-        stage.mkdir()
-        staged = False
         try:
+            stage.mkdir()
             artifact = stage / "artifact"
             self._step("downloading")
             meter = _Meter(lambda p: self._emit(manifest, OtaState.DOWNLOADING, progress=p))
@@ -184,8 +220,27 @@ class Updater:
                 chunks.wait(artifact, meter, self.stop)
             else:
                 self.fetcher.fetch(manifest.artifact, artifact, meter,
-                                   deadline_s=download_deadline_s(manifest.artifact.size,
-                                                                  self.cfg.download_timeout_s))
+                                   deadline_s=max(deadline - time.monotonic(), 0.001),
+                                   take=self.transfers.take)
+        except BaseException:  # a refusal, or anything else that stopped it, leaves no trace
+            shutil.rmtree(stage, ignore_errors=True)
+            reservation.release()
+            raise
+        return Staged(stage, reservation)
+
+    def discard(self, staged: Staged) -> None:
+        """A download that will not be installed (the daemon is stopping)."""
+        shutil.rmtree(staged.stage, ignore_errors=True)
+        staged.reservation.release()
+
+    def _verify(self, manifest: Manifest, stage: Path) -> Path:
+        """Everything else before the repository changes: verified files in the staging
+        folder, the manifest recorded beside them."""
+        name = manifest.model
+        current = self._current(name)
+        staged = False
+        try:
+            artifact = stage / "artifact"
             self._emit(manifest, OtaState.VERIFYING)
             self._step("verifying")
             verify_artifact(manifest, artifact)

@@ -1,7 +1,10 @@
 """OTA over MQTT: manifests in on the device's, the fleet's and its groups' topics, chunks and
-commands in, status events out. The MQTT thread only parses and hands over; updates run on
-one worker thread, one at a time (a second update of a model that is updating is refused
-with reason `busy`; updates of other models wait their turn)."""
+commands in, status events out. The MQTT thread only parses and hands over. An update's
+download runs on a thread of the download pool (`ota.max_parallel_downloads`), beside other
+models' (a slow artifact server holds up only its own model's update; the staging disk and
+the link are one budget: `edged.ota.transfer`); then its install joins the one worker that
+installs, runs commands and deferred jobs one at a time, as every install did before. A
+second update of a model that is updating is refused with reason `busy`."""
 
 from __future__ import annotations
 
@@ -38,13 +41,14 @@ NOT_A_MODEL_STATE = frozenset({"busy", "stale", "replayed", "expired", "wrong_ta
 
 class OtaService:
     def __init__(self, updater: Updater, link: MqttLink, *, fleet_prefix: str,
-                 groups: list[str], chunk_timeout_s: float) -> None:
+                 groups: list[str], chunk_timeout_s: float, max_downloads: int = 4) -> None:
         self.updater = updater
         self.link = link
         self.roots = [link.prefix, fleet_prefix.rstrip("/"),
                       *(f"{fleet_prefix.rstrip('/')}/groups/{g}" for g in groups)]
         self.chunk_timeout_s = chunk_timeout_s
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="edged-ota")
+        self._downloads = ThreadPoolExecutor(max_downloads, thread_name_prefix="edged-ota-fetch")
         self._lock = threading.Lock()
         self._chunks: dict[tuple[str, str], ChunkAssembler] = {}
         self.pending: list[Future[None]] = []
@@ -73,6 +77,7 @@ class OtaService:
 
     def stop(self, timeout_s: float) -> None:
         self.updater.stop.set()
+        self._downloads.shutdown(wait=False, cancel_futures=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
         for future in list(self.pending):
             try:
@@ -148,21 +153,39 @@ class OtaService:
             with self._lock:
                 self._chunks[(root, model)] = assembler
 
-        def run() -> None:
+        def failed(exc: Exception) -> None:  # a bug must not kill a worker; say what happened
+            logger.error("OTA: update of %s:%d failed", model, manifest.version, exc_info=exc)
+            self.report(Event(model, manifest.version, OtaState.FAILED, repr(exc),
+                              reason="internal"))
+
+        def download() -> None:
             try:
-                self.updater.apply(manifest, assembler)
-            except Rejected:
-                pass  # reported by the updater
-            except Exception as exc:  # a bug must not kill the worker; say what happened
-                logger.exception("OTA: update of %s:%d failed", model, manifest.version)
-                self.report(Event(model, manifest.version, OtaState.FAILED, repr(exc),
-                                  reason="internal"))
-            finally:
+                staged = self.updater.download(manifest, assembler)
+            except Exception as exc:
+                if not isinstance(exc, Rejected):  # a Rejected is reported by the updater
+                    failed(exc)
                 self.updater.release(manifest)
+                return
+            finally:
                 with self._lock:
                     self._chunks.pop((root, model), None)
 
-        self._submit(run)
+            def install() -> None:
+                try:
+                    self.updater.install(manifest, staged)
+                except Rejected:
+                    pass  # reported by the updater
+                except Exception as exc:
+                    failed(exc)
+                finally:
+                    self.updater.release(manifest)
+
+            if not self._submit(install):  # stopping: it will not be installed
+                self.updater.discard(staged)
+                self.updater.release(manifest)
+
+        if not self._submit(download, self._downloads):
+            self.updater.release(manifest)
 
     def _on_chunk(self, topic: str, payload: bytes) -> None:
         head, index = topic.rsplit(topics.CHUNK, 1)
@@ -227,12 +250,16 @@ class OtaService:
         except OSError as exc:  # not recorded: not acted on (it could be replayed)
             raise Rejected("internal", f"cannot record the message's seq: {exc}") from None
 
-    def _submit(self, job: Callable[[], None]) -> None:
+    def _submit(self, job: Callable[[], None],
+                executor: ThreadPoolExecutor | None = None) -> bool:
+        """Run `job` on `executor` (default: the one worker); False when stopping."""
         try:
-            future: Future[None] = self._executor.submit(job)
+            future: Future[None] = (executor or self._executor).submit(job)
         except RuntimeError:  # shutting down
-            return
-        self.pending = [f for f in self.pending if not f.done()] + [future]
+            return False
+        with self._lock:
+            self.pending = [f for f in self.pending if not f.done()] + [future]
+        return True
 
 
 def _version_in(payload: bytes) -> int:

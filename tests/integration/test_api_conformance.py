@@ -24,6 +24,7 @@ import tritonclient.http as triton
 import tritonclient.utils.shared_memory as triton_shm
 from support.backends import GateBackend
 from support.daemon import LOOP_THREAD, Served, ServeFactory, record_threads
+from support.polling import wait_until
 from tritonclient.utils import (
     InferenceServerException,
     serialize_byte_tensor,
@@ -33,7 +34,7 @@ from tritonclient.utils import (
 from edged.api import kserve as kserve_module
 from edged.api.protocol import HEADER_LENGTH
 
-IDENTITIES = ["identity_bytes", "identity_fp32"]
+IDENTITIES = ["identity_bytes", "identity_bytes_1", "identity_fp32"]
 TEXT = np.array([[b"hello", b"", "héllo".encode()]], dtype=np.object_)
 
 
@@ -150,21 +151,42 @@ def post(served: Served, path: str, body: bytes,
     return status, dict(got), raw
 
 
-def test_raw_binary_request_when_the_body_is_the_one_inputs_bytes_answers_200(
+def raw_outputs(headers: dict[str, str], raw: bytes) -> tuple[dict, bytes]:
+    """A binary answer's one output entry and its bytes, as Triton's clients read them: the
+    JSON's length from Inference-Header-Content-Length (issue 41 #3: it was missing)."""
+    assert HEADER_LENGTH in headers, headers
+    length = int(headers[HEADER_LENGTH])
+    (out,) = json.loads(raw[:length])["outputs"]
+    assert out["parameters"]["binary_data_size"] == len(raw) - length
+    return out, raw[length:]
+
+
+def test_raw_binary_request_when_the_body_is_the_one_inputs_bytes_answers_binary_data(
         identities: Served) -> None:
-    # Case 4: Inference-Header-Content-Length 0 was a 400 ("malformed JSON").
+    # Case 4: Inference-Header-Content-Length 0 was a 400 ("malformed JSON"); then its outputs
+    # came back as JSON with no Inference-Header-Content-Length (L0_http test_raw_binary).
     values = np.arange(5, dtype=np.float32)
     octets = {HEADER_LENGTH: "0", "Content-Type": "application/octet-stream"}
-    status, _, raw = post(identities, "/v2/models/identity_fp32/infer", values.tobytes(),
-                          octets)
+    status, headers, raw = post(identities, "/v2/models/identity_fp32/infer",
+                                values.tobytes(), octets)
     assert status == 200, raw
-    (out,) = json.loads(raw)["outputs"]
-    assert out["shape"] == [1, 5] and out["data"] == values.tolist()  # batch of one, as JSON
-    status, _, raw = post(identities, "/v2/models/identity_bytes/infer", b"\x00raw \xc3\xa9",
-                          octets)
+    out, data = raw_outputs(headers, raw)
+    assert out["shape"] == [1, 5] and data == values.tobytes()  # a batch of one
+    assert headers["Content-Type"] == "application/octet-stream"
+    status, headers, raw = post(identities, "/v2/models/identity_bytes_1/infer",
+                                b"\x00raw \xc3\xa9", octets)
     assert status == 200, raw
-    (out,) = json.loads(raw)["outputs"]
-    assert out["shape"] == [1, 1] and out["data"] == ["\x00raw é"]  # one element, no prefix
+    out, data = raw_outputs(headers, raw)  # L0_http test_byte: the element, length-prefixed
+    assert out["shape"] == [1, 1] and data == b"\x07\x00\x00\x00\x00raw \xc3\xa9"
+
+
+def test_raw_binary_request_when_a_bytes_input_may_hold_more_than_one_element_answers_400(
+        identities: Served) -> None:
+    # L0_http test_byte_too_many_elements: a BYTES input of [-1] was answered 200.
+    status, _, raw = post(identities, "/v2/models/identity_bytes/infer", b"427",
+                          {HEADER_LENGTH: "0"})
+    assert status == 400, raw
+    assert "the model must have input shape [1]" in json.loads(raw)["error"]
 
 
 def test_raw_binary_request_when_a_large_bytes_element_comes_copies_it_off_the_loop(
@@ -175,10 +197,10 @@ def test_raw_binary_request_when_a_large_bytes_element_comes_copies_it_off_the_l
     octets = {HEADER_LENGTH: "0", "Content-Type": "application/octet-stream"}
     large = b"edge" * (kserve_module.DECODE_ON_THREAD_BYTES // 4 + 1)
     for body in (large, b"small"):
-        status, _, raw = post(identities, "/v2/models/identity_bytes/infer", body, octets)
+        status, headers, raw = post(identities, "/v2/models/identity_bytes_1/infer", body,
+                                    octets)
         assert status == 200, raw[:300]
-        (out,) = json.loads(raw)["outputs"]
-        assert out["data"] == [body.decode()]
+        assert raw_outputs(headers, raw)[1][4:] == body
     assert threads[0] != LOOP_THREAD and threads[1] == LOOP_THREAD
     assert identities.daemon.api.bodies.held == 0
 
@@ -198,6 +220,28 @@ def test_raw_binary_request_when_the_shape_cannot_be_told_answers_400(
                                 {HEADER_LENGTH: "0"})
     assert status == 400 and headers["Content-Type"].startswith("application/json")
     assert re.search(match, json.loads(raw)["error"]), raw
+
+
+@pytest.mark.parametrize("model, datatype, value", [("identity_fp32", "FP32", 123),
+                                                    ("identity_bytes", "BYTES", "hello")])
+def test_json_when_data_nests_deeper_than_100_answers_400_as_triton(
+        identities: Served, model: str, datatype: str, value: object) -> None:
+    # L0_http test_json_recursion_depth_limit: 120 levels were accepted (200).
+    def request(depth: int) -> tuple[int, dict[str, str], bytes]:
+        data: object = value
+        for _ in range(depth):
+            data = [data]
+        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": datatype,
+                                       "shape": [1, 1], "data": data}]}).encode()
+        return post(identities, f"/v2/models/{model}/infer", body,
+                    {"Content-Type": "application/json"})
+
+    status, _, raw = request(120)
+    assert status == 400, raw[:200]
+    assert "JSON nesting depth exceeds maximum allowed limit (100)" in json.loads(raw)["error"]
+    status, _, raw = request(50)
+    assert status == 200, raw[:200]
+    assert json.loads(raw)["outputs"][0]["shape"] == [1, 1]
 
 
 def test_binary_data_output_when_outputs_are_named_answers_those_without_binary_data_as_json(
@@ -237,9 +281,12 @@ def test_request_when_chunked_and_content_length_both_answers_a_json_400(
         assert edged.request("GET", "/v2/health/ready")[0] == 200  # and it still serves
 
 
-def test_shm_when_unregistered_during_a_request_stays_for_it_then_goes(
+def test_shm_when_unregistered_with_requests_in_flight_serves_each_then_goes(
         gate: GateBackend, make_served: ServeFactory) -> None:
     # Case 6: the in-flight request failed after the model ran ("... is not registered").
+    # Issue 41 #3: requests on the region placed after the unregister, while the first still
+    # held it, were refused ("being unregistered"): 1 of 4 results (L0_shared_memory
+    # test_unregister_shm_during_inference_multiple_req_http counts them all).
     served = make_served()
     x = np.random.default_rng(6).random((1, 3, 8, 8), dtype=np.float32)
     key = f"/edged-hold-{os.getpid()}"
@@ -263,33 +310,38 @@ def test_shm_when_unregistered_during_a_request_stays_for_it_then_goes(
         finally:
             own.close()
 
+    workers = [threading.Thread(target=infer_in_flight) for _ in range(4)]
     try:
         triton_shm.set_shared_memory_region(region_in, [x])
         client.register_system_shared_memory("in", key + "-in", x.nbytes)
         client.register_system_shared_memory("out", key + "-out", 16)
         gate.reset()
         gate.gate.clear()
-        worker = threading.Thread(target=infer_in_flight)
-        worker.start()
-        gate.wait_calls(1)  # the model is running the request now
+        workers[0].start()
+        gate.wait_calls(1)  # the model is running the first request now
         client.unregister_system_shared_memory()
-        # As in Triton: still listed while the request holds them; a new request may not.
+        # As in Triton: still listed while requests hold them, and theirs to use.
         assert {r["name"] for r in client.get_system_shared_memory_status()} == {"in", "out"}
-        late = triton.InferInput("x", [1, 3, 8, 8], "FP32")
-        late.set_shared_memory("in", x.nbytes)
-        with pytest.raises(InferenceServerException, match="being unregistered"):
-            client.infer("tiny_cls", [late])
+        for worker in workers[1:]:
+            worker.start()
+        batcher = served.daemon.scheduler.batchers()[0]
+        wait_until(lambda: batcher.depth == 3, what="three more requests queued")
         gate.gate.set()
-        worker.join(30)
-        assert not worker.is_alive()
-        (answer,) = answers
-        assert isinstance(answer, dict), answer
-        assert answer["outputs"][0]["parameters"]["shared_memory_region"] == "out"
+        for worker in workers:
+            worker.join(30)
+            assert not worker.is_alive()
+        assert len(answers) == 4 and all(isinstance(a, dict) for a in answers), answers
+        assert all(a["outputs"][0]["parameters"]["shared_memory_region"] == "out"  # type: ignore[index]
+                   for a in answers)
         model = served.daemon.config.models_dir / "tiny_cls" / "1" / "model.onnx"
         session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         got = triton_shm.get_contents_as_numpy(region_out, np.float32, [1, 4])
         np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-5)
-        assert client.get_system_shared_memory_status() == []
+        assert client.get_system_shared_memory_status() == []  # gone with the last of them
+        with pytest.raises(InferenceServerException, match="not registered"):
+            late = triton.InferInput("x", [1, 3, 8, 8], "FP32")
+            late.set_shared_memory("in", x.nbytes)
+            client.infer("tiny_cls", [late])
     finally:
         gate.gate.set()
         client.close()

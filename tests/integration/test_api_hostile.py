@@ -161,3 +161,50 @@ def test_api_when_binary_bytes_hold_many_tiny_elements_charges_what_unpacking_ta
         assert status == 413 and answer["code"] == "too_large", answer
         assert client.infer("tiny_cls", {"x": X}).outputs["prob"].shape == (1, 4)
     wait_until(lambda: served.daemon.api.bodies.held == 0, what="every charge given back")
+
+
+def test_api_when_a_handler_ends_while_its_batch_runs_its_charge_and_regions_wait_for_it(
+        gate: GateBackend, make_served: ServeFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler cancelled while its request is in the model (a shutdown whose drain timed
+    out) gave its body's charge and its shm regions back at once, though the batch still
+    viewed both (issue 41 #6): they now go when the batch does."""
+    import asyncio
+
+    from edged.inference import batcher as batcher_module
+
+    # Neither on the event loop (which the gate would hold) nor batched there: a worker's.
+    monkeypatch.setattr(batcher_module, "INLINE_MAX_NS", 0)
+    monkeypatch.setattr(batcher_module, "TOGETHER_MAX_NS", 0)
+    served = make_served()
+    budget, daemon = served.daemon.api.bodies, served.daemon
+    key = f"edged-wait-{os.getpid()}"
+    with SharedRegion(key, 4096) as region, served.client() as client:
+        client.register_shm("frames", key, 4096)
+        parts, json_length = encode_request({"x": region.tensor("frames", X)}, [], binary=True)
+        body = b"".join(bytes(p) for p in parts)
+        request = (f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                   + (f"{HEADER_LENGTH}: {json_length}\r\n" if json_length else "")
+                   + "\r\n").encode() + body
+        gate.reset()
+        gate.gate.clear()
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(served.socket))
+            sock.sendall(request)
+            gate.wait_calls(1)  # in the model, on a worker
+            charged = budget.held
+            assert charged > 0
+
+            def cancel_handlers() -> None:
+                for task in asyncio.all_tasks():
+                    if task.get_coro().__qualname__.endswith("_serve"):  # type: ignore[union-attr]
+                        task.cancel()
+
+            assert daemon._loop is not None
+            daemon._loop.call_soon_threadsafe(cancel_handlers)
+            wait_until(lambda: daemon.api.connections.handling == 0, what="the handler gone")
+            client.unregister_shm("frames")
+            assert budget.held == charged  # still the running batch's
+            assert [r["name"] for r in client.shm_status()] == ["frames"]
+            gate.gate.set()
+            wait_until(lambda: budget.held == 0, what="the charge back once it ran")
+            wait_until(lambda: client.shm_status() == [], what="the region gone once it ran")

@@ -9,9 +9,7 @@ import io
 import json
 import os
 import tarfile
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import make_test_models
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from support.artifacts import ArtifactServer
+from support.artifacts import ArtifactServer, TricklingServer
 from support.backends import options
 
 from edged.inference.cache import ModelCache
@@ -317,44 +315,6 @@ def test_update_when_the_download_is_cut_midway_resumes_with_range(rig: Rig) -> 
     rig.apply(rig.manifest(data))
     assert rig.server.ranges == [None, f"bytes={len(data) // 2}-"]
     assert rig.cache.default_version("tiny_cls") == 2
-
-
-class TricklingServer:
-    """An HTTP server on 127.0.0.1 that promises `size` bytes and sends one every 50 ms, as a
-    server that holds a download open without ever failing it."""
-
-    def __init__(self, size: int) -> None:
-        self.stop = threading.Event()
-        self.requests = 0
-        trickle = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                trickle.requests += 1
-                self.send_response(200)
-                self.send_header("Content-Length", str(size))
-                self.end_headers()
-                try:
-                    for _ in range(size):
-                        if trickle.stop.wait(0.05):
-                            return
-                        self.wfile.write(b"x")
-                        self.wfile.flush()
-                except OSError:  # the client gave up: what the test wants
-                    return
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/model.onnx"
-
-    def close(self) -> None:
-        self.stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.mark.timeout(60)

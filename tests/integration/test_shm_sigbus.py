@@ -162,3 +162,93 @@ def test_shm_when_edgeds_own_uid_registers_an_object_another_user_owns_edged_sur
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"shape": [1, 4]}
+
+
+# Issue 41 #5: a trusted peer (edged's own uid, root here) is lent views of its own object,
+# and truncates it while its request waits in the queue. The request is batched with another
+# (a copy into the pooled batch buffer, made anyway): read from the file, the shrink is a 400
+# for that request, and the daemon and the rest of the batch live. Before, the copy went
+# through the mapping: SIGBUS.
+BATCHED_VICTIM = """
+import json, subprocess, sys
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from support.backends import GateBackend, hold_worker
+from support.daemon import serve
+from support.polling import wait_until
+from edged.backends import register_backend
+from edged.config import parse_config
+from edged.inference import instances
+
+repo, sock = sys.argv[2], sys.argv[3]
+instances.cores = lambda: 1  # one worker, held below: the client's requests queue behind it
+gate = GateBackend()
+register_backend("onnxruntime", lambda: gate)
+config = parse_config(f'''device_id: t
+models_dir: {repo}
+cache: {{dir: {Path(sock).parent / 'cache'}, preload: [tiny_cls]}}
+backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: 1}}}}
+api: {{socket: {sock}, shm_copy_inputs: auto}}
+mqtt: {{enabled: false}}
+''')
+running = serve(config)
+daemon = next(running)
+# The worker held inside the model by a request of the daemon's own (one alone on the API
+# would run on the event loop, and hold that).
+held = hold_worker(daemon.scheduler, gate, "tiny_cls", {"x": np.ones((1, 3, 8, 8), np.float32)})
+client = subprocess.Popen([sys.executable, "-c", sys.argv[4], sock], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+batcher = daemon.scheduler.batchers()[0]
+wait_until(lambda: batcher.depth == 2, timeout=30, what="two requests queued")
+client.stdin.write("shrink\\n"); client.stdin.flush()
+assert client.stdout.readline().strip() == "shrunk"
+gate.gate.set()
+assert held.result(30)["prob"].shape == (1, 4)
+out, _ = client.communicate(timeout=60)
+print(out.strip(), flush=True)
+next(running, None)
+"""
+
+TRUSTED_CLIENT = """
+import json, os, sys, threading
+import numpy as np
+from edged.ops.client import ApiError, EdgedClient, SharedRegion
+seen = {}
+
+def call(name, inputs):
+    try:
+        with EdgedClient(sys.argv[1], timeout_s=60) as client:
+            seen[name] = list(client.infer("tiny_cls", inputs).outputs["prob"].shape)
+    except ApiError as exc:
+        seen[name] = f"{exc.status} {exc}"
+
+x = np.ones((1, 3, 8, 8), np.float32)
+with EdgedClient(sys.argv[1], timeout_s=60) as client, \\
+        SharedRegion(f"edged-own-{os.getpid()}", 4096, mode=0o600) as region:
+    client.register_shm("frames", region.key, 4096)
+    tensor = region.tensor("frames", x)
+    queued = [threading.Thread(target=call, args=("shm", {"x": tensor})),
+              threading.Thread(target=call, args=("beside", {"x": x}))]
+    for thread in queued:
+        thread.start()
+    sys.stdin.readline()  # "shrink": both wait in the queue, behind the held worker
+    os.truncate(region.path, 0)
+    print("shrunk", flush=True)
+    for thread in queued:
+        thread.join(60)
+print(json.dumps(seen), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs as root: the peer edged trusts with views")
+def test_shm_when_a_trusted_peer_shrinks_its_object_under_a_batched_request_edged_survives(
+        repo_dir: Path, short_dir: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BATCHED_VICTIM, str(TESTS), str(repo_dir),
+         str(short_dir / "v.sock"), TRUSTED_CLIENT], capture_output=True, text=True,
+        timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["beside"] == [1, 4]  # the rest of its batch ran
+    assert seen["shm"].startswith("400 ") and "has shrunk" in seen["shm"], seen

@@ -1,5 +1,6 @@
-"""An artifact server on 127.0.0.1 for OTA tests: serves files with HTTP Range support and can
-cut a response after a number of bytes, as a flaky uplink does."""
+"""Artifact servers on 127.0.0.1 for OTA tests: one serves files with HTTP Range support and can
+cut a response after a number of bytes, as a flaky uplink does; one trickles a byte at a
+time, as a server that holds a download open without ever failing it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,6 +71,46 @@ class ArtifactServer:
                 pass
 
         return Handler
+
+
+class TricklingServer:
+    """An HTTP server on 127.0.0.1 that promises `size` bytes and sends one every 50 ms, as a
+    server that holds a download open without ever failing it."""
+
+    def __init__(self, size: int) -> None:
+        self.stop = threading.Event()
+        self.requests = 0
+        self.sent = 0  # bytes written, all requests together
+        trickle = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                trickle.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                try:
+                    for _ in range(size):
+                        if trickle.stop.wait(0.05):
+                            return
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                        trickle.sent += 1
+                except OSError:  # the client gave up: what the test wants
+                    return
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/model.onnx"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 @pytest.fixture

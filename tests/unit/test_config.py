@@ -239,3 +239,40 @@ def test_check_config_when_a_key_is_a_credential_outside_systemd_warns_that_run_
     assert main(["check-config", str(config)]) == 1
     assert f"ota.trusted_keys[0]: {tmp_path / 'release.pub'} does not exist" in \
         capsys.readouterr().out
+
+
+def test_check_config_when_one_stream_has_a_bad_scheme_and_another_a_missing_model_says_both(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], repo_dir: Path) -> None:
+    # Issue 41 #4: only the first was reported; the models were not looked at.
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {repo_dir}\n"
+                      "streams:\n"
+                      "  - {name: door, source: 'rtmp://cam/1', model: tiny_cls}\n"
+                      "  - {name: hall, source: 'file:///nowhere.avi', model: detector}\n")
+    assert main(["check-config", str(config)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert f"{config}: streams[0].source: unsupported scheme 'rtmp' (line 3)" in out
+    assert f"streams[1].model: 'detector' is not in {repo_dir}; the stream would not start " \
+           "(line 4)" in out
+    assert "warning: streams[1].source: /nowhere.avi does not exist here (a file on the " \
+           "device?) (line 4)" in out
+
+
+def test_check_config_when_a_stream_does_not_convert_names_the_others_by_their_own_index(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], repo_dir: Path) -> None:
+    """A stream with an unknown key is left out of the cross checks; the ones after it keep
+    their place in the file (they were checked one index off, under another stream's line)."""
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {repo_dir}\n"
+                      "streams:\n"
+                      "  - {name: door, source: 'file:///a.avi', model: tiny_cls, colour: red}\n"
+                      "  - {name: hall, source: 'rtmp://cam/2', model: tiny_cls}\n"
+                      "  - {name: yard, source: 'file:///b.avi', model: detector}\n"
+                      "  - {name: yard, source: 'file:///c.avi', model: tiny_cls}\n")
+    assert main(["check-config", str(config)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert f"{config}: streams[0].colour: unknown key (line 3)" in out
+    assert f"{config}: streams[1].source: unsupported scheme 'rtmp' (line 4)" in out
+    assert f"{config}: streams[3].name: duplicate stream 'yard' (line 6)" in out
+    assert f"streams[2].model: 'detector' is not in {repo_dir}; the stream would not start " \
+           "(line 5)" in out

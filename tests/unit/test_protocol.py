@@ -166,7 +166,7 @@ def test_decode_when_data_is_nested_very_deeply_stays_a_clean_error() -> None:
     deep = "[" * 100000 + "]" * 100000
     body = ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ' + deep +
             "}]}").encode()
-    with pytest.raises(InvalidInput, match="nested too deeply"):
+    with pytest.raises(InvalidInput, match="nesting depth exceeds"):
         decode_request(body)
 
 

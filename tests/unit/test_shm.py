@@ -98,16 +98,18 @@ def fd_open(fd: int) -> bool:
     return True
 
 
-def test_shm_unregister_when_a_request_holds_it_keeps_it_listed_and_usable_until_it_ends(
+def test_shm_unregister_when_a_request_holds_it_keeps_it_listed_and_usable_until_the_last_ends(
         registry: ShmRegistry, segment: shared_memory.SharedMemory) -> None:
     region = registry.register("r", segment.name, 0, 64)
     lease = registry.lease()  # a request: its input read, its output not written yet
     lease.read(ShmRef("r", 0, 16))
     registry.unregister("r")
-    # As in Triton: still listed, still the request's, refused to new requests.
+    # As in Triton: still listed, still the request's, and another's while one holds it.
     assert [r["name"] for r in registry.status()] == ["r"] and fd_open(region.fd)
-    with pytest.raises(InvalidInput, match="being unregistered"):
-        registry.read(ShmRef("r", 0, 16))
+    late = registry.lease()
+    assert bytes(late.read(ShmRef("r", 0, 16))) == bytes(segment.buf[:16])
+    late.release()
+    assert fd_open(region.fd)  # the first request still holds it
     with pytest.raises(InvalidInput, match="being unregistered"):
         registry.register("r", segment.name, 0, 64)
     assert lease.write(ShmRef("r", 16, 8), np.array([1.5, 2.5], np.float32)) == 8

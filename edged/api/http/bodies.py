@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from edged.api.http.budget import read_body
+from edged.api.http.jsondepth import check_depth
 from edged.api.http.messages import Request
 from edged.core.errors import InvalidInput
 
@@ -20,6 +21,7 @@ async def json_body(request: Request, default: dict[str, Any] | None = None
     raw = bytes(await read_body(request, SMALL_BODY_BYTES))
     if not raw.strip() and default is not None:
         return default
+    check_depth(raw)
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:

@@ -100,12 +100,15 @@ async def read_body(request: Request, limit: int, charge: Charge | None = None,
     if length is not None and not ENCODINGS[encoding]:
         charge.add(length)
         return await _read_exactly(chunks, length, json_length)
-    raw = await _read_chunks(chunks, limit, charge)  # chunked, or compressed
-    if not ENCODINGS[encoding]:
+    wbits = ENCODINGS[encoding]
+    # Chunked, or compressed (whose bytes are inflated into a buffer of their own).
+    raw = await _read_chunks(chunks, limit, charge, None if wbits else json_length)
+    if not wbits:
         return raw
     # Inflating runs on a thread: a hostile body is seconds of CPU.
-    return await asyncio.to_thread(_inflate, raw, ENCODINGS[encoding], limit, charge,
-                                   json_length)
+    inflated = await asyncio.to_thread(_inflate, raw, wbits, limit, charge, json_length)
+    charge.give(len(raw))  # the compressed bytes go now
+    return inflated
 
 
 class _Chunks:
@@ -122,7 +125,7 @@ class _Chunks:
     def _expire(self) -> None:
         self.content.set_exception(_Expired())  # wakes a read waiting for more
 
-    async def next(self) -> bytes:
+    async def next(self) -> bytes | bytearray:
         timer = None if self.content.ready else self._loop.call_at(self._deadline,
                                                                    self._expire)
         try:
@@ -153,8 +156,11 @@ async def _read_exactly(chunks: _Chunks, length: int, json_length: int | None) -
     return view
 
 
-async def _read_chunks(chunks: _Chunks, limit: int, charge: Charge) -> memoryview:
-    parts: list[bytes] = []
+async def _read_chunks(chunks: _Chunks, limit: int, charge: Charge,
+                       json_length: int | None) -> memoryview:
+    """A body of unknown length (chunked, or compressed), charged as it arrives and within
+    `limit`, placed as `_read_exactly` places one."""
+    parts: list[bytes | bytearray] = []
     size = 0
     while chunk := await chunks.next():
         size += len(chunk)
@@ -162,11 +168,7 @@ async def _read_chunks(chunks: _Chunks, limit: int, charge: Charge) -> memoryvie
             raise TooLarge(f"the body exceeds the {_mb(limit)} allowed here")
         charge.add(len(chunk))
         parts.append(chunk)
-    charge.add(size)  # the joined copy, while the parts are still held
-    joined = b"".join(parts)
-    parts.clear()
-    charge.give(size)
-    return memoryview(joined)
+    return _join(parts, size, json_length, charge)
 
 
 def _inflate(raw: memoryview, wbits: int, limit: int, charge: Charge,
@@ -175,7 +177,7 @@ def _inflate(raw: memoryview, wbits: int, limit: int, charge: Charge,
     What is held for a while beside them is charged too: zlib's copy of the input it has not
     consumed yet, and the parts and their joined copy at once."""
     inflater = zlib.decompressobj(wbits)
-    parts: list[bytes] = []
+    parts: list[bytes | bytearray] = []
     size = 0
     pending: bytes | memoryview = raw
     charge.add(len(raw))  # unconsumed_tail: a copy of the rest of the input, each round
@@ -195,15 +197,25 @@ def _inflate(raw: memoryview, wbits: int, limit: int, charge: Charge,
     if not inflater.eof:
         raise InvalidInput("the compressed body ends early")
     pending = b""
-    charge.give(len(raw))
-    charge.add(size)  # the joined copy, while the parts are still held
+    charge.give(len(raw))  # zlib's copy of the input: gone with the inflater
+    return _join(parts, size, json_length, charge)
+
+
+def _join(parts: list[bytes | bytearray], size: int, json_length: int | None,
+          charge: Charge) -> memoryview:
+    """The parts (charged) in one placed buffer (charged before it is made); each part goes
+    as it is copied, and its share of the charge with it."""
+    charge.add(size)
     view = _aligned(size, json_length)
     filled = 0
-    for part in parts:
-        view[filled:filled + len(part)] = part
-        filled += len(part)
-    parts.clear()
-    charge.give(size)
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        n = len(part)
+        view[filled:filled + n] = part
+        filled += n
+        del part
+        charge.give(n)
     return view
 
 

@@ -1,16 +1,13 @@
 """edged's HTTP/1.1 server for the socket API: httptools' parser (llhttp, what uvicorn runs on)
-under an `asyncio.Protocol`, with the API's bounds built in rather than wrapped around a framework.
-
-Why not aiohttp: under Triton's perf_analyzer, aiohttp's request and response objects, its
-router and middleware cost ~80 µs of server CPU per request at concurrency 1 and ~48 at 8 on
-this 2-core box (a handler that answers fixed bytes); this server, the same handler, ~29 and
-~7 (`docs/decisions/021-own-http-stack.md`). On a Jetson the ARM cores run this code
-while the GPU does the math, so that is throughput.
+under an `asyncio.Protocol`, with the API's bounds built in rather than wrapped around a
+framework: aiohttp's objects, router and middleware cost ~80 µs of server CPU a request
+against this server's ~29 (`docs/decisions/021-own-http-stack.md`).
 
 What a connection gets:
 - at most `max_connections` open at once (more are closed as they arrive);
 - its request headers within `header_timeout_s` of the connection, or of a kept-alive
-  request's first byte; at most MAX_HEAD_BYTES of them (431);
+  request's first byte, within the bounds of `edged.api.http.framing` (431; a chunked body's
+  framing and chunk count too);
 - keep-alive (HTTP/1.1 default; 1.0 with `Connection: keep-alive`), closed after
   `keepalive_s` idle; pipelined requests answered in order, at most MAX_QUEUED parsed ahead;
 - a body read as it arrives (`Body`), reading paused while BODY_BUFFER_BYTES wait unread;
@@ -29,10 +26,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from http import HTTPStatus
+from types import SimpleNamespace
 from typing import Any
 
 import httptools
 
+from edged.api.http.framing import MAX_HEAD_BYTES, MessageLimits
 from edged.api.http.messages import (
     BODY_BUFFER_BYTES,
     Body,
@@ -48,7 +47,6 @@ from edged.api.http.streaming import http_date, send_stream
 
 logger = logging.getLogger(__name__)
 
-MAX_HEAD_BYTES = 64 * 1024  # request line and headers (llhttp has no limit of its own)
 FEED_BYTES = 64 * 1024  # a read is parsed in slices this large, so that a pause takes hold
 # ... and in slices this large outside a body (heads, pipelined requests): a slice is parsed
 # whole, so this bounds how many requests can queue past MAX_QUEUED (~130 of the smallest).
@@ -64,9 +62,11 @@ class HttpServer:
     with a Response: it turns its own failures into answers)."""
 
     def __init__(self, handle: Handler, *, max_connections: int, header_timeout_s: float,
-                 keepalive_s: float, body_timeout_s: float) -> None:
+                 keepalive_s: float, body_timeout_s: float, max_header_fields: int = 100,
+                 max_header_line_bytes: int = 8192) -> None:
         self.handle = handle
         self.max_connections = max_connections
+        self.head_bounds = (max_header_fields, max_header_line_bytes)  # MessageLimits'
         self.header_timeout_s = header_timeout_s
         self.keepalive_s = keepalive_s
         self.body_timeout_s = body_timeout_s
@@ -144,6 +144,7 @@ class _Connection(asyncio.Protocol):
         self.in_head = False  # a request's head has begun and not ended
         self._url: list[bytes] = []
         self._headers = Headers()
+        self.limits = MessageLimits(*server.head_bounds)
         self._fed = 0  # bytes fed to the parser since the last message ended
         self._body_left = 0  # of a Content-Length body being parsed (0 if chunked)
         self._body_fed = 0  # of which body
@@ -177,15 +178,14 @@ class _Connection(asyncio.Protocol):
     def _parse(self) -> None:
         """Feed what was read to the parser in slices, stopping where reading pauses (the
         rest waits in `unparsed`). What a message holds besides its body (request line,
-        headers, chunk framing, trailers) may not outgrow MAX_HEAD_BYTES plus its body:
+        headers, chunk framing, trailers) is bounded (`MessageLimits.check`) slice by slice:
         httptools gathers a header line in memory until it ends, however long."""
         data, pos = memoryview(self.unparsed), 0
         try:
             while pos < len(data) and not self.paused and self.failed is None \
                     and not self.done_reading:
-                if self._fed - 2 * self._body_fed > MAX_HEAD_BYTES:
-                    raise HttpError(431, "the request line and headers exceed "
-                                         f"{MAX_HEAD_BYTES} bytes")
+                if self._fed - self._body_fed > MAX_HEAD_BYTES:
+                    self.limits.check(self._fed - self._body_fed, self.in_head)
                 # Large slices only for what is left of a body of known length: no slice then
                 # holds more than a small one's worth of requests after it.
                 size = PIPELINED_FEED_BYTES if self.parsing is None else \
@@ -237,15 +237,18 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks -------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._url.clear()
+        self.limits.begin()
         self._headers = Headers()
         self.in_head = True
         if not self.queue and self.timing != "head":  # idle: keep-alive gives way
             self._arm(self.server.header_timeout_s, self._too_slow, "head")
 
     def on_url(self, url: bytes) -> None:
+        self.limits.url(len(url))
         self._url.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.limits.field(name, value)
         self._headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
@@ -269,6 +272,9 @@ class _Connection(asyncio.Protocol):
             self._start(request)
         elif len(self.queue) > MAX_QUEUED:
             self.flow()
+
+    def on_chunk_header(self) -> None:
+        self.limits.chunk()
 
     def on_body(self, body: bytes) -> None:
         self._body_fed += len(body)
@@ -479,11 +485,5 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-class _NoRequest:
-    """Stands for the request a malformed one could not become, when its error is written."""
-
-    method = "POST"
-    version = "1.1"
-
-
-_NO_REQUEST: Any = _NoRequest()
+# Stands for the request a malformed one could not become, when its error is written.
+_NO_REQUEST: Any = SimpleNamespace(method="POST", version="1.1")
