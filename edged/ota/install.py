@@ -28,7 +28,7 @@ from edged.errors import EdgedError, InvalidModel, ModelNotFound
 from edged.model.repository import MODEL_FILE, ModelRepository
 from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
-from edged.ota.fetch import ChunkAssembler, Fetcher, download_deadline_s
+from edged.ota.fetch import Delivery, Fetcher, download_deadline_s
 from edged.ota.journal import InstallJournal
 from edged.ota.manifest import Manifest, Rejected, TrustStore
 from edged.ota.shadows import ShadowRollouts
@@ -88,6 +88,9 @@ class Updater:
         self.journal = InstallJournal(repository)
         self._lock = threading.Lock()
         self._busy: dict[str, int] = {}
+        # Why a model takes no other update now (None: it may): an install that waits for its
+        # commit (edged.ota.local, Mender's standalone install -> commit | rollback).
+        self.held: Callable[[str], str | None] = lambda name: None
         self.shadows = ShadowRollouts(self)  # the daemon lends it its hooks
 
     def reconfigure(self, cfg: OtaConfig) -> OtaConfig:
@@ -120,6 +123,9 @@ class Updater:
             if self._current(manifest.model) == manifest.version and self.journal.\
                     installed_sha256(manifest.model, manifest.version) == manifest.artifact.sha256:
                 return False
+            waiting = self.held(manifest.model)
+            if waiting is not None:
+                raise Rejected("uncommitted", waiting)
             crashes = self.journal.crashes(manifest.model, manifest.artifact.sha256)
             if crashes >= MAX_CRASHES:  # e.g. a model that kills the runtime as it loads
                 raise Rejected("crash_loop", f"installing this artifact was cut by a restart "
@@ -148,7 +154,7 @@ class Updater:
                 if self._busy.get(name) == version:
                     del self._busy[name]
 
-    def apply(self, manifest: Manifest, chunks: ChunkAssembler | None = None) -> None:
+    def apply(self, manifest: Manifest, chunks: Delivery | None = None) -> None:
         """Check, stage, install, warm, golden-check, switch. The caller holds claim().
         Raises Rejected (with nothing changed, or after an automatic rollback). A shadow
         rollout of the model in progress gives way to it."""
@@ -160,7 +166,7 @@ class Updater:
             raise
         self._install(manifest, stage)
 
-    def _stage(self, manifest: Manifest, chunks: ChunkAssembler | None) -> Path:
+    def _stage(self, manifest: Manifest, chunks: Delivery | None) -> Path:
         """Everything before the repository changes: verified files in a staging folder."""
         name, version = manifest.model, manifest.version
         self._emit(manifest, OtaState.RECEIVED)
@@ -173,6 +179,8 @@ class Updater:
             raise Rejected("downgrade", f"version {version} is older than the active "
                                         f"{current} (set force to downgrade)")
         self.fetcher.check_size(manifest.artifact)
+        if chunks is None and manifest.artifact.url is None:
+            raise Rejected("bad_manifest", "the artifact has no url and no bytes came with it")
         stage = self.repository.staging_dir() / f"ota-{name}-{version}-{uuid.uuid4().hex[:8]}"
         stage.mkdir()
         staged = False
@@ -305,6 +313,9 @@ class Updater:
         with self._lock:
             if name in self._busy:
                 raise Rejected("busy", f"an update of {name} is in progress")
+            waiting = self.held(name)
+            if waiting is not None:  # its own rollback (revert) is the install owner's
+                raise Rejected("uncommitted", waiting)
             self._busy[name] = older[-1]
         try:
             target = older[-1]
@@ -318,6 +329,31 @@ class Updater:
         self.report(Event(name, target, OtaState.ROLLED_BACK,
                           f"manual rollback from version {current}"))
         return target
+
+    def revert(self, name: str, version: int, previous: int | None, why: str) -> None:
+        """Undo one install of `name:version` (an uncommitted install rolled back): `previous`
+        serves again and `version` is removed; a model that was new (previous None) leaves the
+        repository. The warm swap: requests in flight finish on the version they started on."""
+        with self._lock:
+            if name in self._busy:
+                raise Rejected("busy", f"an update of {name} is in progress")
+            self._busy[name] = version
+        try:
+            if previous is not None:
+                self.cache.swap(name, previous, drain_timeout_s=self.drain_timeout_s)
+                self.repository.set_active(name, previous)
+            if version in self._on_disk(name):
+                self.cache.unload(name, version, timeout_s=self.drain_timeout_s)
+                self.repository.remove_version(name, version)
+            if previous is None and not self._on_disk(name):
+                shutil.rmtree(self.repository.model_dir(name), ignore_errors=True)
+        finally:
+            with self._lock:
+                self._busy.pop(name, None)
+        back = f"version {previous} serves again" if previous is not None else \
+            "the model was new and is removed"
+        self.report(Event(name, previous if previous is not None else version,
+                          OtaState.ROLLED_BACK, f"{back} ({why})"))
 
     # -- start-up ----------------------------------------------------------------------------
     def recover(self) -> list[str]:
