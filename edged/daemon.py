@@ -30,6 +30,7 @@ from edged.model.loadspec import backend_options
 from edged.model.repository import ModelRepository
 from edged.mqtt import MqttLink
 from edged.ota.install import Event, Updater
+from edged.ota.local import LocalInstalls
 from edged.ota.manifest import TrustStore
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
@@ -99,13 +100,15 @@ class Daemon:
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.is_live, status=self.status_report,
-                             snapshots=lambda: self.events.store)
+                             snapshots=lambda: self.events.store, installs=lambda: self.local)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
                                groups=config.ota.groups,
                                chunk_timeout_s=config.ota.chunk_timeout_s)
                     if self.mqtt is not None else None)
+        # Installs handed over on the socket (the Mender update module), on the same worker.
+        self.local = LocalInstalls(self.updater, self.ota.defer if self.ota is not None else None)
         self.updater.shadows.hooks = ShadowHooks(
             self.scheduler.taps, self.scheduler.busy,
             self.ota.report_shadow if self.ota is not None else None,
@@ -142,6 +145,7 @@ class Daemon:
         self.events.store = open_store(self.config.cache.dir / "snapshots",
                                        self.config.cache.snapshots_mb)
         self.updater.recover()
+        self.local.recover()
         self.cache.preload(self.config.cache.preload_names(self.repository.names()),
                            within_budget=self.config.cache.preload == "all")
         for row in self.cache.status():
@@ -158,6 +162,7 @@ class Daemon:
             self.mqtt.publish("results", f"streams/{stream}/results", payload)
 
     def _ota_event(self, event: Event) -> None:
+        self.local.observe(event)
         if self.ota is not None:
             self.ota.report(event)
         else:
@@ -389,6 +394,7 @@ class Daemon:
             await self.api.stop_accepting()
             if self.ota is not None:  # a download stops; an install in progress finishes
                 await asyncio.to_thread(self.ota.stop, OTA_STOP_S)
+            await asyncio.to_thread(self.local.stop, OTA_STOP_S)
             await asyncio.to_thread(self.updater.shadows.stop_all)
             await asyncio.to_thread(self.streams.stop)
             await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)

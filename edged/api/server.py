@@ -32,6 +32,7 @@ from edged.api.messages import (
     error_response,
     json_response,
 )
+from edged.api.ota_routes import Installs, OtaRoutes
 from edged.api.protocol import (
     HEADER_LENGTH,
     InferRequest,
@@ -74,7 +75,8 @@ class ApiServer:
                  shm: ShmRegistry, metrics: Metrics, is_ready: Callable[[], bool],
                  is_live: Liveness | None = None,
                  status: Callable[[], dict[str, Any]] | None = None,
-                 snapshots: Callable[[], SnapshotStore | None] = lambda: None) -> None:
+                 snapshots: Callable[[], SnapshotStore | None] = lambda: None,
+                 installs: Callable[[], Installs | None] = lambda: None) -> None:
         self.config = config
         self.scheduler = scheduler
         self.cache = cache
@@ -84,6 +86,7 @@ class ApiServer:
         self.is_live: Liveness = is_live or (lambda: (True, []))
         self.status = status
         self.snapshots = SnapshotRoutes(snapshots)
+        self.installs = OtaRoutes(installs)
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
         self._allowed_gids = frozenset(config.allowed_gids)
@@ -126,6 +129,7 @@ class ApiServer:
             ("POST", "/v2/logging", self.logging),
             ("GET", "/v2/edged/status", self.daemon_status),
             *self.snapshots.routes(),
+            *self.installs.routes(),
         ]
         router = Router()
         for method, path, handler in routes:
