@@ -41,10 +41,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 import make_test_models  # noqa: E402
 
-from edged import gpu, memory  # noqa: E402
 from edged.backends import BackendOptions, EngineBuilding, FallBack  # noqa: E402
 from edged.backends.onnxruntime import OrtSession  # noqa: E402
-from edged.model.loadspec import load_spec, warmup_inputs  # noqa: E402
+from edged.hardware import gpu, memory  # noqa: E402
+from edged.inference.loadspec import load_spec, warmup_inputs  # noqa: E402
 from edged.model.repository import ModelRepository, ModelVersion  # noqa: E402
 
 CUDA_EP = "CUDAExecutionProvider"
@@ -244,7 +244,7 @@ def _ort_cuda(report: Report, model: ModelVersion, work: Path) -> None:
 def int8_file(model: ModelVersion, make: bool, samples: int) -> tuple[Path | None, str]:
     """The model's gated Q/DQ variant (made first with --quantize), or None and why."""
     try:
-        from edged.model.precision import int8_status
+        from edged.inference.precision import int8_status
     except ImportError as exc:
         return None, f"the INT8 variants are not in this edged yet ({exc})"
     path, why = int8_status(model)
@@ -389,7 +389,7 @@ def section_timing(report: Report, models: list[ModelVersion], trt: dict[str, An
                    args: argparse.Namespace) -> None:
     import onnxruntime as ort
 
-    from edged.model.precision import time_sessions
+    from edged.inference.precision import time_sessions
 
     for model in models:
         candidates: dict[str, Any] = {}

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from edged.api.messages import BrokenBody, Handler, Request, Response, json_response
-from edged.errors import Forbidden, InvalidInput, TooLarge, UpdateRejected
+from edged.api.http.messages import BrokenBody, Handler, Request, Response, json_response
+from edged.core.errors import Forbidden, InvalidInput, TooLarge, UpdateRejected
 
 MANIFEST_LENGTH = "Edged-Manifest-Length"
 MAX_MANIFEST_BYTES = 64 * 1024

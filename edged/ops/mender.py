@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edged.errors import ToolError
+from edged.core.errors import ToolError
 from edged.model.repository import check_model_name
 from edged.ops.keys import DEFAULT_TTL_S, describe_artifact, freshness, load_private_key
 from edged.ota.freshness import LOCAL_ROOT

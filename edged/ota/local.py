@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edged.fsutil import write_atomically
+from edged.core.fsutil import write_atomically
+from edged.core.states import OtaState
 from edged.ota.fetch import Progress
 from edged.ota.freshness import LOCAL_ROOT, check_fresh
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import FINAL, Manifest, Rejected, parse_manifest
-from edged.states import OtaState
 
 logger = logging.getLogger(__name__)
 

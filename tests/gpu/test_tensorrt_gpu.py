@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged import gpu
 from edged.backends import BackendOptions, EngineBuilding, LoadSpec
 from edged.backends.onnxruntime import OrtSession
 from edged.backends.tensorrt import TensorRTBackend
-from edged.model.loadspec import engine_hints
+from edged.hardware import gpu
+from edged.inference.loadspec import engine_hints
 from edged.model.repository import ModelRepository
 
 TOLERANCE = {"fp32": (1e-3, 1e-4), "fp16": (2e-2, 2e-3)}  # (rtol, atol)
