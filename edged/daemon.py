@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edged import __version__
+from edged.api.remote import RemoteInference
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.config import DaemonConfig
@@ -27,6 +28,7 @@ from edged.inference.loadspec import backend_options
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
 from edged.mqtt.link import MqttLink
+from edged.mqtt.requests import RemoteRequests
 from edged.ota.install import Event, Updater
 from edged.ota.local import LocalInstalls
 from edged.ota.manifest import TrustStore
@@ -49,6 +51,7 @@ DRAIN_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 5.0
 MQTT_STOP_S = 3.0
 OTA_STOP_S = 10.0
+REQUESTS_STOP_S = 2.0
 
 
 class Daemon:
@@ -109,6 +112,12 @@ class Daemon:
                                groups=config.ota.groups,
                                chunk_timeout_s=config.ota.chunk_timeout_s)
                     if self.mqtt is not None else None)
+        requests = config.mqtt.requests
+        self.requests = (RemoteRequests(self.mqtt, requests, RemoteInference(
+            self.scheduler, self.cache, self.api.bodies, requests.max_request_mb * 1024 * 1024))
+            if self.mqtt is not None and requests.enabled else None)
+        self.status.requests = self.requests.stats if self.requests is not None else \
+            self.status.requests
         # Installs handed over on the socket (the Mender update module), on the same worker.
         self.local = LocalInstalls(self.updater, self.ota.defer if self.ota is not None else None)
         self.updater.shadows.hooks = ShadowHooks(
@@ -200,6 +209,8 @@ class Daemon:
             await asyncio.to_thread(self.streams.start, self.config.streams)
             if self.ota is not None:
                 self.ota.start()
+            if self.requests is not None:
+                self.requests.start()
             self._ready = True
             self.ready_event.set()
             logger.info("edged %s running with %d model(s) in %s, %d stream(s)",
@@ -330,6 +341,8 @@ class Daemon:
         logger.info("shutting down: draining queues (up to %.0fs)", DRAIN_TIMEOUT_S)
         try:
             await self.api.stop_accepting()
+            if self.requests is not None:  # no new MQTT requests; those decoding finish
+                await asyncio.to_thread(self.requests.stop, REQUESTS_STOP_S)
             if self.ota is not None:  # a download stops; an install in progress finishes
                 await asyncio.to_thread(self.ota.stop, OTA_STOP_S)
             await asyncio.to_thread(self.local.stop, OTA_STOP_S)

@@ -37,6 +37,7 @@ class DaemonStatus:
     ready: Callable[[], bool]
     ota: Callable[[], dict[str, Any] | None]
     reloads: dict[str, int] = dataclasses.field(default_factory=lambda: {"ok": 0, "failed": 0})
+    requests: Callable[[], dict[str, Any] | None] = lambda: None  # MQTT requests' counts
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     def live(self) -> tuple[bool, list[str]]:
@@ -74,6 +75,7 @@ class DaemonStatus:
             "queues": self.scheduler.queues(),
             "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
+            "mqtt_requests": self.requests(),
             "ota": self.ota(),
             "process": {"rss_bytes": host.rss_bytes()},
             "gpus": [dataclasses.asdict(gpu) for gpu in host.gpus()],
