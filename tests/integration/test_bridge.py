@@ -15,13 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import tritonclient.http as triton
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.artifacts import ArtifactServer
 from support.bridge import Sites
 from support.broker import Received, Subscriber
 from support.daemon import ServeFactory
-from support.ota import Pusher, fresh, tiny_cls_bytes
+from support.mqtt_requests import HEADER_LENGTH, Requester, tensor_request
+from support.ota import Pusher, X, expected, fresh, tiny_cls_bytes
 
 from edged.ota.manifest import sign_document
 
@@ -170,3 +173,33 @@ def test_bridge_when_an_outage_outgrows_the_queue_keeps_the_first_max_queued(
         assert 10 <= kept <= 20
     finally:
         sub.close()
+
+
+def test_bridge_when_a_fleet_client_asks_for_an_inference_the_answer_comes_back_through_it(
+        make_sites: Callable[..., Sites], make_served: ServeFactory) -> None:
+    """MQTT 5 both ways: the request's response topic and correlation data cross the bridge
+    in, the answer and its properties cross it out."""
+    sites = make_sites()
+    p = sites.prefix
+    watcher = fleet_subscriber(sites)
+    try:
+        watcher.collect(f"{p}/bridge", until=lambda got: got[-1].payload == b"1", timeout=30,
+                        what="the bridge's notification: connected")
+    finally:
+        watcher.close()
+    served = make_served(mqtt=f"host: 127.0.0.1, port: {sites.site.port}, prefix: {p}, "
+                              "requests: {enabled: true, clients: [{name: hq, "
+                              "response_topics: ['replies/hq/#']}]}")
+    assert served.daemon.mqtt is not None
+    assert served.daemon.mqtt.wait_subscribed([f"{p}/infer/+"], 10)
+    requester = Requester(sites.fleet.port, "hq")  # on the fleet broker, not the device's
+    try:
+        body, length = tensor_request(X, binary=True)
+        answer = requester.call(f"{p}/infer/tiny_cls", body, json_length=length,
+                                correlation=b"\x00req-1\xff", timeout=30)
+    finally:
+        requester.close()
+    assert answer.status == 200
+    got = triton.InferenceServerClient.parse_response_body(
+        answer.payload, header_length=int(answer.properties[HEADER_LENGTH]))
+    np.testing.assert_allclose(got.as_numpy("prob"), expected(0), rtol=1e-5)
