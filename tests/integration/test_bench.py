@@ -110,3 +110,19 @@ def test_bench_post_when_run_quick_keeps_the_same_detections_before_and_after(
         assert case["same_kept"] and case["before_ms"] > 0 and case["after_ms"] > 0
         assert case["candidates"] > case["kept"] > 0  # NMS had candidates to suppress
     assert results["nms"]["same_kept"] and results["end2end"]["kept"] > 0
+
+
+def test_bench_fleet_when_run_quick_rolls_out_to_every_simulated_device_and_counts_messages(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    assert bench(["fleet", "--quick", "--out", str(tmp_path)]) == 0
+    assert "PUBLISH in" in capsys.readouterr().out
+    results = json.loads((tmp_path / "fleet.json").read_text())
+    waves, fleet = results["cases"]
+    assert (waves["mode"], waves["devices"], fleet["mode"]) == ("waves", 20, "fleet")
+    # Every device of every wave reached active (push_waves says healthy only then).
+    assert sum(w["devices"] for w in waves["waves"]) == 20
+    assert all("seconds" in w for w in waves["waves"])
+    for case in (waves, fleet):  # each device: a manifest or its share of one, its status
+        assert case["messages_received"] >= 20 * 5 and case["messages_sent"] > 0
