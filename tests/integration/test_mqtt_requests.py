@@ -196,3 +196,18 @@ def test_request_when_8_remote_clients_keep_asking_a_stream_keeps_its_frame_rate
     assert all(c.get("200", 0) > 0 for c in answered), answered  # every client was served
     print(f"stream fps alone {alone:.1f}, with 8 remote clients {loaded:.1f}; answers {answered}")
     assert loaded >= 0.8 * alone, (alone, loaded)
+
+
+def test_request_example_when_run_against_the_demo_model_prints_red(
+        broker: Broker, make_served: ServeFactory) -> None:
+    """tools/examples/mqtt_request.py, the README's example, as a user runs it."""
+    make_served(cache="preload: [colors]",
+                mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: t/req/example, "
+                     + requests_config("hmi-1"))
+    done = subprocess.run([sys.executable, str(TESTS.parent / "tools/examples/mqtt_request.py"),
+                           "--broker", f"127.0.0.1:{broker.port}", "--device", "t/req/example",
+                           "--reply", "replies/hmi-1/colors"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    red, green, blue = json.loads(done.stdout.split(":", 1)[1])
+    assert red > 0.99 and green < 0.01 and blue < 0.01
