@@ -124,5 +124,8 @@ def test_bench_fleet_when_run_quick_rolls_out_to_every_simulated_device_and_coun
     # Every device of every wave reached active (push_waves says healthy only then).
     assert sum(w["devices"] for w in waves["waves"]) == 20
     assert all("seconds" in w for w in waves["waves"])
-    for case in (waves, fleet):  # each device: a manifest or its share of one, its status
-        assert case["messages_received"] >= 20 * 5 and case["messages_sent"] > 0
+    # Each device: its manifest (waves: one each; fleet: one for all) and six status events.
+    assert (waves["manifests"], waves["statuses"]) == (20, 20 * 6)
+    assert (fleet["manifests"], fleet["statuses"]) == (1, 20 * 6)
+    for case in (waves, fleet):  # every status went to the pusher that follows them
+        assert case["publish_out"] >= case["statuses"]
