@@ -86,7 +86,11 @@ class OtaRoutes:
         manifest, rest = await _read_manifest(request, head, exact=raw is not None)
         artifact = None
         if raw is not None:
-            artifact = installs.staging() / f"upload-{uuid.uuid4().hex[:12]}"
+            try:
+                folder = installs.staging()
+            except UpdateRejected as exc:  # starting: the body stays unread
+                return await self._answer(_raise(exc))
+            artifact = folder / f"upload-{uuid.uuid4().hex[:12]}"
             try:
                 await _write_rest(request, rest, artifact, installs.max_bytes)
             except BaseException:
@@ -172,6 +176,10 @@ async def _write_rest(request: Request, first: bytes, path: Path, limit: int) ->
                 await asyncio.to_thread(out.write, data)
             if not chunk:
                 return
+
+
+async def _raise(exc: Exception) -> Any:
+    raise exc
 
 
 def _flag(value: str, name: str) -> bool:

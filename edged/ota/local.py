@@ -92,6 +92,9 @@ class LocalInstalls:
         self._executor = None if submit is not None else \
             ThreadPoolExecutor(1, thread_name_prefix="edged-ota-local")
         self._pending: list[Future[None]] = []
+        # Until recover() has run (the daemon's warm-up): its staging clean-up would take an
+        # upload from under an install.
+        self.accepting = False
         self.submit = submit or self._submit_own
         self.path = updater.repository.root / RECORD
         self._lock = threading.Lock()
@@ -120,14 +123,15 @@ class LocalInstalls:
 
     # -- start-up ----------------------------------------------------------------------------
     def recover(self) -> None:
-        """Read the record: held installs are held again; one a restart cut is failed."""
+        """Read the record: held installs are held again; one a restart cut is failed. Then
+        installs are taken."""
         try:
             rows = json.loads(self.path.read_text())
         except FileNotFoundError:
-            return
+            rows = []
         except (OSError, ValueError) as exc:
             logger.error("OTA: cannot read %s (%s); held installs are forgotten", self.path, exc)
-            return
+            rows = []
         for row in rows if isinstance(rows, list) else []:
             try:
                 install = LocalInstall(**row)
@@ -141,7 +145,9 @@ class LocalInstalls:
                 install.detail = (f"version {install.version} no longer serves after a restart "
                                   f"(version {self.updater.serving(install.model)} does)")
             self._installs[install.id] = install
-        self._save()
+        if rows:
+            self._save()
+        self.accepting = True
 
     # -- what the API asks -------------------------------------------------------------------
     @property
@@ -150,8 +156,14 @@ class LocalInstalls:
 
     def staging(self) -> Path:
         """Where an attached artifact is written as it arrives (beside the repository, so it
-        moves into staging without a copy)."""
+        moves into staging without a copy); Rejected('busy') while the daemon starts."""
+        self._check_accepting()
         return self.updater.repository.staging_dir()
+
+    def _check_accepting(self) -> None:
+        if not self.accepting:
+            raise Rejected("busy", "the daemon is starting: send the install again once it is "
+                                   "ready (/v2/health/ready)")
 
     def begin(self, payload: bytes, artifact: Path | None, *, hold: bool,
               tag: str | None = None) -> dict[str, Any]:
@@ -159,6 +171,7 @@ class LocalInstalls:
         with nothing changed when it is refused. `artifact`: the attached bytes, if any (this
         call owns the file from now on)."""
         try:
+            self._check_accepting()
             manifest = parse_manifest(payload)
             self._check_delivery(manifest, artifact)
             if tag is not None and (len(tag) > 128 or not set(tag) <= _TAG_CHARS):
