@@ -107,7 +107,7 @@ def check_requests(mqtt: MqttConfig) -> list[tuple[str, str]]:
     if requests.enabled and mqtt.protocol != "5":
         issues.append(("requests.enabled", "requests need MQTT 5 (response topic and "
                                            "correlation data): set mqtt.protocol: \"5\""))
-    if requests.max_request_mb > mqtt.max_packet_mb:
+    if requests.enabled and requests.max_request_mb > mqtt.max_packet_mb:
         issues.append(("requests.max_request_mb", f"{requests.max_request_mb} is above "
                                                   f"max_packet_mb ({mqtt.max_packet_mb}): the "
                                                   "broker would drop such requests unanswered"))

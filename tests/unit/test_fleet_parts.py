@@ -63,7 +63,8 @@ def test_json_length_when_not_a_number_is_invalid_input(value: str) -> None:
 
 @pytest.mark.parametrize(("yaml", "where"), [
     ("{protocol: '3.1.1', requests: {enabled: true}}", "mqtt.requests.enabled"),
-    ("{max_packet_mb: 2, requests: {max_request_mb: 4}}", "mqtt.requests.max_request_mb"),
+    ("{max_packet_mb: 2, requests: {enabled: true, max_request_mb: 4}}",
+     "mqtt.requests.max_request_mb"),
     ("{requests: {clients: [{name: a, response_topics: [r/a/#]}, "
      "{name: a, response_topics: [r/b]}]}}", "mqtt.requests.clients[1].name"),
     ("{requests: {clients: [{name: a, response_topics: ['r/#/x']}]}}",
@@ -75,3 +76,7 @@ def test_requests_config_when_it_cannot_work_names_the_key(yaml: str, where: str
     with pytest.raises(ConfigError) as error:
         parse_config(f"mqtt: {yaml}\n")
     assert any(issue.path == where for issue in error.value.issues), error.value.issues
+
+
+def test_requests_config_when_off_is_not_held_to_the_packet_bound() -> None:
+    assert not parse_config("mqtt: {max_packet_mb: 1}\n").mqtt.requests.enabled
