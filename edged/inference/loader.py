@@ -22,7 +22,7 @@ from edged.backends import (
     get_backend,
 )
 from edged.core.errors import EdgedError, ModelLoadError
-from edged.inference.loadspec import load_spec, options_for, warmup_inputs
+from edged.inference.loadspec import describe_inputs, load_spec, options_for, warmup_inputs
 from edged.inference.precision import choose_precision
 from edged.inference.threads import choose_threads
 from edged.model.repository import ModelRepository, ModelVersion
@@ -76,17 +76,20 @@ class ModelLoader:
             logger.exception("%s: %s failed to load it", model.label, backend.name,
                              extra=journal_fields(model, "model_load_failed"))
             raise ModelLoadError(f"{model.label}: {backend.name} failed to load: {exc}") from exc
+        warmed = "no warm-up"
         try:
             if model.config.warmup.enabled:
-                session.infer(warmup_inputs(model))
+                warm = warmup_inputs(model)
+                warmed = f"warmed at {describe_inputs(warm)}"
+                session.infer(warm)
         except Exception as exc:  # a backend's own error types, from its first inference
             session.close()
             logger.exception("%s: warm-up inference failed", model.label,
                              extra=journal_fields(model, "model_load_failed"))
             raise ModelLoadError(f"{model.label}: warm-up inference failed: {exc}") from exc
         seconds = self._clock() - started
-        logger.info("%s ready on %s (%s) in %.2fs, %.1f MB", model.label, backend.name,
-                    ", ".join(session.providers), seconds, session.nbytes / 1e6,
+        logger.info("%s ready on %s (%s) in %.2fs, %.1f MB, %s", model.label, backend.name,
+                    ", ".join(session.providers), seconds, session.nbytes / 1e6, warmed,
                     extra=journal_fields(model, "model_ready"))
         return Loaded(model, session, backend.name, spec.precision, seconds, upgrade)
 

@@ -63,20 +63,64 @@ def engine_hints(model: ModelVersion) -> dict[str, Any]:
             "shape_ranges": ranges}
 
 
+# A served image whose size is the camera frame's (a model that resizes what it is given, as
+# TF's detectors do): timed and warmed at a VGA frame unless warmup.shapes names a size.
+FRAME_SIZE = (640, 480)
+DYNAMIC_DIM = 32  # other dynamic dims: a size most vision graphs accept
+
+
 def warmup_inputs(model: ModelVersion) -> dict[str, np.ndarray]:
-    """Zeros of the declared shapes: batch dim from warmup.batch_size (the graph's own size
-    when its batch dim is fixed: the session is run directly, with no batcher to pad), dynamic
-    dims from warmup.shapes or 32 (a size most vision graphs accept)."""
+    """Zeros of the shapes the model will serve: batch dim from warmup.batch_size (the graph's
+    own size when its batch dim is fixed: the session is run directly, with no batcher to
+    pad); an image input's dynamic height and width at the size its frames are made
+    (`served_size`), other dynamic dims from warmup.shapes or 32. Thread and precision choices
+    time these same inputs, so they are made on the workload that is served."""
     warm = model.config.warmup
     batch = model.fixed_batch or (
         min(warm.batch_size, model.max_batch_size) if model.max_batch_size else None)
     inputs = {}
-    for spec in model.inputs:
+    for i, spec in enumerate(model.inputs):
         dims = list(spec.shape[1:] if batch else spec.shape)
         given = warm.shapes.get(spec.name)
         if given is not None and len(given) == len(dims):
             dims = list(given)
-        dims = [32 if d == -1 else d for d in dims]
+        elif i == 0:
+            dims = _image_dims(model, dims)
+        dims = [DYNAMIC_DIM if d == -1 else d for d in dims]
         shape = ([batch] if batch else []) + dims
         inputs[spec.name] = np.zeros(shape, dtype=spec.dtype)
     return inputs
+
+
+def served_size(model: ModelVersion) -> tuple[int, int] | None:
+    """(width, height) of the image tensors a model's frames become: preprocess.resize (from
+    model.yaml, or the metadata's imgsz), else the input's own fixed size, else a camera
+    frame's (FRAME_SIZE); None for a model with no pre-processing (tensors from clients)."""
+    pre = model.config.preprocess
+    if pre is None or not model.inputs:
+        return None
+    if pre.resize is not None:
+        return pre.resize[0], pre.resize[1]
+    shape = model.inputs[0].shape
+    if len(shape) >= 3:
+        height, width = shape[-2:] if pre.layout == "nchw" else shape[-3:-1]
+        if height > 0 and width > 0:
+            return width, height
+    return FRAME_SIZE
+
+
+def describe_inputs(inputs: dict[str, np.ndarray]) -> str:
+    """`images [1, 3, 320, 320]` for the log lines of choices timed on these inputs."""
+    return ", ".join(f"{name} {list(a.shape)}" for name, a in inputs.items())
+
+
+def _image_dims(model: ModelVersion, dims: list[int]) -> list[int]:
+    """An image input's dims (no batch) with dynamic height and width at the served size."""
+    size = served_size(model)
+    pre = model.config.preprocess
+    if size is None or pre is None or len(dims) != 3:
+        return dims
+    width, height = size
+    if pre.layout == "nchw":
+        return [dims[0], height if dims[1] == -1 else dims[1], width if dims[2] == -1 else dims[2]]
+    return [height if dims[0] == -1 else dims[0], width if dims[1] == -1 else dims[1], dims[2]]

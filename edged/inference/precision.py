@@ -30,7 +30,7 @@ import numpy as np
 from edged.backends.base import Backend, BackendOptions, LoadSpec, Session
 from edged.core.errors import InvalidModel, ModelLoadError
 from edged.core.fsutil import file_sha256, write_atomically
-from edged.inference.loadspec import load_spec, warmup_inputs
+from edged.inference.loadspec import describe_inputs, load_spec, warmup_inputs
 from edged.model.int8_report import ACCEPTED_FILE, read_report, report_path
 from edged.model.repository import ModelVersion
 
@@ -126,7 +126,8 @@ def _auto(model: ModelVersion, backend: Backend, options: BackendOptions,
     fp32_ms, int8_ms = timings
     speedup = fp32_ms / int8_ms if int8_ms > 0 else 0.0
     detail = (f"auto: {source} p50 FP32 {fp32_ms:.3f} ms, INT8 {int8_ms:.3f} ms on "
-              f"{backend.name}: INT8 runs at {speedup:.2f}x FP32's speed")
+              f"{backend.name} at the served size ({describe_inputs(sample_inputs(model))}): "
+              f"INT8 runs at {speedup:.2f}x FP32's speed")
     if speedup >= model.config.quantization.auto_min_speedup:
         return PrecisionChoice(path, "int8", detail)
     return PrecisionChoice(model.onnx_path, "fp32", detail)

@@ -28,6 +28,7 @@ import numpy as np
 from edged.backends.base import Backend, BackendOptions, LoadSpec
 from edged.core.fsutil import file_sha256
 from edged.inference.instances import cores, runs_on_gpu
+from edged.inference.loadspec import describe_inputs
 from edged.inference.precision import (
     cpu_fingerprint,
     remember,
@@ -62,6 +63,7 @@ def choose_threads(model: ModelVersion, backend: Backend, spec: LoadSpec,
     many_opts = replace(options, intra_op_threads=many)
     memo = memo_path(options.cache_dir, model)
     key = memo_key(model, spec, options, many)
+    served = describe_inputs(sample_inputs(model))
     timings = remembered(memo, key, NAMES)
     source = "remembered"
     if timings is None:
@@ -77,8 +79,9 @@ def choose_threads(model: ModelVersion, backend: Backend, spec: LoadSpec,
         source = "measured"
     one_ms, many_ms = timings
     chosen = replace(options, intra_op_threads=threads_for(one_ms, many_ms, many))
-    logger.info("%s: %d intra-op thread(s) (%s p50 %.3f ms on 1, %.3f ms on %d)", model.label,
-                chosen.intra_op_threads, source, one_ms, many_ms, many,
+    logger.info("%s: %d intra-op thread(s) (%s p50 %.3f ms on 1, %.3f ms on %d, at the served "
+                "size: %s)", model.label, chosen.intra_op_threads, source, one_ms, many_ms,
+                many, served,
                 extra={"model": model.name, "version": model.version, "code": "threads"})
     return chosen
 

@@ -1,8 +1,11 @@
-"""Which detection head a model has, told from its output shapes, its ONNX metadata and what
-model.yaml says, once, when the version is read: YOLOv5 rows with objectness, YOLOv8's
-transposed table, end-to-end rows (x1, y1, x2, y2, score, class), SSD's boxes plus scores, and
-DETR's queries. A head that fits none, or more than one, is an InvalidModel at load naming the
-shapes and the `postprocess:` keys that would settle it: never boxes read the wrong way.
+"""Which detection head a model has, told from its output shapes, its ONNX metadata, its graph
+and what model.yaml says, once, when the version is read: YOLOv5 rows with objectness, YOLOv8's
+transposed table, YOLOX's raw grid rows, end-to-end rows (x1, y1, x2, y2, score, class), and
+(`edged.model.boxsets`) boxes beside scores: SSD, TF Object Detection API, YOLO-NAS, DETR,
+RF-DETR, D-FINE. A head that fits none, or more than one, is an InvalidModel at load naming the
+shapes and only those `postprocess:` keys that would read them right: never boxes read the
+wrong way. A table whose row count is not the input's anchor grid at a head's strides is not
+taken for that head, however its columns add up.
 
 The evidence, strongest first: `postprocess.format` and the keys that pin a layout
 (`objectness`, `transposed`); the metadata (`end2end`, an RT-DETR description, the class count
@@ -23,7 +26,7 @@ from edged.model.config import PostprocessConfig
 from edged.model.metadata import ExportMetadata
 from edged.model.tensor import TensorSpec
 
-Format = Literal["yolov5", "yolov8", "end2end", "ssd", "detr"]
+Format = Literal["yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas", "detr"]
 Box = Literal["cxcywh", "xyxy", "yxyx"]
 MAX_QUERIES = 1000  # DETR-style heads have 100-900 queries; anchor grids have thousands
 MAX_CLASSES = 2000
@@ -50,6 +53,8 @@ class Head:
     background: bool = False  # SSD: scores column 0 is the background class
     activation: Literal["none", "sigmoid", "auto"] = "none"  # auto: sigmoid when outside 0..1
     nms: bool = True  # end-to-end and DETR heads are NMS-free
+    grid: tuple[int, int] | None = None  # YOLOX raw: the input (width, height) of its grid
+    class_base: int = 0  # TF's detection_classes count from 1 (a label map's first id)
 
     def describe(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -64,6 +69,8 @@ class _Evidence:
     anchors: frozenset[int]  # YOLOv8 candidates per image for the input size; empty: unknown
     producers: Mapping[str, str]
     batched: bool
+    marks: frozenset[str] = frozenset()  # Signature.marks
+    size: tuple[int, int] | None = None  # the input's (width, height) when known
 
     def told(self, key: str) -> bool:
         return key in self.said
@@ -72,7 +79,8 @@ class _Evidence:
 def choose_head(outputs: Sequence[TensorSpec], metadata: ExportMetadata | None,
                 cfg: PostprocessConfig, *, said: Collection[str] | None = None,
                 input_size: tuple[int, int] | None = None,
-                producers: Mapping[str, str] | None = None, batched: bool = False) -> Head:
+                producers: Mapping[str, str] | None = None, batched: bool = False,
+                marks: Collection[str] = ()) -> Head:
     """The head of a detector with these outputs (batch dim included when `batched`).
 
     `said` names the postprocess keys model.yaml gave; None counts every key whose value is
@@ -82,7 +90,7 @@ def choose_head(outputs: Sequence[TensorSpec], metadata: ExportMetadata | None,
     names = cfg.names if cfg.names is not None else metadata.names
     evidence = _Evidence(cfg, frozenset(_non_default(cfg) if said is None else said), metadata,
                          len(names) if names else None, _anchor_counts(input_size),
-                         producers or {}, batched)
+                         producers or {}, batched, frozenset(marks), input_size)
     if not outputs:
         raise InvalidModel("postprocess: the model has no outputs to read detections from")
     if cfg.output is not None:
@@ -91,8 +99,10 @@ def choose_head(outputs: Sequence[TensorSpec], metadata: ExportMetadata | None,
             raise InvalidModel(f"postprocess.output {cfg.output!r} is not an output "
                                f"({', '.join(o.name for o in outputs)})")
         return _table_head(chosen[0], evidence)
-    if cfg.format == "ssd" or (cfg.format in ("auto", "detr") and len(outputs) > 1):
-        head = _box_set_head(outputs, evidence)
+    if cfg.format in ("ssd", "yolonas") or (cfg.format in ("auto", "detr") and len(outputs) > 1):
+        from edged.model.boxsets import box_set_head
+
+        head = box_set_head(outputs, evidence)
         if head is not None:
             return head
     return _table_head(outputs[0], evidence)
@@ -108,6 +118,16 @@ def _anchor_counts(size: tuple[int, int] | None) -> frozenset[int]:
     width, height = size
     return frozenset(sum(math.ceil(height / s) * math.ceil(width / s) for s in strides)
                      for strides in _STRIDES)
+
+
+def yolox_strides(size: tuple[int, int], rows: int) -> tuple[int, ...] | None:
+    """YOLOX's strides for an input (width, height) whose grid has `rows` cells (its grid
+    floors: `hsize = height // stride`), or None when neither P5 nor P6 gives that count."""
+    width, height = size
+    for strides in _STRIDES:
+        if sum((height // s) * (width // s) for s in strides) == rows:
+            return strides
+    return None
 
 
 def _dims(spec: TensorSpec, batched: bool) -> tuple[int, ...]:
@@ -153,6 +173,10 @@ def _table_head(spec: TensorSpec, ev: _Evidence) -> Head:
         return _table(spec, fits[0], ev)
     context = _context(ev)
     if not fits:
+        if "yolox" in ev.marks and ev.size is None:
+            raise InvalidModel(f"postprocess: output {spec.name} {list(spec.shape)} is a YOLOX "
+                               f"head (its graph), but its grid needs the input size: set "
+                               f"preprocess.resize [width, height]")
         raise InvalidModel(f"postprocess: output {spec.name} {list(spec.shape)} fits no "
                            f"detection head{context}; {_fix_for_none()}")
     listed = "; ".join(f"{f.format} ({f.why})" for f in fits)
@@ -172,12 +196,14 @@ def _fits(rows: int, cols: int, ev: _Evidence) -> list[_Fit]:
 
     def anchors(n: int, other: int, grid: frozenset[int], per_cell: str) -> str | None:
         if grid:
-            return f"{n} anchors = {per_cell} of the input's grid" if n in grid or n == -1 \
-                else None
+            if n == -1:
+                return f"N dynamic (the input's grid has {per_cell})"
+            return f"{n} anchors = {per_cell} of the input's grid" if n in grid else None
         return "more rows than columns (no anchor grid known)" if n == -1 or n > other else None
 
     fits: list[_Fit] = []
-    if cols == 6 and rows != 0:
+    # End-to-end exports keep 100-300 rows; thousands of 6-wide rows are an anchor table.
+    if cols == 6 and rows != 0 and (rows <= MAX_QUERIES or ev.metadata.end2end):
         mark = 2 if ev.metadata.end2end else 1 if 0 < rows <= MAX_QUERIES else 0
         fits.append(_Fit("end2end", False, f"[{rows}, 6]: x1, y1, x2, y2, score, class", mark))
     layouts: tuple[tuple[Format, bool, int, frozenset[int], str], ...] = (
@@ -193,6 +219,11 @@ def _fits(rows: int, cols: int, ev: _Evidence) -> list[_Fit]:
             shape = f"[{extra}+C, N]" if transposed else f"[N, {extra}+C]"
             mark = 2 if n in grid else 1 if c is not None else 0
             fits.append(_Fit(fmt, transposed, f"{shape}: {why_width}, {why_anchors}", mark))
+    why_width = width(cols, 5)
+    if why_width and ev.size is not None and rows > 0 and yolox_strides(ev.size, rows):
+        said = "; its graph: Conv + Sigmoid + Sigmoid per level" if "yolox" in ev.marks else ""
+        fits.append(_Fit("yolox", False, f"[N, 5+C]: {why_width}, {rows} rows = one per cell "
+                         f"of the input's grid{said}", 3 if said else 2))
     why_width = width(cols, 4)
     if why_width and 0 < rows <= MAX_QUERIES and cols - 4 <= MAX_CLASSES \
             and rows not in v8 | v5:
@@ -213,6 +244,10 @@ def _filter(fits: list[_Fit], ev: _Evidence) -> list[_Fit]:
         fits = [f for f in fits if (f.format == "end2end") == ev.metadata.end2end]
     if ev.metadata.rtdetr:
         fits = [f for f in fits if f.format == "detr"]
+    if ev.metadata.ultralytics:  # Ultralytics writes no YOLOX
+        fits = [f for f in fits if f.format != "yolox"]
+    if fmt == "yolox" or "yolox" in ev.marks:
+        fits = [f for f in fits if f.format == "yolox"]
     return fits
 
 
@@ -244,6 +279,12 @@ def _table(spec: TensorSpec, fit: _Fit, ev: _Evidence) -> Head:
         hints.append("metadata: an RT-DETR export")
     reason = f"{fit.format}: {spec.name} {list(spec.shape)} is {fit.why}" + (
         f"; {', '.join(hints)}" if hints else "")
+    if fit.format == "yolox":
+        decoded = "yolox_decoded" in ev.marks
+        return Head("yolox", reason + ("; boxes decoded in the graph" if decoded else
+                                       "; raw grid offsets, decoded here"),
+                    table=spec.name, objectness=True, box="cxcywh", normalized=False,
+                    grid=None if decoded else ev.size)
     if fit.format in ("yolov5", "yolov8"):
         return Head(fit.format, reason, table=spec.name, transposed=fit.transposed,
                     objectness=fit.format == "yolov5", box=cfg.box, normalized=cfg.normalized)
@@ -283,103 +324,14 @@ def _settle(fits: Sequence[_Fit]) -> str:
         return (f"postprocess.format: {formats[0]} with transposed: true ([{width}, N]) or "
                 f"false ([N, {width}])")
     text = "postprocess.format: " + " or ".join(formats)
+    if "yolov8" in formats and "yolox" in formats:
+        text += " (yolox: raw grid offsets with objectness, as YOLOX exports them)"
     if "yolov5" in formats:
         text += " (yolov5 with objectness: true)"
     return text
 
 
 def _fix_for_none() -> str:
-    return ("set postprocess.format (yolov5 [N, 5+C], yolov8 [4+C, N], end2end [K, 6], ssd "
-            "boxes [N, 4] + scores, detr [Q, 4+C]) if the outputs are one of these, or "
-            "postprocess.kind: raw")
-
-
-# -- boxes beside scores: SSD and two-output DETR ----------------------------------------------
-
-def _box_set_head(outputs: Sequence[TensorSpec], ev: _Evidence) -> Head | None:
-    dims = {o.name: _dims(o, ev.batched) for o in outputs}
-    boxes = [o for o in outputs if len(dims[o.name]) == 2 and dims[o.name][1] == 4]
-    boxes.sort(key=lambda o: not any(k in o.name.lower() for k in ("box", "loc")))
-    fmt = ev.cfg.format
-    if not boxes:
-        if fmt == "auto":
-            return None
-        raise InvalidModel(f"detect/{fmt}: no [N, 4] boxes output among {_shapes(outputs)}")
-    box_spec = boxes[0]
-    n = dims[box_spec.name][0]
-    rest = [o for o in outputs if o is not box_spec]
-
-    def same_n(m: int) -> bool:
-        return m == n or -1 in (m, n)
-
-    count = next((o for o in rest if dims[o.name] in ((), (1,)) and "num" in o.name.lower()),
-                 None)
-    matrices = [o for o in rest if len(dims[o.name]) == 2 and same_n(dims[o.name][0])]
-    matrices.sort(key=lambda o: not any(k in o.name.lower() for k in ("score", "logit",
-                                                                       "conf", "cls")))
-    vectors = [o for o in rest if len(dims[o.name]) == 1 and same_n(dims[o.name][0])
-               and o is not count]
-    shapes = _shapes(outputs)
-    if matrices:
-        scores = matrices[0]
-        if fmt == "detr" or (fmt == "auto" and _looks_detr(box_spec, scores, ev)):
-            return _detr_pair(box_spec, scores, shapes, ev)
-        return _ssd(box_spec, scores, None, count, shapes, ev)
-    if fmt == "detr":
-        raise InvalidModel(f"detect/detr: expected class scores [Q, C] beside the boxes, "
-                           f"got {shapes}")
-    if len(vectors) < 2:
-        raise InvalidModel(f"detect/ssd: expected scores [N, C], or scores [N] and classes "
-                           f"[N] beside the boxes, got {shapes}; {_fix_for_none()}")
-    vectors.sort(key=lambda o: (o.dtype.kind in "iu" or any(
-        k in o.name.lower() for k in ("class", "label"))))
-    return _ssd(box_spec, vectors[0], vectors[1], count, shapes, ev)
-
-
-def _looks_detr(boxes: TensorSpec, scores: TensorSpec, ev: _Evidence) -> bool:
-    """DETR's boxes come out of a Sigmoid (0..1 cx, cy, w, h), its scores are called logits."""
-    return ("logit" in scores.name.lower() or ev.producers.get(boxes.name) == "Sigmoid"
-            or ev.metadata.rtdetr)
-
-
-def _detr_pair(boxes: TensorSpec, scores: TensorSpec, shapes: str, ev: _Evidence) -> Head:
-    cfg = ev.cfg
-    why = "postprocess.format: detr" if ev.told("format") else (
-        f"{scores.name} named as logits" if "logit" in scores.name.lower() else
-        f"{boxes.name} comes out of a Sigmoid" if ev.producers.get(boxes.name) == "Sigmoid"
-        else "metadata: an RT-DETR export")
-    return Head("detr", f"detr: boxes [Q, 4] + class scores [Q, C] ({shapes}); {why}",
-                boxes=boxes.name, scores=scores.name, box=_box(ev, "cxcywh"),
-                normalized=cfg.normalized if ev.told("normalized") else True,
-                activation=_activation(scores.name, ev), nms=False)
-
-
-def _ssd(boxes: TensorSpec, scores: TensorSpec, classes: TensorSpec | None,
-         count: TensorSpec | None, shapes: str, ev: _Evidence) -> Head:
-    cfg = ev.cfg
-    tf_style = boxes.name.lower().startswith("detection_boxes")
-    if ev.told("format"):  # model.yaml's `format: ssd` keeps its keys' defaults, as it always did
-        box: Box = cfg.box
-        normalized: bool | None = cfg.normalized
-    else:
-        box = _box(ev, "yxyx" if tf_style else "xyxy")
-        normalized = cfg.normalized if ev.told("normalized") else (True if tf_style else None)
-    background, why_bg = False, ""
-    if classes is None:
-        columns = _dims(scores, ev.batched)[1]
-        if cfg.background is not None:
-            background, why_bg = cfg.background, "postprocess.background"
-        elif ev.producers.get(scores.name) == "Softmax":
-            background, why_bg = True, "scores come out of a Softmax"
-        elif ev.classes is not None and columns == ev.classes + 1:
-            background, why_bg = True, f"{columns} columns for {ev.classes} names"
-        why_bg = f"; background column 0 ({why_bg})" if background else ""
-    parts = f"{boxes.name} + {scores.name}" + (f" + {classes.name}" if classes else "")
-    encoding = f"{box}, " + ("0..1" if normalized else "pixels" if normalized is False else
-                             "0..1 or pixels told by their range")
-    post_nms = f"; {count.name}: already suppressed, no NMS" if count is not None else ""
-    return Head("ssd", f"ssd: {parts} ({shapes}); boxes {encoding}{why_bg}{post_nms}",
-                boxes=boxes.name, scores=scores.name,
-                classes=classes.name if classes else None,
-                count=count.name if count else None, box=box, normalized=normalized,
-                background=background, nms=count is None)
+    return ("it is none of the heads edged reads (yolov5 [N, 5+C] and yolox [N, 5+C] with N "
+            "the input's anchor grid, yolov8 [4+C, N], end2end [K, 6], detr [Q, 4+C], boxes "
+            "[N, 4] beside scores); serve it with postprocess.kind: raw")

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edged.core.errors import InvalidModel
+from edged.model.boxsets import tf_od_outputs
 from edged.model.config import ModelConfig, PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.metadata import ExportMetadata, read_metadata
@@ -31,7 +34,24 @@ ULTRALYTICS_DETECT = {"keep_ratio": True, "pad": "center", "pad_value": 114.0, "
                       "scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "nchw"}
 # Its classifiers centre-crop; edged has no crop, so the whole frame is resized.
 ULTRALYTICS_CLASSIFY = {**ULTRALYTICS_DETECT, "keep_ratio": False}
-BOX_NAMES = ("box", "bbox", "loc")
+# What each exporter's own pre-processing is, for heads told without Ultralytics' metadata.
+# YOLOX (ValTransform, legacy=False): resized into the top-left corner, grey 114, BGR, 0..255.
+# YOLO-NAS (super-gradients): longest side rescaled, padded bottom-right with 114, RGB, 0..1.
+# RF-DETR: resized square, RGB, 0..1 with ImageNet's mean and std. D-FINE: resized, RGB, 0..1.
+FAMILY_PREPROCESS: dict[str, dict[str, Any]] = {
+    "yolox": {"keep_ratio": True, "pad": "end", "pad_value": 114.0, "color": "bgr",
+              "scale": 1.0, "mean": [0.0], "std": [1.0], "layout": "nchw"},
+    "yolonas": {"keep_ratio": True, "pad": "end", "pad_value": 114.0, "color": "rgb",
+                "scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "nchw"},
+    "rfdetr": {"keep_ratio": False, "color": "rgb", "scale": 1 / 255,
+               "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "layout": "nchw"},
+}
+# An NHWC image input with 3 channels last (TF's image_tensor): the model scales and resizes
+# what it is given itself; uint8 pixels go in as they are.
+TF_IMAGE = {"layout": "nhwc", "color": "rgb", "scale": 1.0, "mean": [0.0], "std": [1.0],
+            "keep_ratio": False}
+LABELS_FILE = "labels.txt"  # beside the versions: class names where nothing else gives them
+BOX_NAMES = ("box", "bbox", "loc", "dets")
 
 
 @dataclass(frozen=True)
@@ -49,9 +69,11 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
     whose head cannot be told."""
     metadata = read_metadata(signature.metadata, onnx_path.name)
     reasons: dict[str, str] = {}
-    pre = _preprocess(config.preprocess, _said(lines, "preprocess"), metadata, inputs, reasons)
+    said_pre = _said(lines, "preprocess")
+    pre = _preprocess(config.preprocess, said_pre, metadata, inputs, outputs, reasons)
     said_post = _said(lines, "postprocess")
-    post = _postprocess(config.postprocess, said_post, metadata, outputs, labels_dir, reasons)
+    post = _postprocess(config.postprocess, said_post, metadata, outputs, labels_dir, reasons,
+                        signature.marks)
     head = None
     if post is not None and post.kind == "detect":
         try:
@@ -62,7 +84,9 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
             head = choose_head(outputs, metadata, counted, said=said_post,
                                input_size=_input_size(pre, inputs),
                                producers=signature.producers,
-                               batched=(config.max_batch_size or 0) > 0)
+                               batched=(config.max_batch_size or 0) > 0,
+                               marks=signature.marks)
+            pre = _family_preprocess(head, pre, said_pre, metadata, reasons)
         except InvalidModel as exc:
             why = reasons.get("postprocess", "model.yaml")
             if "kind" in said_post or metadata.task == "detect":
@@ -89,10 +113,14 @@ def _given(said: frozenset[str]) -> str:
 # -- pre-processing ----------------------------------------------------------------------------
 
 def _preprocess(cfg: PreprocessConfig | None, said: frozenset[str], metadata: ExportMetadata,
-                inputs: tuple[TensorSpec, ...], reasons: dict[str, str]
-                ) -> PreprocessConfig | None:
+                inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+                reasons: dict[str, str]) -> PreprocessConfig | None:
     derived: dict[str, Any] = {}
     why: list[str] = []
+    if inputs and _tf_image(inputs[0], outputs):
+        derived.update(TF_IMAGE)
+        why.append(f"{inputs[0].name} {list(inputs[0].shape)} {inputs[0].dtype}: an NHWC image "
+                   f"the model scales and resizes itself (RGB, pixels as they are)")
     if metadata.ultralytics:
         classify = metadata.task == "classify"
         derived.update(ULTRALYTICS_CLASSIFY if classify else ULTRALYTICS_DETECT)
@@ -119,6 +147,35 @@ def _preprocess(cfg: PreprocessConfig | None, said: frozenset[str], metadata: Ex
     return dataclasses.replace(cfg or PreprocessConfig(), **chosen)
 
 
+def _tf_image(spec: TensorSpec, outputs: tuple[TensorSpec, ...]) -> bool:
+    """A TF-style image input: [N, H, W, 3], uint8 (pixels), or float beside the TF Object
+    Detection API's outputs (which take 0..255 floats as its uint8 input)."""
+    shape = spec.shape
+    if len(shape) != 4 or shape[3] != 3 or shape[1] == 3:
+        return False
+    return spec.dtype == np.uint8 or (spec.dtype.kind == "f" and
+                                      tf_od_outputs(outputs) is not None)
+
+
+def _family_preprocess(head: Head, pre: PreprocessConfig | None, said: frozenset[str],
+                       metadata: ExportMetadata, reasons: dict[str, str]
+                       ) -> PreprocessConfig | None:
+    """The exporter's own pre-processing for a head told from the graph or outputs, where
+    neither model.yaml nor Ultralytics' metadata said it."""
+    family = "rfdetr" if head.format == "detr" and head.activation == "sigmoid" and (
+        head.boxes or "").lower().startswith("dets") else head.format
+    derived = FAMILY_PREPROCESS.get(family)
+    if derived is None or metadata.ultralytics:
+        return pre
+    chosen = {k: v for k, v in derived.items() if k not in said}
+    if not chosen:
+        return pre
+    reasons["preprocess"] = "; ".join(filter(None, [
+        reasons.get("preprocess", "") if reasons.get("preprocess") != "model.yaml" else "",
+        f"{family}'s own pre-processing ({', '.join(sorted(chosen))})" + _given(said)]))
+    return dataclasses.replace(pre or PreprocessConfig(), **chosen)
+
+
 def _spatial(spec: TensorSpec, layout: str) -> tuple[int, int] | None:
     """The input's own (width, height) when both are fixed."""
     if len(spec.shape) < 3:
@@ -137,16 +194,23 @@ def _input_size(pre: PreprocessConfig | None, inputs: tuple[TensorSpec, ...]
 # -- post-processing ---------------------------------------------------------------------------
 
 def _postprocess(cfg: PostprocessConfig | None, said: frozenset[str], metadata: ExportMetadata,
-                 outputs: tuple[TensorSpec, ...], labels_dir: Path, reasons: dict[str, str]
-                 ) -> PostprocessConfig | None:
+                 outputs: tuple[TensorSpec, ...], labels_dir: Path, reasons: dict[str, str],
+                 marks: frozenset[str] = frozenset()) -> PostprocessConfig | None:
     derived: dict[str, Any] = {}
     why: list[str] = []
     if "kind" not in said:
-        kind, kind_why = _kind(metadata, outputs)
+        kind, kind_why = _kind(metadata, outputs, marks)
         if kind is not None:
             derived["kind"] = kind
             why.append(kind_why)
-    if "names" not in said:
+    if "names" not in said and "labels" not in said and metadata.names is None and (
+            labels_dir / LABELS_FILE).is_file():
+        derived["labels"] = LABELS_FILE
+        names = _read_labels(labels_dir / LABELS_FILE)
+        if names is not None:
+            derived["names"] = names
+            why.append(f"{len(names)} class names from {LABELS_FILE}")
+    elif "names" not in said:
         if "labels" in said and cfg is not None and cfg.labels:
             names = _read_labels(labels_dir / cfg.labels)
             if names is not None:
@@ -162,14 +226,18 @@ def _postprocess(cfg: PostprocessConfig | None, said: frozenset[str], metadata: 
     return dataclasses.replace(cfg or PostprocessConfig(), **derived)
 
 
-def _kind(metadata: ExportMetadata, outputs: tuple[TensorSpec, ...]
-          ) -> tuple[str | None, str]:
+def _kind(metadata: ExportMetadata, outputs: tuple[TensorSpec, ...],
+          marks: frozenset[str] = frozenset()) -> tuple[str | None, str]:
     if metadata.task in ("detect", "classify"):
         return metadata.task, f"kind {metadata.task} from metadata task: {metadata.task}"
     if metadata.task is not None:
         return None, ""  # segment, pose, obb: their extra outputs are not decoded; raw
     if metadata.ultralytics and metadata.names and len(outputs) == 1:
         return "detect", "kind detect: a YOLO export (metadata stride and names)"
+    if "yolox" in marks and len(outputs) == 1:
+        return "detect", "kind detect: a YOLOX head (its graph: Conv + Sigmoid + Sigmoid per level)"
+    if tf_od_outputs(outputs) is not None:
+        return "detect", "kind detect: the TF Object Detection API's detection_* outputs"
     if len(outputs) > 1 and any(o.shape[-1:] == (4,) and any(
             k in o.name.lower() for k in BOX_NAMES) for o in outputs):
         return "detect", "kind detect: outputs of boxes [N, 4] beside other per-box outputs"

@@ -36,6 +36,7 @@ class Signature:
     outputs: tuple[TensorSpec, ...]
     metadata: Mapping[str, str] = field(default_factory=dict)  # the file's metadata_props
     producers: Mapping[str, str] = field(default_factory=dict)  # output → op that computes it
+    marks: frozenset[str] = frozenset()  # what the graph's ops say of its head (`_marks`)
 
 
 def read_signature(path: Path) -> Signature:
@@ -69,7 +70,22 @@ def read_signature(path: Path) -> Signature:
     return Signature(tuple(spec(v) for v in graph.input if v.name not in weights),
                      tuple(spec(v) for v in graph.output),
                      {p.key: p.value for p in model.metadata_props},
-                     _producers(graph))
+                     _producers(graph), _marks(graph))
+
+
+def _marks(graph: onnx.GraphProto) -> frozenset[str]:
+    """Families a graph's ops give away. "yolox": YOLOX's head concatenates, per level, a box
+    Conv with the Sigmoid of its objectness and of its class scores (channels first); with an
+    Exp after it ("yolox_decoded") the export decodes the grid itself (decode_in_inference)."""
+    made_by = {name: node.op_type for node in graph.node for name in node.output}
+    levels = sum(1 for node in graph.node if node.op_type == "Concat" and len(node.input) == 3
+                 and [made_by.get(i) for i in node.input] == ["Conv", "Sigmoid", "Sigmoid"])
+    marks = set()
+    if levels >= 3:
+        marks.add("yolox")
+        if any(node.op_type == "Exp" for node in graph.node):
+            marks.add("yolox_decoded")
+    return frozenset(marks)
 
 
 def _producers(graph: onnx.GraphProto) -> dict[str, str]:

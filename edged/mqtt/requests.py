@@ -38,6 +38,7 @@ from edged.core.errors import (
     RateLimited,
     TooLarge,
 )
+from edged.mqtt import topics
 from edged.mqtt.config import RequestClient, RequestsConfig
 from edged.mqtt.link import MqttLink
 
@@ -100,7 +101,7 @@ class RemoteRequests:
         self.link = link
         self.config = config
         self.inference = inference
-        self.filter = f"{link.prefix}/infer/+"
+        self.filter = link.topic(topics.INFER_FILTER)
         self._buckets = {c.name: TokenBucket(config.rate_per_s, config.burst, clock)
                          for c in config.clients}
         self._executor = ThreadPoolExecutor(config.workers, thread_name_prefix="edged-mqtt-req")

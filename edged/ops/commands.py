@@ -22,8 +22,8 @@ from edged.model.heads import Head
 from edged.model.tensor import TensorSpec
 from edged.ops.mender import add_arguments as add_mender_arguments
 from edged.ops.quantize.command import add_arguments as add_quantize_arguments
-from edged.processing.post import Postprocessor
-from edged.processing.pre import Geometry
+from edged.processing.post import Postprocessor, published
+from edged.processing.pre import Geometry, is_size_input, size_inputs
 
 if TYPE_CHECKING:
     from edged.ops.client import EdgedClient
@@ -234,7 +234,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     head = meta["edged"].get("head")
     postprocessor = Postprocessor(PostprocessConfig(**post), Path("."),
                                   Head(**head) if head else None)
-    results = postprocessor(result.outputs, image[1] if image is not None else None)
+    results = published(postprocessor(result.outputs, image[1] if image is not None else None))
     for line in describe_results(results, framed=image is not None):
         print(line)
     if args.output is not None:
@@ -290,9 +290,11 @@ def read_inputs(meta: dict[str, Any], model: str, given: list[str]
     for item in given:
         name, sep, file = item.partition("=")
         if not sep:
-            if len(specs) != 1:
+            # D-FINE's orig_target_sizes is filled from the image: one image input is named.
+            images_in = [n for n, sp in specs.items() if not is_size_input(sp, batched)]
+            if len(images_in) != 1:
                 raise InvalidInput(f"{model} has inputs {', '.join(specs)}: use NAME=FILE")
-            name, file = next(iter(specs)), item
+            name, file = images_in[0], item
         if name not in specs:
             raise InvalidInput(f"{model} has no input {name!r} (inputs: {', '.join(specs)})")
         path = Path(file)
@@ -305,6 +307,12 @@ def read_inputs(meta: dict[str, Any], model: str, given: list[str]
         else:
             inputs[name] = _batched(path, np.load(path, allow_pickle=False), specs[name],
                                     batched)
+    first = next(iter(specs))
+    if first in images:
+        layout = str((meta["edged"].get("preprocess") or {}).get("layout", "nchw"))
+        for size_name, size in size_inputs(list(specs.values()), inputs[first], layout,
+                                           batched).items():
+            inputs.setdefault(size_name, size)
     return inputs, images
 
 

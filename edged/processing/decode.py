@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edged.core.errors import InvalidModel
-from edged.model.heads import Head
+from edged.model.heads import Head, yolox_strides
 
 # A box in pixels is more than a pixel and a half from the corner; 0..1 boxes never are.
 NORMALIZED_LIMIT = 1.5
@@ -36,11 +36,13 @@ def decode(head: Head, outputs: Mapping[str, np.ndarray], score_threshold: float
         boxes, scores, classes = _yolov8(_table(head, outputs), head, score_threshold, top_k)
     elif head.format == "yolov5":
         boxes, scores, classes = _yolov5(_table(head, outputs), head, score_threshold, top_k)
+    elif head.format == "yolox":
+        boxes, scores, classes = _yolox(_table(head, outputs), head, score_threshold, top_k)
     elif head.format == "end2end":
         boxes, scores, classes = _end2end(_table(head, outputs), score_threshold, top_k)
     elif head.format == "detr":
         boxes, scores, classes = _detr(head, outputs, score_threshold, top_k)
-    else:
+    else:  # ssd, yolonas: boxes beside scores
         boxes, scores, classes = _ssd(head, outputs, score_threshold, top_k)
     boxes = _to_xyxy(boxes.astype(np.float32, copy=False), head.box)
     normalized = head.normalized
@@ -94,17 +96,62 @@ def _yolov8(table: np.ndarray, head: Head, threshold: float, top_k: int) -> Deco
 
 
 def _yolov5(table: np.ndarray, head: Head, threshold: float, top_k: int) -> Decoded:
-    """[N, 5+C]: box, objectness, class scores; the score is objectness x class score. Rows
-    whose objectness is under the threshold cannot score above it (class scores are <= 1)."""
+    """[N, 5+C]: box, objectness, class scores; the score is objectness x class score."""
     rows = table.T if head.transposed else table
     if rows.shape[1] <= 5:
         raise InvalidModel(f"detect/yolov5: expected [N, 5+classes], got {table.shape}")
-    likely = rows[np.flatnonzero(rows[:, 4] >= threshold)]
-    class_scores = likely[:, 5:] * likely[:, 4:5]
+    keep, scores, classes = _objectness_rows(rows, threshold, top_k)
+    return rows[keep, :4], scores, classes
+
+
+def _objectness_rows(rows: np.ndarray, threshold: float, top_k: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Indices, scores and classes of the rows whose objectness x class score reaches the
+    threshold (the top_k best). Rows whose objectness is under it cannot (class scores are
+    <= 1): they are never multiplied out."""
+    likely = np.flatnonzero(rows[:, 4] >= threshold)
+    class_scores = rows[likely, 5:] * rows[likely, 4:5]
     classes = class_scores.argmax(axis=1)
     scores = class_scores[np.arange(len(likely)), classes]
     keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
-    return likely[keep, :4], scores[keep], classes[keep]
+    return likely[keep], scores[keep], classes[keep]
+
+
+def _yolox(table: np.ndarray, head: Head, threshold: float, top_k: int) -> Decoded:
+    """YOLOX rows [N, 5+C]: raw grid offsets (x, y from the cell, log w, h), objectness, class
+    scores, one row per cell of the stride 8/16/32(/64) grids in order; decoded as YOLOX's
+    `demo_postprocess` does: xy = (offset + cell) * stride, wh = exp(log wh) * stride. Only
+    rows that score at least the threshold are decoded."""
+    if table.shape[1] <= 5:
+        raise InvalidModel(f"detect/yolox: expected [N, 5+classes], got {table.shape}")
+    keep, scores, classes = _objectness_rows(table, threshold, top_k)
+    boxes = table[keep, :4].copy()
+    if head.grid is not None:  # else the export decoded its grid itself
+        cells, strides = _yolox_grid(head.grid, table.shape[0])
+        boxes[:, :2] = (boxes[:, :2] + cells[keep]) * strides[keep]
+        boxes[:, 2:4] = np.exp(boxes[:, 2:4]) * strides[keep]
+    return boxes, scores, classes
+
+
+_GRIDS: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _yolox_grid(size: tuple[int, int], rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's cell (x, y) and stride, for an input (width, height); cached per size."""
+    key = (*size, rows)
+    if key not in _GRIDS:
+        strides = yolox_strides(size, rows)
+        if strides is None:
+            raise InvalidModel(f"detect/yolox: {rows} rows are not the grid of a "
+                               f"{size[0]}x{size[1]} input")
+        cells, steps = [], []
+        for s in strides:
+            ys, xs = np.mgrid[0:size[1] // s, 0:size[0] // s]
+            cells.append(np.stack([xs.ravel(), ys.ravel()], axis=1))
+            steps.append(np.full((xs.size, 1), s))
+        _GRIDS[key] = (np.concatenate(cells).astype(np.float32),
+                       np.concatenate(steps).astype(np.float32))
+    return _GRIDS[key]
 
 
 def _end2end(table: np.ndarray, threshold: float, top_k: int) -> Decoded:
@@ -118,6 +165,15 @@ def _end2end(table: np.ndarray, threshold: float, top_k: int) -> Decoded:
 def _detr(head: Head, outputs: Mapping[str, np.ndarray], threshold: float,
           top_k: int) -> Decoded:
     """[Q, 4+C], or boxes [Q, 4] + class scores [Q, C]: one box per query, no NMS."""
+    if head.classes is not None:  # D-FINE: the top queries' labels, boxes and scores
+        boxes = _output(outputs, head.boxes).reshape(-1, 4)
+        scores = _output(outputs, head.scores).reshape(-1).astype(np.float32, copy=False)
+        classes = np.rint(_output(outputs, head.classes).reshape(-1)).astype(np.int64)
+        if not len(boxes) == len(scores) == len(classes):
+            raise InvalidModel(f"detect/detr: {len(boxes)} boxes but {len(scores)} scores and "
+                               f"{len(classes)} labels")
+        keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
+        return boxes[keep], scores[keep], classes[keep]
     if head.table is not None:
         table = _table(head, outputs)
         boxes, logits = table[:, :4], table[:, 4:]

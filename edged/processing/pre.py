@@ -4,6 +4,7 @@ into a buffer the caller may reuse. The geometry is returned so results can be m
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -41,6 +42,28 @@ def target_size(cfg: PreprocessConfig, spec: TensorSpec, frame: np.ndarray) -> t
     if height > 0 and width > 0:
         return width, height
     return frame.shape[1], frame.shape[0]
+
+
+def size_inputs(specs: Sequence[TensorSpec], tensor: np.ndarray, layout: str,
+                batched: bool) -> dict[str, np.ndarray]:
+    """The inputs beside the image that say its size: D-FINE's and RT-DETR's deploy exports
+    take `orig_target_sizes` [N, 2] (width, height) and scale their boxes by it. edged feeds
+    the tensor's own size, so boxes come out in tensor pixels and map back to the frame as
+    every other head's do. `tensor` is the image input as built (a batch of one)."""
+    height, width = tensor.shape[-2:] if layout == "nchw" else tensor.shape[-3:-1]
+    found = {}
+    for spec in specs[1:]:
+        if is_size_input(spec, batched):
+            dims = spec.shape[1:] if batched else spec.shape
+            shape = ([1] if batched else []) + [1] * (len(dims) - 1) + [2]
+            found[spec.name] = np.array([width, height], spec.dtype).reshape(shape)
+    return found
+
+
+def is_size_input(spec: TensorSpec, batched: bool) -> bool:
+    """[N, 2] (or an unbatched [1, 2] or [2]) named as a size."""
+    dims = tuple(spec.shape[1:] if batched else spec.shape)
+    return "size" in spec.name.lower() and dims in ((2,), (1, 2)) and spec.dtype.kind in "iuf"
 
 
 def tensor_shape(cfg: PreprocessConfig, spec: TensorSpec,

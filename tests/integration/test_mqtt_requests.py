@@ -170,11 +170,11 @@ def test_request_when_8_remote_clients_keep_asking_a_stream_keeps_its_frame_rate
     def frames_in(seconds: float) -> float:
         """The stream's frame rate over a window (a rate needs time to pass: nothing to wait
         on instead)."""
-        start, began = pipeline.snapshot()["processed"], time.monotonic()
+        start, began = pipeline.read_stats().processed, time.monotonic()
         time.sleep(seconds)
-        return (pipeline.snapshot()["processed"] - start) / (time.monotonic() - began)
+        return (pipeline.read_stats().processed - start) / (time.monotonic() - began)
 
-    wait_until(lambda: pipeline.snapshot()["processed"] >= 20, timeout=30,
+    wait_until(lambda: pipeline.read_stats().processed >= 20, timeout=30,
                what="the stream running")
     alone = frames_in(3.0)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}

@@ -159,3 +159,19 @@ def test_tracker_when_an_object_moves_its_own_width_a_frame_still_confirms_it() 
              for f, box in enumerate(path((10, 100, 50, 200), (40, 0), 8))]
     assert [i for i, s in enumerate(steps) if s.confirmed] == [2]
     assert {keys(s)[0] for s in steps} == {1}
+
+
+def test_tracker_when_frames_come_a_fraction_of_a_millisecond_apart_speed_stays_sane() -> None:
+    """A one-pixel jitter over a 0.2 ms capture gap is no 5000 px/s speed: the speed is
+    measured over at least VELOCITY_BASE_S, and the object keeps its number after a long
+    gap that follows the burst."""
+    tracker = Tracker(TrackConfig(max_age_s=1.0))
+    t, numbers = 0.0, set()
+    for i in range(40):
+        jitter = (i % 2) * 1.0
+        box = (100 + jitter, 100, 150 + jitter, 200)
+        t += 0.0002 if i % 10 else 0.5  # bursts of ten, 0.5 s apart
+        step = tracker.update(t, np.array([box], float), np.array([0.9]), ["face"])
+        numbers |= {tr.key for tr in step.seen}
+        assert np.abs(tracker.tracks[0].velocity).max() < 50.0, i
+    assert numbers == {1}

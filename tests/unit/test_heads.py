@@ -75,7 +75,8 @@ def test_metadata_when_a_value_is_malformed_treats_it_as_absent_with_a_warning(
 @pytest.mark.parametrize(("outputs", "metadata", "size", "expected"), [
     ([spec("output0", 84, 8400)], ultralytics(), (640, 640), ("yolov8", True, "8400 anchors")),
     ([spec("output0", 84, -1)], None, None, ("yolov8", True, "more rows than columns")),
-    ([spec("output0", 8400, 84)], None, (640, 640), ("yolov8", False, "8400 anchors")),
+    ([spec("output0", 8400, 84)], read_metadata({"names": COCO}, "m"), (640, 640),
+     ("yolov8", False, "8400 anchors")),
     ([spec("output0", 25200, 85)], None, (640, 640), ("yolov5", False, "three per cell")),
     ([spec("output0", 25200, 85)], read_metadata({"stride": "32", "names": COCO}, "m"), None,
      ("yolov5", False, "85 = 5 + 80 classes (names)")),
@@ -142,12 +143,13 @@ def test_choose_head_when_v5_and_v8_both_fit_says_what_is_missing() -> None:
 
 @pytest.mark.parametrize("outputs", [[spec("prob", 4)], [spec("map", 1, 64, 64)],
                                      [spec("output0", 3, 3)]])
-def test_choose_head_when_no_layout_fits_refuses_naming_the_format_key(
+def test_choose_head_when_no_layout_fits_refuses_suggesting_only_kind_raw(
         outputs: list[TensorSpec]) -> None:
     with pytest.raises(InvalidModel) as caught:
         choose_head(outputs, None, DETECT, said=(), batched=True)
     assert f"{outputs[0].name} {list(outputs[0].shape)}" in str(caught.value)
-    assert "set postprocess.format (yolov5 [N, 5+C]" in str(caught.value)
+    assert "none of the heads edged reads" in str(caught.value)
+    assert "serve it with postprocess.kind: raw" in str(caught.value)  # the one key that works
 
 
 def test_choose_head_when_metadata_says_end2end_and_model_yaml_a_format_yaml_wins() -> None:
@@ -166,7 +168,7 @@ def test_detect_when_an_end2end_row_comes_reads_its_class_and_score() -> None:
     # The row edged used to read as a YOLOv8 candidate: class 1 with score 5.0.
     rows = np.zeros((1, 300, 6), np.float32)
     rows[0, 0] = [10, 20, 50, 60, 0.9, 5]
-    found = detect({"output0": rows}, DETECT, None, [])
+    found = detect({"output0": rows}, DETECT, None, []).rows()
     assert found == [{"class": 5, "label": "5", "score": 0.9, "box": [10, 20, 50, 60]}]
 
 
@@ -246,5 +248,88 @@ def test_detect_when_a_box_falls_in_the_letterbox_bars_drops_it() -> None:
     rows = np.zeros((1, 300, 6), np.float32)
     rows[0, 0] = [10, 0, 50, 6, 0.9, 0]     # wholly in the top bar (8 px)
     rows[0, 1] = [10, 20, 50, 60, 0.8, 0]
-    found = detect({"output0": rows}, DETECT, Geometry(0.4, 0.4, 0, 8, (160, 120)), [])
+    found = detect({"output0": rows}, DETECT, Geometry(0.4, 0.4, 0, 8, (160, 120)), []).rows()
     assert [d["score"] for d in found] == [0.8]
+
+
+# -- families from other exporters -----------------------------------------------------------
+
+def test_choose_head_when_rows_fit_yolox_and_yolov8_only_by_count_refuses_both() -> None:
+    """[3549, 6] on a 416 input: YOLOX (1 class + objectness) or YOLOv8 rows (2 classes);
+    without the graph or metadata to tell, neither is taken: no boxes read the wrong way."""
+    with pytest.raises(InvalidModel) as caught:
+        choose_head([spec("output", 3549, 6)], None, DETECT, said=("kind",),
+                    input_size=(416, 416), batched=True)
+    message = str(caught.value)
+    assert "fits more than one head" in message and "yolox" in message
+    assert "postprocess.format: yolov8 or yolox" in message
+    head = choose_head([spec("output", 3549, 6)], None, DETECT, said=("kind",),
+                       input_size=(416, 416), batched=True, marks={"yolox"})
+    assert (head.format, head.grid, head.objectness) == ("yolox", (416, 416), True)
+    assert "Conv + Sigmoid + Sigmoid" in head.reason
+
+
+@pytest.mark.parametrize("rows", [3000, 3548, 10647])
+def test_choose_head_when_the_row_count_is_not_the_inputs_grid_takes_no_yolo_head(
+        rows: int) -> None:
+    """The columns add up (5 + 1 classes), the rows are not one (or three) per cell of a
+    416 input's stride 8/16/32 grid: refused, suggesting only kind: raw."""
+    with pytest.raises(InvalidModel, match="none of the heads edged reads"):
+        choose_head([spec("output", rows, 6)], None, DETECT, said=("kind",),
+                    input_size=(416, 416), batched=True, marks={"yolox"})
+
+
+def test_decode_yolox_places_raw_offsets_on_the_grid_of_their_stride() -> None:
+    """Row 0 is cell (0, 0) of stride 8; row 52 * 52 is cell (0, 0) of stride 16; YOLOX's
+    rule: xy = (offset + cell) * stride, wh = exp(log wh) * stride."""
+    table = np.zeros((1, 3549, 6), np.float32)
+    table[0, 1] = [0.5, 0.5, np.log(2.0), np.log(4.0), 0.9, 1.0]  # cell (1, 0), stride 8
+    table[0, 2704 + 27] = [0.0, 0.0, 0.0, 0.0, 0.8, 1.0]  # cell (1, 1), stride 16
+    head = Head("yolox", "test", table="output", objectness=True, grid=(416, 416))
+    found = decode(head, {"output": table}, 0.25, 1000)
+    np.testing.assert_allclose(found.boxes, [[4, -12, 20, 20], [8, 8, 24, 24]], atol=1e-5)
+    assert found.scores.tolist() == pytest.approx([0.9, 0.8])
+
+
+def test_choose_head_when_tf_od_api_outputs_have_unknown_dims_reads_them_by_name() -> None:
+    """tf2onnx leaves every dim unknown: detection_boxes [?, ?, ?]. The four names say it:
+    y1, x1, y2, x2 in 0..1, ids from 1, rows already suppressed. `format: ssd`, which the old
+    error message suggested, now reads it the same way."""
+    outputs = [TensorSpec("num_detections:0", np.dtype(np.float32), (-1,)),
+               TensorSpec("detection_boxes:0", np.dtype(np.float32), (-1, -1, -1)),
+               TensorSpec("detection_scores:0", np.dtype(np.float32), (-1, -1)),
+               TensorSpec("detection_classes:0", np.dtype(np.float32), (-1, -1))]
+    for cfg, said in ((DETECT, ()), (PostprocessConfig(kind="detect", format="ssd"),
+                                     ("kind", "format"))):
+        head = choose_head(outputs, None, cfg, said=said, batched=True)
+        assert (head.box, head.normalized, head.nms, head.class_base) == ("yxyx", True,
+                                                                          False, 1)
+        assert head.count == "num_detections:0"
+
+
+def test_detect_when_tf_classes_count_from_one_names_them_from_the_first_label() -> None:
+    head = Head("ssd", "test", boxes="b", scores="s", classes="c", count="n", box="yxyx",
+                normalized=True, nms=False, class_base=1)
+    outputs = {"b": np.array([[[0.1, 0.1, 0.5, 0.5]]], np.float32),
+               "s": np.array([[0.9]], np.float32), "c": np.array([[1.0]], np.float32),
+               "n": np.array([1.0], np.float32)}
+    [found] = detect(outputs, DETECT, None, ["person", "bicycle"], head).rows()
+    assert (found["class"], found["label"]) == (1, "person")
+    [found] = detect(outputs, DETECT, None, ["???", "person"], head).rows()  # id 0 has its own line
+    assert (found["class"], found["label"]) == (1, "person")
+
+
+def test_choose_head_when_boxes_sit_beside_scores_on_the_grid_reads_yolonas() -> None:
+    head = choose_head([spec("boxes", 8400, 4), spec("scores", 8400, 80)], None, DETECT,
+                       said=(), input_size=(640, 640), batched=True)
+    assert (head.format, head.box, head.normalized, head.nms) == ("yolonas", "xyxy", False,
+                                                                  True)
+    rf = choose_head([spec("dets", 300, 4), spec("labels", 300, 91)], None, DETECT, said=(),
+                     input_size=(560, 560), batched=True)
+    assert (rf.format, rf.box, rf.normalized, rf.activation, rf.nms) == (
+        "detr", "cxcywh", True, "sigmoid", False)
+    dfine = choose_head([TensorSpec("labels", np.dtype(np.int64), (-1, 300)),
+                         spec("boxes", 300, 4), spec("scores", 300)], None, DETECT, said=(),
+                        input_size=(640, 640), batched=True)
+    assert (dfine.format, dfine.classes, dfine.box, dfine.nms) == ("detr", "labels", "xyxy",
+                                                                   False)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.backends import options
+from support.models import write_yaml
 
 from edged.backends import BackendOptions, LoadSpec
 from edged.backends.onnxruntime import OrtBackend
@@ -130,3 +131,26 @@ def test_cache_when_threads_are_left_to_edged_loads_the_session_with_the_choice(
         assert timings.calls == [(1, 4)]
     finally:
         cache.close()
+
+
+def test_choose_when_the_input_size_is_dynamic_times_it_at_the_served_size(
+        repo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """tiny_cnn takes any H x W; its frames are resized to 48 x 40 (model.yaml), so threads
+    are timed on [1, 3, 40, 48] tensors, not the 32 x 32 a bare dynamic dim gets, and the log
+    says so. (The corpus test times nudenet, dynamic with metadata imgsz 320, the same way.)"""
+    write_yaml(repo_dir, "tiny_cnn", "preprocess: {resize: [48, 40]}\n")
+    model = ModelRepository(repo_dir).resolve("tiny_cnn")
+    seen: list[tuple[int, ...]] = []
+
+    def time_loads(backend: object, loads: list, inputs: dict) -> list[float]:
+        seen.extend(a.shape for a in inputs.values())
+        return [2.0, 1.0]
+
+    monkeypatch.setattr(threads, "time_loads", time_loads)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    opts = dataclasses.replace(options(tmp_path), intra_op_threads=0)
+    with caplog.at_level("INFO", logger="edged.inference.threads"):
+        chosen = threads.choose_threads(model, OrtBackend(), load_spec(model), opts)
+    assert seen == [(1, 3, 40, 48)] and chosen.intra_op_threads == 2
+    assert "at the served size: image [1, 3, 40, 48]" in caplog.text

