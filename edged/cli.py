@@ -65,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     limit_heap_arenas()  # before the daemon's threads: see their docstrings
     fix_heap_thresholds()
     from edged.daemon import Daemon
-    from edged.service import systemd
+    from edged.service import statusline, systemd
 
     sources = dict(item.partition("=")[::2] for item in args.source)
 
@@ -88,11 +88,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         return config
 
     config = read_config()
-    systemd.setup_logging(config.logging.level, config.logging.target)
+    target = systemd.setup_logging(config.logging.level, config.logging.target)
+    # On a terminal the streams' status lines are redrawn under the log (edged.service.statusline).
+    terminal = statusline.install() if target == "stderr" else None
     if args.config is None and not DEFAULT_CONFIG_PATH.exists():
         logger.info("no config file (%s is absent): built-in defaults, models in %s, the API "
                     "on %s, MQTT off", DEFAULT_CONFIG_PATH, config.models_dir, config.api.socket)
-    Daemon(config, reload_config=read_config).run()
+    try:
+        Daemon(config, reload_config=read_config, terminal=terminal).run()
+    finally:
+        if terminal is not None:
+            statusline.uninstall(terminal)
     return 0
 
 

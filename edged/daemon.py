@@ -33,14 +33,16 @@ from edged.mqtt.requests import RemoteRequests
 from edged.ota.install import Event, Updater
 from edged.ota.local import LocalInstalls
 from edged.ota.manifest import TrustStore
+from edged.ota.progress import OtaProgress
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
 from edged.reload import plan as reload_plan
 from edged.service.health import HealthMonitor, RecentErrors
-from edged.service.loops import health_loop, report_loop
+from edged.service.loops import health_loop, report_loop, status_loop
 from edged.service.metrics import Metrics
 from edged.service.reporting import Reporter, throttle_warning
 from edged.service.status import DaemonStatus
+from edged.service.statusline import StatusLines, TerminalStatus
 from edged.service.systemd import Notifier, activated_unix_socket, listen_fds
 from edged.streams.events_stage import EventsHub, open_store
 from edged.streams.pipeline import StreamPipeline
@@ -58,9 +60,13 @@ REQUESTS_STOP_S = 2.0
 class Daemon:
     def __init__(self, config: DaemonConfig, *,
                  reload_config: Callable[[], DaemonConfig] | None = None,
-                 notifier: Notifier | None = None) -> None:
-        """`reload_config` reads the config again (SIGHUP); None: reloading is refused."""
+                 notifier: Notifier | None = None,
+                 terminal: TerminalStatus | None = None) -> None:
+        """`reload_config` reads the config again (SIGHUP); None: reloading is refused.
+        `terminal`: stderr's log handler on a terminal, under which the streams' status
+        lines are redrawn (None: a summary line per interval instead)."""
         self.config = config
+        self.terminal = terminal
         self.reload_config = reload_config
         self.notifier = notifier or Notifier()
         self.repository = ModelRepository(config.models_dir)
@@ -92,22 +98,27 @@ class Daemon:
             self.scheduler, self._publish_result,
             subscribe=self.mqtt.subscribe if self.mqtt else None,
             unsubscribe=self.mqtt.unsubscribe if self.mqtt else None,
-            backend_of=self.cache.serving_on, events=self.events)
+            backend_of=self.cache.serving_on, events=self.events,
+            live_viewers=config.api.live_viewers)
+        self.ota_progress = OtaProgress(shadows=lambda: self.updater.shadows.status())
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
             self.scheduler.counters, self.cache.status, loads=self.cache.counters,
             streams=self.streams.read_stats,
-            link=self.mqtt.stats if self.mqtt is not None else None)
+            link=self.mqtt.stats if self.mqtt is not None else None,
+            looks=self.streams.looks, ota=self.ota_progress)
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)
         self.recent = RecentErrors()
         self.status = DaemonStatus(lambda: self.config.device_id, self.cache, self.scheduler,
                                    self.streams, self.mqtt, self.health, self.notifier,
-                                   self.recent, ready=self.is_ready, ota=self._ota_status)
+                                   self.recent, ready=self.is_ready, ota=self._ota_status,
+                                   updates=self.ota_progress.latest)
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.status.live, status=self.status.report,
-                             snapshots=lambda: self.events.store, installs=lambda: self.local)
+                             snapshots=lambda: self.events.store, live=self.streams.live,
+                             recent=lambda: self.events.recent, installs=lambda: self.local)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
@@ -171,6 +182,7 @@ class Daemon:
 
     def _ota_event(self, event: Event) -> None:
         self.local.observe(event)
+        self.ota_progress.record(event)
         if self.ota is not None:
             self.ota.report(event)
         else:
@@ -223,7 +235,10 @@ class Daemon:
                          self.reporter, self.mqtt, lambda: self.config.mqtt.stats_interval_s)),
                      asyncio.create_task(health_loop(
                          self.health, self.notifier, self.status_line,
-                         lambda: self.config.health))]
+                         lambda: self.config.health)),
+                     asyncio.create_task(status_loop(StatusLines(
+                         self.streams.describe, interval_s=0, terminal=self.terminal,
+                         logger=logger), lambda: self.config.logging.status_interval_s))]
             await self._stop.wait()
         finally:
             for task in tasks:

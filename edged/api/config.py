@@ -84,3 +84,10 @@ class ApiConfig:
         "auto", "copy shm inputs (pread) instead of lending models views of the mapping: "
         "auto copies for peers of another uid than edged's (not root), so that a client "
         "shrinking its object under a queued request cannot crash edged")
+    live_fps: float = setting(5.0, "frames a second at most in a live MJPEG view "
+                                   "(/v2/edged/streams/<name>/live.mjpeg); each is drawn "
+                                   "when sent, never on the stream's own thread",
+                              check=between(0.2, 60))
+    live_viewers: int = setting(4, "live MJPEG views of one stream open at once; more are "
+                                   "answered 503 (latest.jpg still answers)",
+                                check=between(1, 100))

@@ -18,6 +18,7 @@ from typing import Any
 from edged import __version__
 from edged.api import logsettings
 from edged.api.config import ApiConfig, split_host_port
+from edged.api.events import EventRoutes
 from edged.api.http import browsers
 from edged.api.http.bodies import json_body
 from edged.api.http.budget import BodyBudget
@@ -33,12 +34,15 @@ from edged.api.http.messages import (
 )
 from edged.api.http.routing import Router
 from edged.api.kserve import KServeRoutes
+from edged.api.live import LiveRoutes, Viewable
 from edged.api.ota_routes import Installs, OtaRoutes
+from edged.api.page import PageRoutes
 from edged.api.shm import ShmRegistry
 from edged.api.shm_routes import ShmRoutes
 from edged.api.snapshots import SnapshotRoutes
 from edged.core.errors import BodyTimeout, EdgedError, Forbidden, ModelNotFound
 from edged.events.store import SnapshotStore
+from edged.events.tally import RecentEvents
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
 from edged.service.metrics import CONTENT_TYPE, Metrics
@@ -57,7 +61,12 @@ class ApiServer:
                  is_live: Liveness | None = None,
                  status: Callable[[], dict[str, Any]] | None = None,
                  snapshots: Callable[[], SnapshotStore | None] = lambda: None,
+                 live: Callable[[str], Viewable | None] = lambda name: None,
+                 recent: Callable[[], RecentEvents | None] = lambda: None,
                  installs: Callable[[], Installs | None] = lambda: None) -> None:
+        """`live` gives a running stream's live view by name, `recent` the recent objects of
+        the detect streams (the status page and its pictures), `installs` the OTA installer
+        that takes models on the socket (the Mender module's path)."""
         self.config = config
         self.shm = shm
         self.metrics = metrics
@@ -65,6 +74,9 @@ class ApiServer:
         self.is_live: Liveness = is_live or (lambda: (True, []))
         self.status = status
         self.snapshots = SnapshotRoutes(snapshots)
+        self.live_views = LiveRoutes(live, max_fps=config.live_fps,
+                                     stopping=lambda: self.connections.closing)
+        self.events = EventRoutes(recent)
         self.installs = OtaRoutes(installs)
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
@@ -96,6 +108,9 @@ class ApiServer:
             ("GET", "/v2/edged/status", self.daemon_status),
             *self.snapshots.routes(),
             *self.installs.routes(),
+            *self.live_views.routes(),
+            *self.events.routes(),
+            *PageRoutes().routes(),  # the status page (GET only)
         ]
         router = Router()
         for method, path, handler in routes:

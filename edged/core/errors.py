@@ -65,6 +65,27 @@ class SnapshotNotFound(EdgedError):
     http_status = 404
 
 
+class StreamNotFound(EdgedError):
+    """No running stream of that name (or none with pictures: a sensor stream)."""
+
+    code = "stream_not_found"
+    http_status = 404
+
+
+class NoPicture(EdgedError):
+    """A running stream has no processed frame yet: ask again shortly."""
+
+    code = "no_picture"
+    http_status = 503
+
+
+class TooManyViewers(EdgedError):
+    """A stream's live view has as many viewers as `api.live_viewers` allows."""
+
+    code = "too_many_viewers"
+    http_status = 503
+
+
 class InvalidModel(EdgedError):
     """A model on disk is unusable: corrupt ONNX, bad model.yaml, signature mismatch."""
 

@@ -80,6 +80,7 @@ class StreamEvents:
         self._last_frame_time: float | None = None
         self._reported_counts: dict[str, int] = {}
         self._reported_zones: dict[str, dict[str, int]] = {z: {} for z in self.zones.names}
+        self.seen: list[TrackedObject] = []  # the objects the last frame showed (live view)
 
     def update(self, frame_time: float, detections: Detections,
                frame: np.ndarray | None = None) -> Changes:
@@ -92,6 +93,7 @@ class StreamEvents:
         changes = Changes()
         seen = [self._observe(tr, frame_time, detections, kept) for tr in step.seen]
         self._place(seen, frame, changes)
+        self.seen = seen
         for tr in step.ended:
             self._end(self._objects.pop(tr.key), t, changes)
         for tr in step.confirmed:
@@ -118,6 +120,7 @@ class StreamEvents:
         for tr in self.tracker.reset():
             self._end(self._objects.pop(tr.key), self._clock, changes)
         self._objects.clear()
+        self.seen = []
         self._count(changes)
         return changes
 

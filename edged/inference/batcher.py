@@ -413,7 +413,8 @@ class Batcher:
                  model: ModelVersion) -> Delivery:
         """Run one batch on `model`'s session (`execution.run_batch`); return the call that
         hands its results (or error) to the callers."""
-        queued_s = sum(self._clock() - r.enqueued for r in batch)  # each first: never below 0
+        now = self._clock()  # each request was enqueued first: its wait is never below 0
+        waits_ns = [int((now - r.enqueued) * 1e9) for r in batch]
         ran = run_batch(self.label, batch, session, pool, model.fixed_batch)
         for request in batch:
             # Inputs may be views of a caller's buffer (a shared memory region): let go of them
@@ -422,8 +423,8 @@ class Batcher:
         ns = ran.ns
         with self._lock:
             # The version run: adopted under the lease held now.
-            self._counters().record(len(batch), ran.rows, int(queued_s * 1e9), ns,
-                                    self._clock(), failed=ran.failure is not None)
+            self._counters().record(waits_ns, ran.rows, ns, self._clock(),
+                                    failed=ran.failure is not None)
             self._batch_ns = (ns + 3 * self._batch_ns) // 4 \
                 if self._batch_ns < INLINE_UNKNOWN else ns
             row_ns = ns // max(ran.rows, 1)

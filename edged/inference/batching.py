@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from edged.core.errors import InvalidInput
+from edged.inference import latency
 from edged.model.config import BatchingConfig
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec
@@ -300,11 +301,15 @@ class BatcherStats:
     last_inference_ms: int = 0  # wall clock (ms since the epoch) of the same, for clients
     # rows in a batch -> (batches of that size, their compute ns): Triton's batch_stats
     batch_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    latency: list[int] = field(default_factory=latency.empty)  # requests per latency bucket
 
-    def record(self, requests: int, rows: int, queued_ns: int, ns: int, now: float, *,
+    def record(self, waits_ns: Sequence[int], rows: int, ns: int, now: float, *,
                failed: bool) -> None:
-        """One batch of `requests` (`rows` rows) that waited `queued_ns` in all and ran for
-        `ns`, finishing at clock time `now`."""
+        """One batch of requests (`rows` rows) that each waited their `waits_ns` in the queue
+        and ran for `ns`, finishing at clock time `now`."""
+        requests, queued_ns = len(waits_ns), sum(waits_ns)
+        for wait in waits_ns:  # each request's own wait + its batch's compute
+            latency.observe(self.latency, wait + ns)
         self.exec_count += 1
         self.inference_count += rows
         self.compute_ns += ns
@@ -325,7 +330,8 @@ class BatcherStats:
     def __add__(self, other: BatcherStats) -> BatcherStats:
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
                   for f in dataclasses.fields(self)
-                  if f.name not in ("last_exec", "last_inference_ms", "batch_sizes")}
+                  if f.name not in ("last_exec", "last_inference_ms", "batch_sizes",
+                                    "latency")}
         sizes = dict(self.batch_sizes)
         for rows, (count, ns) in other.batch_sizes.items():
             held = sizes.get(rows, (0, 0))
@@ -333,10 +339,12 @@ class BatcherStats:
         return BatcherStats(**summed, last_exec=max(self.last_exec, other.last_exec),
                             last_inference_ms=max(self.last_inference_ms,
                                                   other.last_inference_ms),
-                            batch_sizes=sizes)
+                            batch_sizes=sizes,
+                            latency=latency.merged(self.latency, other.latency))
 
     def copy(self) -> BatcherStats:
-        return dataclasses.replace(self, batch_sizes=dict(self.batch_sizes))
+        return dataclasses.replace(self, batch_sizes=dict(self.batch_sizes),
+                                   latency=list(self.latency))
 
 
 @dataclass(frozen=True)
@@ -356,10 +364,11 @@ class InferenceCounters:
     pending: int  # requests queued now
     rejected: int = 0  # refused at submit: the queue was full (not in `failure`)
     timeouts: int = 0  # expired while queued, never run (also in `failure`)
+    latency: tuple[int, ...] = ()  # requests per latency bucket (edged.inference.latency)
 
     @classmethod
     def of(cls, model: str, version: int, stats: BatcherStats, pending: int
            ) -> InferenceCounters:
         return cls(model, version, stats.success, stats.failure, stats.inference_count,
                    stats.exec_count, stats.request_ns, stats.queue_ns, stats.compute_ns,
-                   pending, stats.rejected, stats.timeouts)
+                   pending, stats.rejected, stats.timeouts, tuple(stats.latency))

@@ -165,12 +165,13 @@ class Scheduler:
             return list(self._batchers.values())
 
     def queues(self) -> dict[str, dict[str, int]]:
-        """Per batcher: requests queued, queued or running, and batches run (the status report)."""
+        """Per batcher: requests queued, queued or running, batches run, and its instances
+        (the status report)."""
         queues = {}
         for batcher in self.batchers():
             pending, batches = batcher.progress()
             queues[batcher.label] = {"queued": batcher.depth, "pending": pending,
-                                     "batches": batches}
+                                     "batches": batches, "instances": batcher.instances}
         return queues
 
     def statistics(self) -> dict[tuple[str, int], BatcherStats]:

@@ -15,6 +15,10 @@ class LoggingConfig:
     target: Literal["auto", "journal", "stderr"] = setting(
         "auto", "auto: the journal (with MODEL=, STREAM=, CODE= fields) when systemd "
                 "connected stderr to it, else stderr")
+    status_interval_s: float = setting(
+        30.0, "a summary line of the streams (fps, objects, last event) this often when "
+              "stderr is not a terminal (0: none); on a terminal a line per stream is "
+              "redrawn in place under the log instead", check=at_least(0))
 
 
 @dataclass(frozen=True)

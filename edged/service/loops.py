@@ -1,6 +1,7 @@
-"""The daemon's two periodic loops on its asyncio loop: the stats loop (retained model states
-when they change, the stats message, giving freed heap back) and the health tick (progress
-checks, systemd's watchdog and status line, Jetson throttling reads)."""
+"""The daemon's periodic loops on its asyncio loop: the stats loop (retained model states when
+they change, the stats message, giving freed heap back), the health tick (progress checks,
+systemd's watchdog and status line, Jetson throttling reads) and the streams' status lines
+(redrawn on a terminal, or a summary line per interval)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from edged.mqtt.link import MqttLink
 from edged.service.config import HealthConfig
 from edged.service.health import HealthMonitor
 from edged.service.reporting import Reporter
+from edged.service.statusline import StatusLines
 from edged.service.systemd import Notifier
 
 
@@ -58,3 +60,14 @@ async def health_loop(health: HealthMonitor, notifier: Notifier,
         if settings.warn_on_throttle:  # listeners hear of throttling on a read
             await asyncio.to_thread(host.jetson)
         await asyncio.sleep(interval)
+
+
+async def status_loop(lines: StatusLines, interval_s: Callable[[], float]) -> None:
+    """The streams' status lines: redrawn in place on a terminal, or a summary line each
+    `interval_s()` (`logging.status_interval_s`, which a reload may change) otherwise."""
+    while True:
+        lines.interval_s = interval_s()
+        period = lines.period_s
+        await asyncio.sleep(period if period is not None else 5.0)
+        if period is not None:
+            await asyncio.to_thread(lines.tick)  # reads percentiles: off the loop

@@ -8,15 +8,21 @@ as the sample `edged_inference_count_total`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from edged.core.states import ModelState, SourceState
 from edged.hardware import host
 from edged.hardware.tegra import TegraStats
+from edged.inference.latency import cumulative
 from edged.streams.stats import StreamStats
 
 if TYPE_CHECKING:
@@ -60,6 +66,14 @@ class InferenceCollector(Collector):
             for row in rows:
                 metric.add_metric([row.model, str(row.version)], getattr(row, attribute) * scale)
             yield metric
+        latency = HistogramMetricFamily("edged_inference_request_latency_seconds",
+                                        "requests by their time in queue + compute",
+                                        labels=labels)
+        for row in rows:
+            if row.latency:
+                latency.add_metric([row.model, str(row.version)], cumulative(row.latency),
+                                   row.request_ns / 1e9)
+        yield latency
         pending = GaugeMetricFamily("edged_inference_pending_request_count",
                                     "requests queued now", labels=labels)
         for row in rows:
@@ -135,6 +149,14 @@ class StreamCollector(Collector):
                 owner = stats if key in ("processed", "failed") else stats.source
                 metric.add_metric([name], getattr(owner, key))
             yield metric
+        latency = GaugeMetricFamily("edged_stream_latency_seconds", "capture to result, over "
+                                    "the stream's last 1024 frames", labels=["stream",
+                                                                            "quantile"])
+        for name, stats in rows:
+            if stats.latency_ms is not None:
+                latency.add_metric([name, "0.5"], stats.latency_ms.p50 / 1000)
+                latency.add_metric([name, "0.99"], stats.latency_ms.p99 / 1000)
+        yield latency
         up = GaugeMetricFamily("edged_stream_up", "1 while the source is streaming",
                                labels=["stream"])
         depth = GaugeMetricFamily("edged_stream_queue_depth",
@@ -144,6 +166,81 @@ class StreamCollector(Collector):
             up.add_metric([name], 1.0 if stats.source.state == SourceState.STREAMING else 0.0)
             depth.add_metric([name], stats.source.queue_depth)
         yield from (up, depth)
+
+
+class LooksCollector(Collector):
+    """What the streams' events add up to, and their live views (StreamSet.looks)."""
+
+    def __init__(self, looks: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+        self._looks = looks
+
+    def collect(self) -> Iterator[Metric]:
+        rows = sorted(self._looks().items())
+        events = CounterMetricFamily("edged_events", "object events published, by type "
+                                     "(new, update, end)", labels=["stream", "type"])
+        objects = GaugeMetricFamily("edged_objects", "objects tracked now", labels=["stream",
+                                                                                   "label"])
+        zones = GaugeMetricFamily("edged_zone_objects", "objects inside the zone now",
+                                  labels=["stream", "zone", "label"])
+        lines = CounterMetricFamily("edged_line_crossings", "objects that crossed the line, "
+                                    "by direction (in: left to right of p1->p2)",
+                                    labels=["stream", "line", "label", "direction"])
+        viewers = GaugeMetricFamily("edged_live_viewers", "live MJPEG views open now",
+                                    labels=["stream"])
+        pictures = CounterMetricFamily("edged_live_pictures", "annotated pictures drawn "
+                                       "(each shared by every viewer of its frame and size)",
+                                       labels=["stream"])
+        for name, row in rows:
+            totals = row.get("events")
+            if totals is not None:
+                for kind in ("new", "update", "end"):
+                    events.add_metric([name, kind], totals["events"].get(kind, 0))
+                for label, n in sorted(totals["objects"].items()):
+                    objects.add_metric([name, label], n)
+                for zone, by_label in sorted(totals["zones"].items()):
+                    for label, n in sorted(by_label.items()):
+                        zones.add_metric([name, zone, label], n)
+                for line, by_label in sorted(totals["lines"].items()):
+                    for label, ways in sorted(by_label.items()):
+                        for direction in ("in", "out"):
+                            lines.add_metric([name, line, label, direction],
+                                             ways.get(direction, 0))
+            live = row.get("live")
+            if live is not None:
+                viewers.add_metric([name], live["viewers"])
+                pictures.add_metric([name], live["pictures"])
+        yield from (events, objects, zones, lines, viewers, pictures)
+
+
+class Updates(Protocol):
+    """What /metrics reads of the updates' progress (edged.ota.progress.OtaProgress)."""
+
+    def counts(self) -> Mapping[tuple[str, str], int]: ...
+
+    def states(self) -> Mapping[str, str]: ...
+
+    def shadows(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+class OtaCollector(Collector):
+    def __init__(self, progress: Updates) -> None:
+        self._progress = progress
+
+    def collect(self) -> Iterator[Metric]:
+        steps = CounterMetricFamily("edged_ota_updates", "update status events since start, "
+                                    "by state (received ... active, failed, rolled_back)",
+                                    labels=["model", "state"])
+        for (model, state), count in sorted(self._progress.counts().items()):
+            steps.add_metric([model, state], count)
+        now = GaugeMetricFamily("edged_ota_update_state", "1 on the state the model's latest "
+                                "update is in", labels=["model", "state"])
+        for model, state in sorted(self._progress.states().items()):
+            now.add_metric([model, state], 1.0)
+        samples = GaugeMetricFamily("edged_ota_shadow_samples", "inputs a shadow rollout has "
+                                    "compared so far", labels=["model"])
+        for model, row in sorted(self._progress.shadows().items()):
+            samples.add_metric([model], row.get("samples", 0))
+        yield from (steps, now, samples)
 
 
 class LinkCollector(Collector):
@@ -254,11 +351,14 @@ class Metrics:
                  loads: Callable[[], Iterable[ModelCounters]] | None = None,
                  streams: Callable[[], Mapping[str, StreamStats]] | None = None,
                  link: Callable[[], Mapping[str, Any] | None] | None = None,
+                 looks: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
+                 ota: Updates | None = None,
                  gpus: Callable[[], Iterable[host.GpuStats]] = host.gpus,
                  jetson: Callable[[], TegraStats | None] = host.jetson) -> None:
         """`counters`: Scheduler.counters; `models`: ModelCache.status; `loads`:
         ModelCache.counters; `streams`: stream name -> StreamStats; `link`:
-        MqttLink.stats, or None while MQTT is off; `gpus`: host.gpus (NVML, or a Jetson's
+        MqttLink.stats, or None while MQTT is off; `looks`: StreamSet.looks (events' totals,
+        live views); `ota`: the updates' progress; `gpus`: host.gpus (NVML, or a Jetson's
         sysfs); `jetson`: host.jetson (None off a Jetson)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(InferenceCollector(counters, models))
@@ -268,6 +368,10 @@ class Metrics:
             self.registry.register(StreamCollector(streams))
         if link is not None:
             self.registry.register(LinkCollector(link))
+        if looks is not None:
+            self.registry.register(LooksCollector(looks))
+        if ota is not None:
+            self.registry.register(OtaCollector(ota))
         self.registry.register(GpuCollector(gpus))
         self.registry.register(JetsonCollector(jetson))
         ProcessCollector(registry=self.registry)

@@ -16,6 +16,7 @@ from typing import Any
 from edged.core.states import ModelState
 from edged.hardware import host
 from edged.hardware.tegra import TegraStats
+from edged.inference import latency
 from edged.inference.batching import InferenceCounters
 from edged.inference.modelstatus import ModelCounters, ModelStatus
 from edged.streams.pipeline import StreamPipeline
@@ -113,6 +114,20 @@ class Reporter:
             offline.append((name, _state(name, version, ModelState.UNAVAILABLE, None, [],
                                          reason)))
         return offline
+
+
+def inference_view(rows: Iterable[InferenceCounters]) -> dict[str, dict[str, Any]]:
+    """Per "model:version": requests by outcome and latency percentiles (queue + compute, ms,
+    read from the latency histogram), for the status report and page."""
+    view: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        p50, p99 = (latency.percentile(row.latency, q) for q in (50, 99))
+        view[f"{row.model}:{row.version}"] = {
+            "success": row.success, "failure": row.failure, "rejected": row.rejected,
+            "timeouts": row.timeouts, "pending": row.pending,
+            "p50_ms": None if p50 is None else round(p50 * 1000, 3),
+            "p99_ms": None if p99 is None else round(p99 * 1000, 3)}
+    return view
 
 
 def throttle_warning(device_id: str, reason: str, stats: TegraStats) -> bytes:

@@ -17,6 +17,7 @@ from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
 from edged.mqtt.link import MqttLink
 from edged.service.health import HealthMonitor, RecentErrors
+from edged.service.reporting import inference_view
 from edged.service.systemd import Notifier
 from edged.streams.streamset import StreamSet
 
@@ -24,7 +25,8 @@ from edged.streams.streamset import StreamSet
 @dataclass
 class DaemonStatus:
     """The running daemon's parts that a status reads. `ota` gives the OTA section of the
-    report (None: updates are off); `ready` is the daemon's readiness."""
+    report (None: updates are off), `updates` each model's latest update step; `ready` is the
+    daemon's readiness."""
 
     device_id: Callable[[], str]
     cache: ModelCache
@@ -36,6 +38,7 @@ class DaemonStatus:
     recent: RecentErrors
     ready: Callable[[], bool]
     ota: Callable[[], dict[str, Any] | None]
+    updates: Callable[[], dict[str, dict[str, Any]]] = dict  # each model's latest OTA step
     reloads: dict[str, int] = dataclasses.field(default_factory=lambda: {"ok": 0, "failed": 0})
     requests: Callable[[], dict[str, Any] | None] = lambda: None  # MQTT requests' counts
     started: float = dataclasses.field(default_factory=time.monotonic)
@@ -73,10 +76,12 @@ class DaemonStatus:
             "models": [{**dataclasses.asdict(row), "device": row.device}
                        for row in self.cache.status()],
             "queues": self.scheduler.queues(),
+            "inference": inference_view(self.scheduler.counters()),
             "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
             "mqtt_requests": self.requests(),
             "ota": self.ota(),
+            "updates": self.updates(),
             "process": {"rss_bytes": host.rss_bytes()},
             "gpus": [dataclasses.asdict(gpu) for gpu in host.gpus()],
             "jetson": jetson.as_dict() if (jetson := host.jetson()) is not None else None,

@@ -73,9 +73,9 @@ class StreamConfig:
         "auto", "the hardware decoder's codec: auto = read from a file, H.264 for rtsp://")
     payload: Literal["json", "raw"] = setting(
         "json", "mqtt:// sensors: JSON arrays, or raw little-endian tensors")
-    log_results: bool = setting(False, "log one line per result (the demo shows them); a "
-                                       "detect stream with events and no per-frame results: "
-                                       "one per object that appears or ends")
+    log_results: bool = setting(False, "log one line per result at DEBUG (the demo does); "
+                                       "a detect stream with events and no per-frame "
+                                       "results: one at INFO per object that appears or ends")
     secondary: list[SecondaryConfig] = setting(
         factory=list, help="models run on crops of this detect stream's detections")
     # Events (edged/events/): what a detect stream's detections become.

@@ -25,9 +25,11 @@ from edged.events.discovery import DeviceInfo, stream_configs
 from edged.events.engine import Changes, StreamEvents
 from edged.events.publish import EventPublisher, Publish
 from edged.events.store import SnapshotStore
+from edged.events.tally import RecentEvents, Tally
 from edged.processing.detections import Detections
 from edged.sources import worth_logging
 from edged.streams.config import StreamConfig
+from edged.streams.live import Visible
 from edged.streams.stats import EventsStats, Percentiles
 
 logger = logging.getLogger(__name__)
@@ -53,7 +55,9 @@ class EventsStage:
     def __init__(self, cfg: StreamConfig, publisher: EventPublisher, *,
                  on_close: Callable[[EventsStage], None] = lambda stage: None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 recent: RecentEvents | None = None) -> None:
+        """`recent`: the daemon's list of recent objects, which this stage's events join."""
         self.cfg = cfg
         self.engine = StreamEvents(cfg.name, cfg)
         self.publisher = publisher
@@ -67,6 +71,9 @@ class EventsStage:
         self._times: deque[float] = deque(maxlen=TIMES_WINDOW)
         self._closed = False
         self.failed = 0  # frames the stage failed on (a bug; logged)
+        self.tally = Tally()
+        self.recent = recent
+        self.visible: tuple[Visible, ...] = ()  # the objects in the last frame (live view)
 
     def frame(self, frame_time: float, detections: Detections,
               frame: np.ndarray | None) -> None:
@@ -75,6 +82,8 @@ class EventsStage:
         start = time.perf_counter()
         try:
             self._report(self.engine.update(frame_time, detections, frame))
+            self.visible = tuple((obj.id, obj.label, obj.score, obj.box, obj.sub_label)
+                                 for obj in self.engine.seen)
         except Exception as exc:  # a bug here must not stop the stream's results
             self._failed(exc)
         elapsed_ms = (time.perf_counter() - start) * 1000
@@ -130,6 +139,10 @@ class EventsStage:
         if not changes:
             return
         self.publisher.changes(changes)
+        now = self.wall()
+        self.tally.add(changes, now)
+        if self.recent is not None:
+            self.recent.add(changes, now)
         if self.cfg.log_results:
             for event in changes.events:
                 if event["type"] != "update":
@@ -150,6 +163,7 @@ class EventsHub:
         self.link = link
         self.device = device
         self.store = store  # set once the cache folder exists (Daemon.warm_up)
+        self.recent = RecentEvents()  # every stage's objects, for the status page
         self._lock = threading.Lock()
         self._stages: dict[str, EventsStage] = {}
         self._discovery: dict[str, dict[str, bytes]] = {}  # stream -> topic -> config
@@ -161,7 +175,7 @@ class EventsHub:
             check_labels(cfg.labels, known_labels, path="")
         publish: Publish | None = self.link.publish if self.link is not None else None
         stage = EventsStage(cfg, EventPublisher(cfg.name, publish, self.store),
-                            on_close=self._closed)
+                            on_close=self._closed, recent=self.recent)
         with self._lock:
             self._stages[cfg.name] = stage
         labels = list(cfg.labels) or list(known_labels)

@@ -26,6 +26,7 @@ import numpy as np
 
 from edged.core.errors import EdgedError
 from edged.events.publish import compact
+from edged.hardware.host import name_os_thread
 from edged.inference.scheduler import Outputs, Scheduler
 from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelVersion
@@ -36,6 +37,7 @@ from edged.sources import Frame, Source, worth_logging
 from edged.streams.cascade import Cascade, run_all
 from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsStage
+from edged.streams.live import LiveView, answer_of
 from edged.streams.stats import Percentiles, StreamStats
 
 logger = logging.getLogger(__name__)
@@ -66,11 +68,13 @@ class StreamPipeline:
     def __init__(self, cfg: StreamConfig, source: Source, scheduler: Scheduler,
                  publish: Publish | None, *, backend_of: Callable[[str, int], str] | None = None,
                  cascades: Sequence[Cascade] = (), events: EventsStage | None = None,
+                 live: LiveView | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`publish` takes each frame's results (None: the stream publishes none); `events`
-        tracks a detect stream's detections."""
+        tracks a detect stream's detections; `live` keeps the latest frame for pictures."""
         self.cfg = cfg
         self.events = events
+        self.live = live
         self.cascades = list(cascades)
         self.source = source
         self.scheduler = scheduler
@@ -108,6 +112,7 @@ class StreamPipeline:
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread(f"pipeline-{self.cfg.name}")  # its CPU in top -H (and the live bench)
         window: deque[_InFlight] = deque()
         try:
             self._loop(window)
@@ -211,11 +216,16 @@ class StreamPipeline:
         with self._lock:
             self.stats.processed += 1
             self._latencies.append(latency_ms)
-        if self.cfg.log_results and (self.publish is not None or self.events is None):
-            logger.info("stream %s #%d: %s (%.1f ms)", self.cfg.name, frame.seq,
-                        summarize(results), latency_ms,
-                        extra={"stream": self.cfg.name, "model": item.model.name,
-                               "version": item.model.version})
+        if self.live is not None and item.geometry is not None:  # a reference, no drawing
+            self.live.record(frame.seq, frame.captured, frame.data, results,
+                             self.events.visible if self.events is not None else None)
+        # Per frame: DEBUG (at INFO the terminal's status line shows the stream instead).
+        if self.cfg.log_results and (self.publish is not None or self.events is None) \
+                and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("stream %s #%d: %s (%.1f ms)", self.cfg.name, frame.seq,
+                         summarize(results), latency_ms,
+                         extra={"stream": self.cfg.name, "model": item.model.name,
+                                "version": item.model.version})
         if self.publish is not None:
             self.publish(self.cfg.name, compact(message))
 
@@ -278,6 +288,21 @@ class StreamPipeline:
         source = self.source.read_stats()
         events = self.events.read_stats() if self.events is not None else None
         return StreamStats(processed, failed, secondary, frame_error, source, events, latency)
+
+    def view(self) -> dict[str, Any]:
+        """What a person looks at (the status report, the page, the terminal): fps now, the
+        last answer, objects and the last event, whether there are pictures."""
+        live = self.live
+        row: dict[str, Any] = {"picture": live is not None, "fps": None, "last_result": None}
+        if live is not None:
+            fps = live.fps()
+            row["fps"] = None if fps is None else round(fps, 2)
+            row["viewers"] = live.viewers
+            seen = live.latest
+            row["last_result"] = answer_of(seen.results) if seen is not None else None
+        if self.events is not None:
+            row.update(self.events.tally.view())
+        return row
 
 
 def summarize(results: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from edged.sources.sensor import Subscribe
 from edged.streams.cascade import Cascade
 from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsHub, EventsStage
+from edged.streams.live import LiveView
 from edged.streams.pipeline import Publish, StreamPipeline
 from edged.streams.stats import StreamStats
 
@@ -39,11 +40,13 @@ class StreamSet:
                  subscribe: Subscribe | None = None,
                  unsubscribe: Callable[[str], None] | None = None,
                  backend_of: Callable[[str, int], str] | None = None,
-                 events: EventsHub | None = None) -> None:
+                 events: EventsHub | None = None, live_viewers: int = 4) -> None:
         """`publish` takes each result; `subscribe`/`unsubscribe` are the MQTT link's, for
         sensor streams (None while MQTT is off); `backend_of` names what runs a version;
-        `events` makes detect streams' events stages (None: no events)."""
+        `events` makes detect streams' events stages (None: no events); `live_viewers`: live
+        MJPEG viewers per stream at once."""
         self.scheduler = scheduler
+        self.live_viewers = live_viewers
         self.events = events
         self.publish = publish
         self.subscribe = subscribe
@@ -115,9 +118,12 @@ class StreamSet:
             logger.error("stream %s is not started: %s", cfg.name, exc,
                          extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
             return None
+        live = None if source.kind == "sensor" else \
+            LiveView(cfg, state=lambda: str(source.state), max_viewers=self.live_viewers)
         pipeline = StreamPipeline(cfg, source, self.scheduler,
                                   self.publish if output.frames else None,
-                                  backend_of=self.backend_of, cascades=cascades, events=events)
+                                  backend_of=self.backend_of, cascades=cascades, events=events,
+                                  live=live)
         pipeline.start()
         return pipeline
 
@@ -157,7 +163,31 @@ class StreamSet:
         return {p.cfg.name: p.read_stats() for p in self._pipelines}
 
     def describe(self) -> dict[str, dict[str, Any]]:
-        """Each stream's source, model, running time and counters (the status report)."""
+        """Each stream's source, model, running time, counters, what a person looks at, and
+        its zones and lines (the status report; the page's zone helper starts from them)."""
         return {p.cfg.name: {"source": p.cfg.source, "model": p.cfg.model,
-                             "running_s": round(p.running_s(), 1), **p.read_stats().as_dict()}
+                             "running_s": round(p.running_s(), 1),
+                             **p.read_stats().as_dict(), **p.view(),
+                             "zones": [dataclasses.asdict(z) for z in p.cfg.zones],
+                             "lines": [dataclasses.asdict(ln) for ln in p.cfg.lines]}
                 for p in self._pipelines}
+
+    def live(self, name: str) -> LiveView | None:
+        """The running stream's live view (None: no such stream, or one without pictures)."""
+        for pipeline in self._pipelines:
+            if pipeline.cfg.name == name:
+                return pipeline.live
+        return None
+
+    def looks(self) -> dict[str, dict[str, Any]]:
+        """Per stream, what /metrics adds to its counters: the events' totals (detect
+        streams that track), live viewers and pictures drawn."""
+        rows: dict[str, dict[str, Any]] = {}
+        for p in self._pipelines:
+            row: dict[str, Any] = {}
+            if p.events is not None:
+                row["events"] = p.events.tally.totals()
+            if p.live is not None:
+                row["live"] = {"viewers": p.live.viewers, "pictures": p.live.pictures}
+            rows[p.cfg.name] = row
+        return rows

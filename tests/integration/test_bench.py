@@ -52,6 +52,11 @@ def test_bench_streams_when_run_quick_measures_every_case_at_a_real_subscriber(
     for case in results["cases"]:
         assert case["achieved_fps"] > 0 and case["latency"]["p50_ms"] > 0
         assert len(case["per_stream_fps"]) == case["streams"]  # every stream got results
+    live = {c["viewers"]: c for c in results["live"]["cases"]}
+    assert sorted(live) == [0, 1, 3]
+    assert live[0]["pictures_s"] == 0 and live[0]["parts_per_viewer_s"] == 0  # unwatched
+    assert live[1]["parts_per_viewer_s"] > 0 and live[3]["pictures_s"] > 0
+    assert all(c["processed_fps"] > 0 and c["pipeline_ms_per_frame"] > 0 for c in live.values())
 
 
 def test_bench_ota_when_run_quick_updates_under_load_without_a_failed_request(

@@ -1,5 +1,5 @@
 """Run one benchmark from a source checkout and print its table:
-`python -m tools.bench {core,api,instances,streams,ota,quantize,post,events,soak,
+`python -m tools.bench {core,api,instances,streams,live,ota,quantize,post,events,soak,
 instructions,fleet} [--quick]
 [--out DIR]` (`soak` also takes `--minutes N`).
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tools.bench.assets import run_and_report
 
-SUITES = ("core", "api", "instances", "streams", "ota", "quantize", "post", "events", "soak",
-          "instructions", "fleet")
+SUITES = ("core", "api", "instances", "streams", "live", "ota", "quantize", "post", "events",
+          "soak", "instructions", "fleet")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,9 @@ model's time the rest of the pipeline (decode, pre/post, MQTT) costs on this mac
 
 Then, on the same broker, what events save: MQTT messages per second from 4 detect streams
 publishing per-frame results against publishing events, and the events stage's CPU per frame
-at 5 and 50 objects (tools/bench/streams_events.py).
+at 5 and 50 objects (tools/bench/streams_events.py); and a stream with 0, 1 and 3 live.mjpeg
+viewers: the stream thread's CPU per frame unchanged, what the viewers cost elsewhere
+(tools/bench/live.py, also `python -m tools.bench live` alone).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from tools.bench.api import THREADS, direct_session, edged_config, run_edged
 from tools.bench.assets import PPOCR_DET, ppocr_model
 from tools.bench.broker import loopback_broker
 from tools.bench.core import Latency
+from tools.bench.live import format_table as format_live
+from tools.bench.live import run_live
 from tools.bench.streams_events import format_events, run_events
 
 WIDTH, HEIGHT = 640, 480
@@ -217,9 +221,11 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
             case["model_bound"] = case["offered_fps"] >= 1.2 * case["model_bound_fps"]
             cases.append(case)
         events = run_events(workdir / "events", port, quick=quick)
+    live = run_live(workdir / "live", quick=quick)
     return {"model": "PP-OCR det (ch_PP-OCRv4_det) 1x3x480x640, ORT CPU, "
                      f"{THREADS} intra-op threads",
-            "broker": broker, "timing": timing.__dict__, "cases": cases, "events": events}
+            "broker": broker, "timing": timing.__dict__, "cases": cases, "events": events,
+            "live": live}
 
 
 def format_table(r: dict[str, Any]) -> str:
@@ -235,4 +241,4 @@ def format_table(r: dict[str, Any]) -> str:
         if not case["model_bound"]:
             lines.append(f"\nwarning: the {case['streams']}-stream case offered less than 1.2x "
                          "the model-bound rate (the machine sped up): it was not model-bound")
-    return "\n".join(lines) + "\n" + format_events(r["events"])
+    return "\n".join(lines) + "\n" + format_events(r["events"]) + "\n" + format_live(r["live"])

@@ -1,6 +1,5 @@
 """edged's HTTP/1.1 server for the socket API: httptools' parser (llhttp, what uvicorn runs on)
-under an `asyncio.Protocol`, with the API's bounds built in rather than wrapped around a
-framework.
+under an `asyncio.Protocol`, with the API's bounds built in rather than wrapped around a framework.
 
 Why not aiohttp: under Triton's perf_analyzer, aiohttp's request and response objects, its
 router and middleware cost ~80 µs of server CPU per request at concurrency 1 and ~48 at 8 on
@@ -18,8 +17,8 @@ What a connection gets:
 - malformed requests answered `{"error": ..., "code": "http"}` (400) and the connection
   closed; an answer sent before its request's body has all come closes the connection once the
   rest is read and dropped (at most LINGER_S), so the client still reads the answer.
-Handlers never see a transport: a `Request` in, a `Response` out (`edged.api.http.messages`);
-routes are `edged.api.http.routing`."""
+Handlers never see a transport: a `Request` in, a `Response` out (`edged.api.http.messages`),
+one without end sent by `edged.api.http.streaming`; routes are `edged.api.http.routing`."""
 
 from __future__ import annotations
 
@@ -29,7 +28,6 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
@@ -46,6 +44,7 @@ from edged.api.http.messages import (
     Response,
     error_response,
 )
+from edged.api.http.streaming import http_date, send_stream
 
 logger = logging.getLogger(__name__)
 
@@ -108,16 +107,6 @@ class HttpServer:
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
             connection.abort()
-
-
-_date = ["", 0]
-
-
-def _http_date() -> str:
-    now = int(time.time())
-    if now != _date[1]:
-        _date[0], _date[1] = formatdate(now, usegmt=True), now
-    return str(_date[0])
 
 
 class _Connection(asyncio.Protocol):
@@ -326,6 +315,8 @@ class _Connection(asyncio.Protocol):
             raise
 
     async def _answer(self, request: Request, response: Response) -> None:
+        if response.stream is not None:  # an answer without end (live.mjpeg), then closed
+            return await send_stream(self, request, response)
         transport = self.transport
         if transport is None or transport.is_closing():
             logger.info("%s %s: the client hung up before its answer", request.method,
@@ -366,7 +357,7 @@ class _Connection(asyncio.Protocol):
         length = response.length
         head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
                 f"Content-Type: {response.content_type}\r\nContent-Length: {length}\r\n"
-                f"Date: {_http_date()}\r\n"]
+                f"Date: {http_date()}\r\n"]
         if response.headers:
             head += [f"{k}: {v}\r\n" for k, v in response.headers.items()]
         if not keep:

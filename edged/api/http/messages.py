@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
@@ -182,9 +182,10 @@ class Request:
 
 
 class Response:
-    """An answer: one body, or `parts` written one after another without joining them."""
+    """An answer: one body, or `parts` written one after another without joining them, or a
+    `stream` of parts without end (sent as they come; the connection closes after it)."""
 
-    __slots__ = ("body", "close", "content_type", "headers", "parts", "status")
+    __slots__ = ("body", "close", "content_type", "headers", "parts", "status", "stream")
 
     def __init__(self, body: bytes | memoryview = b"", *, status: int = 200,
                  content_type: str = "application/octet-stream",
@@ -196,6 +197,7 @@ class Response:
         self.content_type = content_type
         self.headers = headers
         self.close = False  # close the connection once this is sent
+        self.stream: Stream | None = None
 
     @property
     def length(self) -> int:
@@ -213,3 +215,12 @@ def error_response(status: int, message: str, code: str = "http") -> Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Stream(Protocol):
+    """A streamed answer's parts. `aclose()` is always called once it is done with, whether
+    it was read or not (the client may have gone before the first part)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...

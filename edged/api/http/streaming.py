@@ -1,0 +1,73 @@
+"""Answers without an end (`Response.stream`: the live MJPEG views): the head without a length
+(`Connection: close`: the end of the connection ends the answer), then each part as the stream
+gives it, until the client goes, the stream ends or the server stops. A client that stops
+reading pauses the stream (nothing piles up in memory) and is cut off after the send timeout.
+The stream is closed in every case, the client gone before its first part included, so what
+it holds (a viewer's place) is given back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from edged.api.http.messages import Request, Response
+
+if TYPE_CHECKING:
+    from edged.api.http.connection import _Connection
+
+logger = logging.getLogger(__name__)
+
+_date: list[Any] = ["", 0]
+
+
+def http_date() -> str:
+    """The Date header's value, formatted once a second."""
+    now = int(time.time())
+    if now != _date[1]:
+        _date[0], _date[1] = formatdate(now, usegmt=True), now
+    return str(_date[0])
+
+
+async def send_stream(connection: _Connection, request: Request, response: Response) -> None:
+    stream = response.stream
+    assert stream is not None
+    server = connection.server
+    try:
+        transport = connection.transport
+        if transport is None or transport.is_closing():
+            return
+        connection.done_reading = True  # nothing after it is served on this connection
+        head = [f"HTTP/1.1 {response.status} {HTTPStatus(response.status).phrase}\r\n"
+                f"Content-Type: {response.content_type}\r\nDate: {http_date()}\r\n"]
+        head += [f"{k}: {v}\r\n" for k, v in (response.headers or {}).items()]
+        transport.write("".join([*head, "Connection: close\r\n\r\n"]).encode("latin-1"))
+        if request.method == "HEAD":
+            return
+        async for part in stream:
+            transport = connection.transport
+            if transport is None or transport.is_closing() or server.closing:
+                break
+            transport.write(part)
+            if connection.write_paused is not None:  # the client reads slowly: wait for it
+                try:
+                    await asyncio.wait_for(asyncio.shield(connection.write_paused),
+                                           server.body_timeout_s)
+                except asyncio.TimeoutError:
+                    server.timed_out += 1
+                    connection.abort()
+                    break
+    except asyncio.CancelledError:
+        # The loop is closing (the daemon stopped) while the stream waited for its next frame,
+        # its client gone: nothing is left to answer, and that is no failure.
+        pass
+    finally:
+        try:
+            await stream.aclose()
+        finally:
+            if connection.queue:
+                connection.queue.popleft()
+            connection.close()
