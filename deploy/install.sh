@@ -28,6 +28,8 @@ usage: deploy/install.sh [OPTIONS]
   --ota-key FILE                  copy an OTA public key to /etc/edged/credentials/ and pass it
                                   as a credential named after the file (list that name in
                                   ota.trusted_keys); repeatable
+  --mender auto|yes|no            install the Mender update module edged-model and its state
+                                  script (default auto: when the mender client is installed)
   --uninstall                     stop and remove the units, venv and sysusers file; keep
                                   /etc/edged, /var/lib/edged and /var/cache/edged
   --purge                         with --uninstall: remove those three as well
@@ -42,7 +44,7 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEPLOY=$SRC/deploy
 
 root="" flavor=auto use_systemctl=1 demo=1 python=python3 pip_args=""
-mqtt_password_file="" ota_keys=() uninstall=0 purge=0 detect_only=0
+mqtt_password_file="" ota_keys=() uninstall=0 purge=0 detect_only=0 mender=auto
 
 die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
 say() { printf 'install.sh: %s\n' "$*"; }
@@ -61,6 +63,7 @@ while [[ $# -gt 0 ]]; do
         --pip-args) [[ $# -ge 2 ]] || die "--pip-args needs a value"; pip_args=$2; shift ;;
         --mqtt-password-file) need_arg "$@"; mqtt_password_file=$2; shift ;;
         --ota-key) need_arg "$@"; ota_keys+=("$2"); shift ;;
+        --mender) need_arg "$@"; mender=$2; shift ;;
         --uninstall) uninstall=1 ;;
         --purge) purge=1 ;;
         -h | --help) usage; exit 0 ;;
@@ -70,6 +73,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 case $flavor in auto | jetson | dgpu | cpu) ;; *) die "--flavor: auto, jetson, dgpu or cpu, not '$flavor'" ;; esac
+case $mender in auto | yes | no) ;; *) die "--mender: auto, yes or no, not '$mender'" ;; esac
 ((purge == 0 || uninstall == 1)) || die "--purge goes with --uninstall"
 
 if [[ -n $root ]]; then
@@ -90,6 +94,8 @@ OPT=/opt/edged
 VENV=$OPT/venv
 STATE=/var/lib/edged
 CACHE=/var/cache/edged
+MENDER_MODULE=/usr/share/mender/modules/v3/edged-model
+MENDER_GUARD=/etc/mender/scripts/Download_Enter_50_edged-model
 
 changed=0     # things this run created or altered
 restart=0     # the service's code or units changed: a running edged must restart
@@ -202,7 +208,8 @@ if ((uninstall)); then
         systemctl disable --now edged.socket edged.service || true
     fi
     for path in "$UNITS/edged.service" "$UNITS/edged.socket" "$DROPINS/dgpu.conf" \
-        "$DROPINS/jetson.conf" "$DROPINS/credentials.conf" "$VENV" "$SYSUSERS"; do
+        "$DROPINS/jetson.conf" "$DROPINS/credentials.conf" "$VENV" "$SYSUSERS" \
+        "$MENDER_MODULE" "$MENDER_GUARD"; do
         remove_path "$path" || true
     done
     # An operator's own drop-ins (systemctl edit edged) stay, and with them the folder.
@@ -405,6 +412,20 @@ for other in dgpu jetson; do
         remove_path "$DROPINS/$other.conf" && restart=1
     fi
 done
+
+# -- Mender ----------------------------------------------------------------------------------
+# The update module hands edged-model artifacts to edged's own installer; the state script
+# refuses a new Mender install while one of them waits for `mender commit` or `rollback`.
+if [[ $mender == yes || ($mender == auto && -x $root/usr/bin/mender) ]]; then
+    install_file "$DEPLOY/mender/edged-model" "$MENDER_MODULE" 0755 || true
+    install_file "$DEPLOY/mender/Download_Enter_50_edged-model" "$MENDER_GUARD" 0755 || true
+    scripts_version=$root$(dirname "$MENDER_GUARD")/version
+    if [[ ! -e $scripts_version ]]; then  # mender runs state scripts of format 3 only
+        echo 3 >"$scripts_version"
+        say "created $(dirname "$MENDER_GUARD")/version"
+        changed=$((changed + 1))
+    fi
+fi
 
 # -- demo ------------------------------------------------------------------------------------
 # The default config streams file:///var/lib/edged/demo/colors.avi through the model colors

@@ -14,7 +14,7 @@ from edged.core.errors import ConfigError, ConfigIssue
 from edged.core.schema import Parsed, check_name, parse, parse_file, setting
 from edged.events.config import check_stream_events
 from edged.inference.config import CacheConfig
-from edged.mqtt.config import MqttConfig
+from edged.mqtt.config import MqttConfig, check_requests
 from edged.ota.config import OtaConfig
 from edged.service.config import HealthConfig, LoggingConfig
 from edged.streams.config import STREAM_SCHEMES, StreamConfig
@@ -72,7 +72,12 @@ def check_cache(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
     return issues
 
 
-CHECKS = (check_streams, check_cache)
+def check_mqtt(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
+    return [parsed.issue(f"mqtt.{path}", message)
+            for path, message in check_requests(parsed.value.mqtt)]
+
+
+CHECKS = (check_streams, check_cache, check_mqtt)
 
 
 def load_config(path: Path) -> DaemonConfig:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edged import __version__
+from edged.api.remote import RemoteInference
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.config import DaemonConfig
@@ -28,7 +29,9 @@ from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
 from edged.mqtt import topics
 from edged.mqtt.link import MqttLink
+from edged.mqtt.requests import RemoteRequests
 from edged.ota.install import Event, Updater
+from edged.ota.local import LocalInstalls
 from edged.ota.manifest import TrustStore
 from edged.ota.progress import OtaProgress
 from edged.ota.service import OtaService
@@ -51,6 +54,7 @@ DRAIN_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 5.0
 MQTT_STOP_S = 3.0
 OTA_STOP_S = 10.0
+REQUESTS_STOP_S = 2.0
 
 
 class Daemon:
@@ -114,7 +118,7 @@ class Daemon:
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.status.live, status=self.status.report,
                              snapshots=lambda: self.events.store, live=self.streams.live,
-                             recent=lambda: self.events.recent)
+                             recent=lambda: self.events.recent, installs=lambda: self.local)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
@@ -122,6 +126,14 @@ class Daemon:
                                chunk_timeout_s=config.ota.chunk_timeout_s,
                                max_downloads=config.ota.max_parallel_downloads)
                     if self.mqtt is not None else None)
+        requests = config.mqtt.requests
+        self.requests = (RemoteRequests(self.mqtt, requests, RemoteInference(
+            self.scheduler, self.cache, self.api.bodies, requests.max_request_mb * 1024 * 1024))
+            if self.mqtt is not None and requests.enabled else None)
+        self.status.requests = self.requests.stats if self.requests is not None else \
+            self.status.requests
+        # Installs handed over on the socket (the Mender update module), on the same worker.
+        self.local = LocalInstalls(self.updater, self.ota.defer if self.ota is not None else None)
         self.updater.shadows.hooks = ShadowHooks(
             self.scheduler.taps, self.scheduler.busy,
             self.ota.report_shadow if self.ota is not None else None,
@@ -153,6 +165,7 @@ class Daemon:
         self.events.store = open_store(self.config.cache.dir / "snapshots",
                                        self.config.cache.snapshots_mb)
         self.updater.recover()
+        self.local.recover()
         self.cache.preload(self.config.cache.preload_names(self.repository.names()),
                            within_budget=self.config.cache.preload == "all")
         for row in self.cache.status():
@@ -169,6 +182,7 @@ class Daemon:
             self.mqtt.publish("results", topics.results(stream), payload)
 
     def _ota_event(self, event: Event) -> None:
+        self.local.observe(event)
         self.ota_progress.record(event)
         if self.ota is not None:
             self.ota.report(event)
@@ -210,6 +224,8 @@ class Daemon:
             await asyncio.to_thread(self.streams.start, self.config.streams)
             if self.ota is not None:
                 self.ota.start()
+            if self.requests is not None:
+                self.requests.start()
             self._ready = True
             self.ready_event.set()
             logger.info("edged %s running with %d model(s) in %s, %d stream(s)",
@@ -343,8 +359,11 @@ class Daemon:
         logger.info("shutting down: draining queues (up to %.0fs)", DRAIN_TIMEOUT_S)
         try:
             await self.api.stop_accepting()
+            if self.requests is not None:  # no new MQTT requests; those decoding finish
+                await asyncio.to_thread(self.requests.stop, REQUESTS_STOP_S)
             if self.ota is not None:  # a download stops; an install in progress finishes
                 await asyncio.to_thread(self.ota.stop, OTA_STOP_S)
+            await asyncio.to_thread(self.local.stop, OTA_STOP_S)
             await asyncio.to_thread(self.updater.shadows.stop_all)
             await asyncio.to_thread(self.streams.stop)
             await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)

@@ -21,8 +21,8 @@ from edged.model.repository import ModelRepository
 
 # The fixtures of the support package (a broker, the daemon served in-process, an artifact
 # server, an OTA signing key), for every test under tests/.
-pytest_plugins = ["support.artifacts", "support.broker", "support.browser", "support.daemon",
-                  "support.demo", "support.ota"]
+pytest_plugins = ["support.artifacts", "support.broker", "support.bridge", "support.browser",
+                  "support.daemon", "support.demo", "support.mender", "support.ota"]
 
 
 def gpu_missing_reason() -> str | None:

@@ -178,7 +178,7 @@ class KServeRoutes:
         else:
             parsed = decode_request(body, json_length, read_shm=reader, charge=charger)
         if parsed.outputs:  # most requests name none: every output comes back
-            _check_outputs(self.scheduler.model(name, version), parsed)
+            check_outputs(self.scheduler.model(name, version), parsed)
             if any(out.shm is not None for out in parsed.outputs):
                 await asker.resolve()  # before holding them here, on the loop
             for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
@@ -271,7 +271,7 @@ def _names_shared_memory(body: memoryview, head: int) -> bool:
     return b"shared_memory_region" in text or b"\\u" in text
 
 
-def _check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
+def check_outputs(model: ModelVersion, parsed: InferRequest) -> None:
     """Unknown requested outputs fail before the model runs, not after."""
     known = {spec.name for spec in model.outputs}
     for out in parsed.outputs:

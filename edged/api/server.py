@@ -35,6 +35,7 @@ from edged.api.http.messages import (
 from edged.api.http.routing import Router
 from edged.api.kserve import KServeRoutes
 from edged.api.live import LiveRoutes, Viewable
+from edged.api.ota_routes import Installs, OtaRoutes
 from edged.api.page import PageRoutes
 from edged.api.shm import ShmRegistry
 from edged.api.shm_routes import ShmRoutes
@@ -61,9 +62,11 @@ class ApiServer:
                  status: Callable[[], dict[str, Any]] | None = None,
                  snapshots: Callable[[], SnapshotStore | None] = lambda: None,
                  live: Callable[[str], Viewable | None] = lambda name: None,
-                 recent: Callable[[], RecentEvents | None] = lambda: None) -> None:
+                 recent: Callable[[], RecentEvents | None] = lambda: None,
+                 installs: Callable[[], Installs | None] = lambda: None) -> None:
         """`live` gives a running stream's live view by name, `recent` the recent objects of
-        the detect streams (the status page and its pictures)."""
+        the detect streams (the status page and its pictures), `installs` the OTA installer
+        that takes models on the socket (the Mender module's path)."""
         self.config = config
         self.shm = shm
         self.metrics = metrics
@@ -74,6 +77,7 @@ class ApiServer:
         self.live_views = LiveRoutes(live, max_fps=config.live_fps,
                                      stopping=lambda: self.connections.closing)
         self.events = EventRoutes(recent)
+        self.installs = OtaRoutes(installs)
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
         self._allowed_gids = frozenset(config.allowed_gids)
@@ -105,6 +109,7 @@ class ApiServer:
             ("POST", "/v2/logging", self.logging),
             ("GET", "/v2/edged/status", self.daemon_status),
             *self.snapshots.routes(),
+            *self.installs.routes(),
             *self.live_views.routes(),
             *self.events.routes(),
             *PageRoutes().routes(),  # the status page (GET only)

@@ -142,6 +142,13 @@ class Overloaded(EdgedError):
     http_status = 503
 
 
+class RateLimited(EdgedError):
+    """A caller asked more often than its rate allows (MQTT requests: mqtt.requests.rate_per_s)."""
+
+    code = "rate_limited"
+    http_status = 429
+
+
 class TooLarge(EdgedError):
     """A request body larger than any the API accepts (or than it can ever hold at once)."""
 

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 TopicClass = Literal["results", "events", "discovery", "state", "stats", "status", "ota"]
 Handler = Callable[[str, bytes], None]
+MessageHandler = Callable[[paho.MQTTMessage], None]  # the whole message: MQTT 5 properties too
 KEEPALIVE_S = 30
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 30
 PAHO_INFLIGHT = 32
@@ -83,6 +84,7 @@ class MqttLink:
         self._lock = threading.Lock()
         self._buffer: deque[_Message] = deque()
         self._handlers: dict[str, Handler] = {}
+        self._whole: dict[str, MessageHandler] = {}  # filters whose handler takes it all
         # Subscriptions (under _lock): `_session` is set where _on_connect reads the handlers,
         # so a subscribe() racing with it is sent by exactly one of the two; `_confirmed`
         # holds the filters this connection's broker has acknowledged (SUBACK).
@@ -231,6 +233,28 @@ class MqttLink:
             if self._session:  # else _on_connect subscribes it, now or at the next connect
                 self._subscribe_locked([topic_filter])
 
+    def subscribe_messages(self, topic_filter: str, handler: MessageHandler) -> None:
+        """subscribe(), the handler taking paho's whole message (MQTT 5 properties: a
+        request's response topic and correlation data)."""
+        with self._lock:
+            self._whole[topic_filter] = handler
+        self.subscribe(topic_filter, _whole_message)
+
+    def reply(self, topic: str, payload: bytes, properties: Properties) -> bool:
+        """Publish an answer (QoS 1, with its MQTT 5 properties) now; False when there is no
+        connection (an answer is not kept for later: the asker has given up by then)."""
+        with self._lock:
+            if self._stopping or not self._connected.is_set():
+                self._drop("replies")
+                return False
+        info = self._client.publish(topic, payload, 1, False, properties)
+        with self._lock:
+            if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                self._published("replies")
+                return True
+            self._drop("replies")
+            return False
+
     def subscribed(self, filters: list[str]) -> bool:
         """Whether the broker has confirmed (SUBACK) each of `filters` on this connection."""
         with self._lock:
@@ -245,6 +269,7 @@ class MqttLink:
         """Stop delivering `topic_filter` (a stream removed by a reload)."""
         with self._lock:
             known = self._handlers.pop(topic_filter, None) is not None
+            self._whole.pop(topic_filter, None)
             self._confirmed.discard(topic_filter)
             if known and self._session:
                 self._client.unsubscribe(topic_filter)
@@ -271,11 +296,14 @@ class MqttLink:
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         with self._lock:
             self._stats.received += 1
-            handlers = [h for f, h in self._handlers.items()
+            handlers = [(h, self._whole.get(f)) for f, h in self._handlers.items()
                         if paho.topic_matches_sub(f, message.topic)]
-        for handler in handlers:
+        for handler, whole in handlers:
             try:
-                handler(message.topic, bytes(message.payload))
+                if whole is not None:
+                    whole(message)
+                else:
+                    handler(message.topic, bytes(message.payload))
             except Exception:  # a handler's bug must not kill paho's network thread
                 with self._lock:
                     self._stats.handler_errors += 1
@@ -388,3 +416,7 @@ def describe_os_error(exc: BaseException | None) -> str:
 
 def _opt(path: Path | None) -> str | None:
     return None if path is None else str(path)
+
+
+def _whole_message(topic: str, payload: bytes) -> None:
+    """The handler registered for a filter whose real one takes the whole message."""

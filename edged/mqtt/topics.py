@@ -20,6 +20,7 @@ events room and the OTA service name their topics here and never touch paho.
 | `ota/<model>/command` (in) | a shadow rollout's promote/abort |
 | `ota/<model>/status` | an update's progress (final states retained) |
 | `ota/<model>/shadow` | a shadow rollout's progress (retained) |
+| `infer/<model>` (in) | an MQTT 5 inference request (answered on its response topic) |
 
 A label is a topic level as it is (spaces included), except the characters MQTT reserves
 (`/`, `+`, `#`, NUL), which become `_`.
@@ -88,6 +89,15 @@ def ota_shadow(model: str) -> str:
 
 def ota_chunk(model: str, index: int) -> str:
     return f"ota/{model}/chunk/{index}"
+
+
+# MQTT 5 inference requests (in): one filter under the device's prefix, the model last.
+INFER_FILTER = "infer/+"
+
+
+def infer(model: str) -> str:
+    """Where requests for a model's inference are published (in)."""
+    return f"infer/{model}"
 
 
 def under(root: str, suffix: str) -> str:

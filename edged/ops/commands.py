@@ -20,6 +20,7 @@ from edged.core.errors import InvalidInput
 from edged.model.config import PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head
 from edged.model.tensor import TensorSpec
+from edged.ops.mender import add_arguments as add_mender_arguments
 from edged.ops.quantize.command import add_arguments as add_quantize_arguments
 from edged.processing.post import Postprocessor, published
 from edged.processing.pre import Geometry, is_size_input, size_inputs
@@ -126,6 +127,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
                                                  "ota.allow_unsigned)")
     _add_ota_target(decide, timeout=120.0)
     _add_ttl(decide)
+    mender = ota_sub.add_parser(
+        "mender-artifact", help="make a Mender artifact (type edged-model) of a model version",
+        description="One model version as a Mender artifact for the edged-model update module "
+        "(deploy/mender/edged-model): a manifest signed with the fleet key, the model attached, "
+        "written and signed for Mender by mender-artifact.")
+    add_mender_arguments(mender)
     quantize = sub.add_parser("quantize", help="make a model's INT8 variant and gate it on "
                               "accuracy (exit 0 accepted, 1 refused, 2 usage, 3 failed)")
     add_quantize_arguments(quantize)
@@ -357,6 +364,10 @@ def cmd_ota(args: argparse.Namespace) -> int:
         print(f"private key: {args.key} (keep it off the devices)\npublic key:  {public} "
               f"(list it in ota.trusted_keys)\nkey_id:      {key_id}")
         return 0
+    if args.ota_command == "mender-artifact":
+        from edged.ops.mender import run
+
+        return run(args)
     if args.ota_command in ("push", "rollback", "decide"):
         from edged.ops import push
 

@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from http.client import HTTPException
 from pathlib import Path
+from typing import Protocol
 
 from edged.ota.manifest import Artifact, Rejected
 
@@ -31,6 +32,13 @@ def download_deadline_s(size: int, configured: float | None) -> float:
     """How long one download (all its attempts) may take: `ota.download_timeout_s`, or sized
     from the artifact when that is null."""
     return configured if configured is not None else DEADLINE_BASE_S + size / DEADLINE_MIN_RATE
+
+
+class Delivery(Protocol):
+    """Bytes that come to the device rather than being fetched: MQTT chunks (ChunkAssembler),
+    or a file the socket API received with its manifest (edged.ota.local)."""
+
+    def wait(self, dest: Path, progress: Progress, stop: threading.Event) -> None: ...
 
 
 class Fetcher:

@@ -25,6 +25,9 @@ from typing import Any
 from edged.ota.manifest import Rejected
 
 FIELDS = ("target", "seq", "expires")
+# The target of a manifest handed over on the socket API (edged.ota.local: the Mender module)
+# rather than published on a topic root.
+LOCAL_ROOT = "local"
 MAX_LIFETIME_S = 31 * 24 * 3600  # a signed message is good for a month at most
 MAX_JSON_INT = 2 ** 53 - 1  # what RFC 8785 (IEEE doubles) can carry exactly
 

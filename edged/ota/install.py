@@ -29,7 +29,7 @@ from edged.model.repository import MODEL_FILE, ModelRepository
 from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
 from edged.ota.config import OtaConfig
-from edged.ota.fetch import ChunkAssembler, Fetcher, download_deadline_s
+from edged.ota.fetch import Delivery, Fetcher, download_deadline_s
 from edged.ota.journal import InstallJournal
 from edged.ota.manifest import Manifest, Rejected, TrustStore
 from edged.ota.shadows import ShadowRollouts
@@ -103,6 +103,9 @@ class Updater:
                                         self.stop)
         self._lock = threading.Lock()
         self._busy: dict[str, int] = {}
+        # Why a model takes no other update now (None: it may): an install that waits for its
+        # commit (edged.ota.local, Mender's standalone install -> commit | rollback).
+        self.held: Callable[[str], str | None] = lambda name: None
         self.shadows = ShadowRollouts(self)  # the daemon lends it its hooks
 
     def reconfigure(self, cfg: OtaConfig) -> OtaConfig:
@@ -135,6 +138,9 @@ class Updater:
             if self._current(manifest.model) == manifest.version and self.journal.\
                     installed_sha256(manifest.model, manifest.version) == manifest.artifact.sha256:
                 return False
+            waiting = self.held(manifest.model)
+            if waiting is not None:
+                raise Rejected("uncommitted", waiting)
             crashes = self.journal.crashes(manifest.model, manifest.artifact.sha256)
             if crashes >= MAX_CRASHES:  # e.g. a model that kills the runtime as it loads
                 raise Rejected("crash_loop", f"installing this artifact was cut by a restart "
@@ -163,11 +169,11 @@ class Updater:
                 if self._busy.get(name) == version:
                     del self._busy[name]
 
-    def apply(self, manifest: Manifest, chunks: ChunkAssembler | None = None) -> None:
+    def apply(self, manifest: Manifest, chunks: Delivery | None = None) -> None:
         """Download, then install (below), on the calling thread. The caller holds claim()."""
         self.install(manifest, self.download(manifest, chunks))
 
-    def download(self, manifest: Manifest, chunks: ChunkAssembler | None = None) -> Staged:
+    def download(self, manifest: Manifest, chunks: Delivery | None = None) -> Staged:
         """Check the manifest, then fetch its artifact into a staging folder of its own,
         within the transfer budget: the network part of an update, which updates of other
         models may do at the same time. Raises Rejected (reported; nothing changed). A shadow
@@ -192,7 +198,7 @@ class Updater:
         finally:
             staged.reservation.release()
 
-    def _download(self, manifest: Manifest, chunks: ChunkAssembler | None) -> Staged:
+    def _download(self, manifest: Manifest, chunks: Delivery | None) -> Staged:
         name, version = manifest.model, manifest.version
         self._emit(manifest, OtaState.RECEIVED)
         self.trust.verify(manifest, allow_unsigned=self.cfg.allow_unsigned)
@@ -204,6 +210,8 @@ class Updater:
             raise Rejected("downgrade", f"version {version} is older than the active "
                                         f"{current} (set force to downgrade)")
         self.fetcher.check_size(manifest.artifact)
+        if chunks is None and manifest.artifact.url is None:
+            raise Rejected("bad_manifest", "the artifact has no url and no bytes came with it")
         limit = download_deadline_s(manifest.artifact.size, self.cfg.download_timeout_s)
         deadline = time.monotonic() + limit
         reservation = self.transfers.reserve(
@@ -360,6 +368,9 @@ class Updater:
         with self._lock:
             if name in self._busy:
                 raise Rejected("busy", f"an update of {name} is in progress")
+            waiting = self.held(name)
+            if waiting is not None:  # its own rollback (revert) is the install owner's
+                raise Rejected("uncommitted", waiting)
             self._busy[name] = older[-1]
         try:
             target = older[-1]
@@ -373,6 +384,31 @@ class Updater:
         self.report(Event(name, target, OtaState.ROLLED_BACK,
                           f"manual rollback from version {current}"))
         return target
+
+    def revert(self, name: str, version: int, previous: int | None, why: str) -> None:
+        """Undo one install of `name:version` (an uncommitted install rolled back): `previous`
+        serves again and `version` is removed; a model that was new (previous None) leaves the
+        repository. The warm swap: requests in flight finish on the version they started on."""
+        with self._lock:
+            if name in self._busy:
+                raise Rejected("busy", f"an update of {name} is in progress")
+            self._busy[name] = version
+        try:
+            if previous is not None:
+                self.cache.swap(name, previous, drain_timeout_s=self.drain_timeout_s)
+                self.repository.set_active(name, previous)
+            if version in self._on_disk(name):
+                self.cache.unload(name, version, timeout_s=self.drain_timeout_s)
+                self.repository.remove_version(name, version)
+            if previous is None and not self._on_disk(name):
+                shutil.rmtree(self.repository.model_dir(name), ignore_errors=True)
+        finally:
+            with self._lock:
+                self._busy.pop(name, None)
+        back = f"version {previous} serves again" if previous is not None else \
+            "the model was new and is removed"
+        self.report(Event(name, previous if previous is not None else version,
+                          OtaState.ROLLED_BACK, f"{back} ({why})"))
 
     # -- start-up ----------------------------------------------------------------------------
     def recover(self) -> list[str]:

@@ -71,6 +71,12 @@ class Artifact:
     url: str | None = None  # http(s):// or file://
     chunks: int | None = None  # instead of url: bytes follow on ota/<model>/chunk/<i>
 
+    @property
+    def attached(self) -> bool:
+        """Neither url nor chunks: the bytes come with the manifest itself (the socket API's
+        install route, which the Mender update module uses); over MQTT that is refused."""
+        return self.url is None and self.chunks is None
+
 
 @dataclass(frozen=True)
 class Manifest:
@@ -239,12 +245,13 @@ def _artifact(value: Any) -> Artifact:
     if not _SHA256.fullmatch(sha256):
         raise Rejected("bad_manifest", "artifact.sha256 must be 64 lowercase hex digits")
     url, chunks = value.get("url"), value.get("chunks")
-    if (url is None) == (chunks is None):
-        raise Rejected("bad_manifest", "artifact needs exactly one of url and chunks")
+    if url is not None and chunks is not None:  # neither: attached (Artifact.attached)
+        raise Rejected("bad_manifest", "artifact takes one of url and chunks, not both")
     if url is not None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://", "file://")):
             raise Rejected("bad_manifest", "artifact.url must be http://, https:// or file://")
-    elif not isinstance(chunks, int) or isinstance(chunks, bool) or not 1 <= chunks <= 4096:
+    elif chunks is not None and (not isinstance(chunks, int) or isinstance(chunks, bool)
+                                 or not 1 <= chunks <= 4096):
         raise Rejected("bad_manifest", "artifact.chunks must be an integer from 1 to 4096")
     return Artifact(size, sha256, url, chunks)
 

@@ -130,6 +130,10 @@ class OtaService:
             if manifest.model != model:
                 raise Rejected("bad_manifest", f"the manifest is for {manifest.model!r} but came "
                                                f"on the topic of {model!r}")
+            if manifest.artifact.attached:
+                raise Rejected("bad_manifest", "the artifact has neither url nor chunks: over "
+                                               "MQTT it needs one (an attached artifact comes "
+                                               "with its manifest through the socket API)")
             fresh = self._fresh(manifest.raw, root, model, "bad_manifest", idempotent=True)
             claimed = self.updater.claim(manifest)
             try:

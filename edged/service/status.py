@@ -40,6 +40,7 @@ class DaemonStatus:
     ota: Callable[[], dict[str, Any] | None]
     updates: Callable[[], dict[str, dict[str, Any]]] = dict  # each model's latest OTA step
     reloads: dict[str, int] = dataclasses.field(default_factory=lambda: {"ok": 0, "failed": 0})
+    requests: Callable[[], dict[str, Any] | None] = lambda: None  # MQTT requests' counts
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     def live(self) -> tuple[bool, list[str]]:
@@ -78,6 +79,7 @@ class DaemonStatus:
             "inference": inference_view(self.scheduler.counters()),
             "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
+            "mqtt_requests": self.requests(),
             "ota": self.ota(),
             "updates": self.updates(),
             "process": {"rss_bytes": host.rss_bytes()},

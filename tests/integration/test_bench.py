@@ -124,3 +124,22 @@ def test_bench_shmviews_when_run_quick_times_views_against_pread_copies(
     r = json.loads((tmp_path / "shmviews.json").read_text())
     for model in ("tiny_cls", "det"):  # each path answered right (checked) and was timed
         assert all(r[model][path]["p50_ms"] > 0 for path in ("direct", "views", "copies"))
+
+
+def test_bench_fleet_when_run_quick_rolls_out_to_every_simulated_device_and_counts_messages(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    assert bench(["fleet", "--quick", "--out", str(tmp_path)]) == 0
+    assert "PUBLISH in" in capsys.readouterr().out
+    results = json.loads((tmp_path / "fleet.json").read_text())
+    waves, fleet = results["cases"]
+    assert (waves["mode"], waves["devices"], fleet["mode"]) == ("waves", 20, "fleet")
+    # Every device of every wave reached active (push_waves says healthy only then).
+    assert sum(w["devices"] for w in waves["waves"]) == 20
+    assert all("seconds" in w for w in waves["waves"])
+    # Each device: its manifest (waves: one each; fleet: one for all) and six status events.
+    assert (waves["manifests"], waves["statuses"]) == (20, 20 * 6)
+    assert (fleet["manifests"], fleet["statuses"]) == (1, 20 * 6)
+    for case in (waves, fleet):  # every status went to the pusher that follows them
+        assert case["publish_out"] >= case["statuses"]

@@ -237,6 +237,22 @@ def test_install_when_uninstalled_keeps_config_and_state(source: Path, root: Pat
 
 
 @pytest.mark.slow
+def test_install_when_mender_asked_adds_the_update_module_and_uninstall_removes_it(
+        source: Path, root: Path) -> None:
+    module = root / "usr/share/mender/modules/v3/edged-model"
+    guard = root / "etc/mender/scripts/Download_Enter_50_edged-model"
+    assert not module.exists()  # auto: no mender client under this root
+    install(source, root, "--mender", "yes")
+    assert module.read_bytes() == (source / "deploy/mender/edged-model").read_bytes()
+    assert guard.read_bytes() == (source / "deploy/mender/Download_Enter_50_edged-model"
+                                  ).read_bytes()
+    assert mode(module) == mode(guard) == 0o755
+    assert (guard.parent / "version").read_text() == "3\n"
+    install(source, root, "--uninstall")
+    assert not module.exists() and not guard.exists()
+
+
+@pytest.mark.slow
 def test_install_when_flavor_jetson_sees_jetpack_and_adds_its_devices(source: Path,
                                                                      root: Path) -> None:
     install(source, root, "--flavor", "jetson")
@@ -289,7 +305,8 @@ def test_install_script_when_shellchecked_is_clean() -> None:
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    result = subprocess.run([shellcheck, str(REPO / "deploy/install.sh")],
+    result = subprocess.run([shellcheck, str(REPO / "deploy/install.sh"),
+                             str(REPO / "deploy/mender/Download_Enter_50_edged-model")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout
 

@@ -51,6 +51,8 @@ GOOD = {
     "signed-fresh": sign_document(doc(target="edged/fleet/groups/line-1", seq=2 ** 53 - 1,
                                       expires=1_900_000_000), Ed25519PrivateKey.generate()),
     "freshness-nulls": doc(target=None, seq=None, expires=None),
+    "attached-neither-url-nor-chunks": doc(artifact=art(url=DROP)),
+    "attached-url-and-chunks-null": doc(artifact=art(url=None, chunks=None)),
     "rollout-shadow-every-field": doc(rollout={
         "mode": "shadow", "sample": 0.1, "min_samples": 500, "max_duration_s": 3600,
         "promote_if": {"min_top1_agreement": 0.98, "max_failure_rate": 0, "max_p99_ms": 25}}),
@@ -87,8 +89,6 @@ BAD = {
     "size-0": doc(artifact=art(size=0)),
     "size-bool": doc(artifact=art(size=True)),
     "url-and-chunks": doc(artifact=art(chunks=2)),
-    "neither-url-nor-chunks": doc(artifact=art(url=DROP)),
-    "url-and-chunks-null": doc(artifact=art(url=None, chunks=None)),
     "url-ftp": doc(artifact=art(url="ftp://h/m.onnx")),
     "chunks-0": doc(artifact=art(url=DROP, chunks=0)),
     "chunks-4097": doc(artifact=art(url=DROP, chunks=4097)),

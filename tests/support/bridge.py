@@ -1,0 +1,105 @@
+"""A site broker built from the shipped bridge config (deploy/mosquitto/edged-bridge.conf),
+bridged to a "fleet" mosquitto of its own (support.broker: TLS with a password), both real,
+private and on free ports. The template's ${...} values are filled as `envsubst` fills them
+(string.Template); the test's own listener line and files are the only additions."""
+
+from __future__ import annotations
+
+import getpass
+import string
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from support.broker import (
+    PASSWORD,
+    USERNAME,
+    Broker,
+    PortTaken,
+    make_certificates,
+    start_on_free_ports,
+)
+from support.ports import free_port
+
+TEMPLATE = Path(__file__).parents[2] / "deploy" / "mosquitto" / "edged-bridge.conf"
+START_TRIES = 3
+
+
+def render(values: dict[str, str], template: Path = TEMPLATE) -> str:
+    """The template with every ${NAME} filled (KeyError for one not given, as a test wants)."""
+    return string.Template(template.read_text()).substitute(values)
+
+
+@dataclass
+class SiteBroker(Broker):
+    """mosquitto with one plain listener for edged and the rendered bridge config."""
+
+    bridge: str = ""
+
+    def write_config(self) -> None:
+        d = self.directory
+        (d / "mosquitto.conf").write_text(f"""user {getpass.getuser()}
+persistence_location {d}/
+log_dest file {d}/mosquitto.log
+log_type all
+listener {self.port} 127.0.0.1
+allow_anonymous true
+{self.bridge}
+""")
+
+
+@dataclass
+class Sites:
+    fleet: Broker
+    site: SiteBroker
+    prefix: str
+    fleet_prefix: str
+
+
+def bridge_values(fleet: Broker, prefix: str, fleet_prefix: str, name: str,
+                  max_queued: int) -> dict[str, str]:
+    return {"EDGED_PREFIX": prefix, "EDGED_FLEET_PREFIX": fleet_prefix, "BRIDGE_NAME": name,
+            "FLEET_HOST": "127.0.0.1", "FLEET_PORT": str(fleet.tls_port),
+            "FLEET_CA": str(fleet.ca), "FLEET_USERNAME": USERNAME,
+            "FLEET_PASSWORD": PASSWORD, "MAX_QUEUED": str(max_queued)}
+
+
+@pytest.fixture
+def make_sites(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
+    """`make_sites(max_queued=100000)`: a fleet broker and a site broker bridged to it with the
+    shipped config (the only change: the reconnect backoff capped at 3 s instead of 30, to
+    keep tests short); both stopped after the test."""
+    running: list[Broker] = []
+
+    def make(max_queued: int = 100000) -> Sites:
+        root = tmp_path / f"sites-{len(running)}"
+        fleet_dir, site_dir = root / "fleet", root / "site"
+        fleet_dir.mkdir(parents=True)
+        site_dir.mkdir()
+        make_certificates(fleet_dir)
+        fleet = start_on_free_ports(fleet_dir)
+        running.append(fleet)
+        prefix, fleet_prefix = "edged/site-dev", "edged/site-fleet"
+        config = render(bridge_values(fleet, prefix, fleet_prefix, "site-dev", max_queued))
+        assert "restart_timeout 2 30\n" in config
+        config = config.replace("restart_timeout 2 30\n", "restart_timeout 1 3\n")
+        for attempt in range(1, START_TRIES + 1):
+            site = SiteBroker(site_dir, free_port(), 0, bridge=config)
+            site.write_config()
+            try:
+                site.start()
+            except PortTaken:
+                if attempt == START_TRIES:
+                    raise
+                continue
+            running.append(site)
+            return Sites(fleet, site, prefix, fleet_prefix)
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    try:
+        yield make
+    finally:
+        for broker in reversed(running):
+            broker.stop()
