@@ -1,6 +1,6 @@
 """Run one benchmark from a source checkout and print its table:
 `python -m tools.bench {core,api,instances,streams,ota,quantize,post,events,soak,
-instructions} [--quick]
+instructions,gpu} [--quick]
 [--out DIR]` (`soak` also takes `--minutes N`).
 
 Benchmarks are the operator's and the developer's tool, not the device's: they need the
@@ -17,7 +17,7 @@ from pathlib import Path
 from tools.bench.assets import run_and_report
 
 SUITES = ("core", "api", "instances", "streams", "ota", "quantize", "post", "events", "soak",
-          "instructions")
+          "instructions", "gpu")
 
 
 def main(argv: list[str] | None = None) -> int:
