@@ -185,6 +185,19 @@ def format_table(r: dict[str, Any]) -> str:
                            ("mapped_read", "GPU reads mapped host memory")):
             lines.append(f"| {label}, {copies['size_mb']} MiB | {copies['gb_per_s'][key]:.1f} |")
         lines.append(f"| pinned / pageable | {copies['pinned_over_pageable']:.2f}x |")
+        reads = copies["cuda_ep_reads"]
+        lines += ["", f"| CUDA EP reads a {copies['size_mb']} MiB input (IOBinding) | ms | GB/s "
+                  "| sum right |", "|---|---|---|---|"]
+        if "skipped" in reads:
+            lines.append(f"| skipped: {reads['skipped']} | | | |")
+        for key, label in (("device", "in device memory (the floor)"),
+                           ("mapped", "in mapped host memory, in place (zero-copy)"),
+                           ("pinned_copy", "in a pinned pool buffer, copied to its mirror"),
+                           ("numpy", "as plain numpy (ORT's own copy)")):
+            if key in reads:
+                x = reads[key]
+                lines.append(f"| {label} | {x['ms']:.3f} | {x['gb_per_s']:.1f} | "
+                             f"{'yes' if x['sum_ok'] else 'NO'} |")
     lines += ["", "| model | batch | ORT-CUDA p50 ms | ORT-CPU p50 ms | CUDA speedup |",
               "|---|---|---|---|---|"]
     if isinstance(r["cuda_vs_cpu"], dict):

@@ -61,9 +61,12 @@ def section_env(report: Report) -> gpu.Device | None:
 def cuda_versions() -> dict[str, str]:
     """The CUDA runtime's and the driver's API versions, as 13.0 (unknown when not read)."""
     out = {}
-    for key, call in (("runtime", "cudaRuntimeGetVersion"), ("driver", "cudaDriverGetVersion")):
+    for key in ("runtime", "driver"):
         try:
-            value = int(gpu.call(getattr(gpu.runtime(), call)))
+            cudart = gpu.runtime()
+            call = cudart.cudaRuntimeGetVersion if key == "runtime" else \
+                cudart.cudaDriverGetVersion
+            value = int(gpu.call(call))
             out[key] = f"{value // 1000}.{value % 1000 // 10}"
         except (gpu.CudaError, AttributeError, TypeError):
             out[key] = "unknown"
