@@ -10,19 +10,19 @@ import logging
 import sys
 from pathlib import Path
 
+from edged.api.config import default_socket
 from edged.config import (
     CHECKS,
     DEFAULT_CONFIG_PATH,
     DaemonConfig,
     builtin_config,
-    default_socket,
     load_config,
     with_overrides,
 )
 from edged.configcheck import check
-from edged.errors import ConfigError, EdgedError
+from edged.core.errors import ConfigError, EdgedError
+from edged.core.schema import Parsed, parse_file
 from edged.ops.commands import Command, add_commands
-from edged.schema import Parsed, parse_file
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +60,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edged.host import fix_heap_thresholds, limit_heap_arenas
+    from edged.hardware.host import fix_heap_thresholds, limit_heap_arenas
 
     limit_heap_arenas()  # before the daemon's threads: see their docstrings
     fix_heap_thresholds()
-    from edged import systemd
     from edged.daemon import Daemon
+    from edged.service import systemd
 
     sources = dict(item.partition("=")[::2] for item in args.source)
 

@@ -12,13 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edged.config import DaemonConfig, StreamConfig
-from edged.errors import ConfigError, EdgedError
+from edged.config import DaemonConfig
+from edged.core.errors import ConfigError, EdgedError
+from edged.core.schema import Parsed
 from edged.events.config import check_labels, outputs
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelRepository
 from edged.processing.post import Postprocessor
-from edged.schema import Parsed
+from edged.streams.config import StreamConfig
 
 _Line = Callable[[str], str]  # a key path -> " (line N)" or ""
 

@@ -7,40 +7,40 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from edged import __version__, host
+from edged import __version__
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
-from edged.cache import ModelCache
 from edged.config import DaemonConfig
-from edged.errors import ConfigError
+from edged.core.errors import ConfigError
 from edged.events.discovery import DeviceInfo
-from edged.health import HealthMonitor, RecentErrors
-from edged.host import trim_heap
-from edged.metrics import Metrics
-from edged.model.loadspec import backend_options
+from edged.hardware import host
+from edged.hardware.tegra import TegraStats
+from edged.inference.cache import ModelCache
+from edged.inference.loadspec import backend_options
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.mqtt import MqttLink
+from edged.mqtt.link import MqttLink
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import TrustStore
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
-from edged.pipeline import StreamPipeline
 from edged.reload import plan as reload_plan
-from edged.reporting import Reporter, throttle_warning
-from edged.scheduler import Scheduler
-from edged.stream_events import EventsHub, open_store
-from edged.streams import StreamSet
-from edged.systemd import Notifier, activated_unix_socket, listen_fds
-from edged.tegra import TegraStats
+from edged.service.health import HealthMonitor, RecentErrors
+from edged.service.loops import health_loop, report_loop
+from edged.service.metrics import Metrics
+from edged.service.reporting import Reporter, throttle_warning
+from edged.service.status import DaemonStatus
+from edged.service.systemd import Notifier, activated_unix_socket, listen_fds
+from edged.streams.events_stage import EventsHub, open_store
+from edged.streams.pipeline import StreamPipeline
+from edged.streams.streamset import StreamSet
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,6 @@ class Daemon:
         self.config = config
         self.reload_config = reload_config
         self.notifier = notifier or Notifier()
-        self.started = time.monotonic()
         self.repository = ModelRepository(config.models_dir)
         self.cache = ModelCache(
             self.repository,
@@ -96,9 +95,12 @@ class Daemon:
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)
         self.recent = RecentErrors()
+        self.status = DaemonStatus(lambda: self.config.device_id, self.cache, self.scheduler,
+                                   self.streams, self.mqtt, self.health, self.notifier,
+                                   self.recent, ready=self.is_ready, ota=self._ota_status)
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
-                             is_live=self.is_live, status=self.status_report,
+                             is_live=self.status.live, status=self.status.report,
                              snapshots=lambda: self.events.store)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
@@ -124,16 +126,11 @@ class Daemon:
         self._signals = 0
         self._reloading: asyncio.Task[bool] | None = None
         self._reload_again = False
-        self.reloads = {"ok": 0, "failed": 0}
+        self.reloads = self.status.reloads
 
     def is_ready(self) -> bool:
         """Serving: warm, not stopping, nothing stuck (Kubernetes sends no traffic otherwise)."""
         return self._ready and not self._stopping and not self.health.problems
-
-    def is_live(self) -> tuple[bool, list[str]]:
-        """Alive unless the health tick found something stuck (then a restart is the cure)."""
-        problems = list(self.health.problems)
-        return not problems, problems
 
     def warm_up(self) -> None:
         """Undo interrupted installs (OTA recovery), then load and warm the preload list. A model
@@ -163,22 +160,6 @@ class Daemon:
         else:
             logger.info("OTA %s:%d %s %s", event.model, event.version, event.state,
                         event.detail)
-
-    async def _report_loop(self) -> None:
-        """Retained model states when they change, and the periodic stats message."""
-        interval = self.config.mqtt.stats_interval_s
-        while True:
-            for name, payload in await asyncio.to_thread(self.reporter.changed_states):
-                if self.mqtt is not None:
-                    self.mqtt.publish("state", f"models/{name}/state", payload, retain=True)
-            message = await asyncio.to_thread(self.reporter.stats)  # reads disk, NVML
-            stats = json.dumps(message, separators=(",", ":")).encode()
-            if self.mqtt is not None:
-                self.mqtt.publish("stats", "stats", stats)
-            # What request bodies, updates and bursts freed goes back to the system; without
-            # it RSS crept up ~1 MB per OTA swap under load (tools/bench/soak.py).
-            await asyncio.to_thread(trim_heap)
-            await asyncio.sleep(interval)
 
     # -- running -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -220,8 +201,11 @@ class Daemon:
                         self.config.device_id, len(self.repository.names()),
                         self.config.models_dir, len(self.pipelines))
             self.notifier.ready(self.status_line())
-            tasks = [asyncio.create_task(self._report_loop()),
-                     asyncio.create_task(self._health_loop())]
+            tasks = [asyncio.create_task(report_loop(
+                         self.reporter, self.mqtt, lambda: self.config.mqtt.stats_interval_s)),
+                     asyncio.create_task(health_loop(
+                         self.health, self.notifier, self.status_line,
+                         lambda: self.config.health))]
             await self._stop.wait()
         finally:
             for task in tasks:
@@ -230,69 +214,23 @@ class Daemon:
             logging.getLogger().removeHandler(self.recent)
 
     # -- health and status -------------------------------------------------------------------
-    async def _health_loop(self) -> None:
-        """Check progress; ping systemd's watchdog only while nothing is stuck, so that a
-        stuck model worker or stream gets the service restarted. The check runs on the loop
-        itself: a loop that cannot run it stops the pings too."""
-        watchdog_s = self.notifier.watchdog_s
-        interval = watchdog_s / 2 if watchdog_s else self.config.health.tick_s
-        last_line = None
-        while True:
-            self.health.stall_after_s = self.config.health.stall_after_s
-            problems = self.health.check()
-            if not problems:
-                self.notifier.watchdog()
-            line = self.status_line(problems)
-            if line != last_line:
-                self.notifier.status(line)
-                last_line = line
-            if self.config.health.warn_on_throttle:  # listeners hear of throttling on a read
-                await asyncio.to_thread(host.jetson)
-            await asyncio.sleep(interval)
-
     def _throttle_warning(self, reason: str, stats: TegraStats) -> None:
         if self.config.health.warn_on_throttle and self.mqtt is not None:
             self.mqtt.publish("status", "warnings",
                               throttle_warning(self.config.device_id, reason, stats))
 
     def status_line(self, problems: list[str] | None = None) -> str:
-        """One line for `systemctl status`: what is loaded, what streams, the broker. From
-        memory only: the health tick runs it on the loop, never waiting for a thread."""
-        problems = self.health.problems if problems is None else problems
-        if problems:
-            return "STUCK: " + "; ".join(problems)
-        ready = self.cache.loaded()
-        up, streams = self.streams.up()
-        parts = [f"{len(ready)} model(s) ready" + (f" ({', '.join(ready[:4])}"
-                                                    f"{', ...' if len(ready) > 4 else ''})"
-                                                    if ready else ""),
-                 f"streams {up}/{streams} up"]
-        if self.mqtt is not None:
-            parts.append("broker " + ("connected" if self.mqtt.connected else "unreachable"))
-        return ", ".join(parts)
+        return self.status.line(problems)
 
     def status_report(self) -> dict[str, Any]:
         """What `edged status` shows (GET /v2/edged/status); called on a thread."""
-        live, problems = self.is_live()
-        return {
-            "device_id": self.config.device_id, "version": __version__, "pid": os.getpid(),
-            "uptime_s": round(time.monotonic() - self.started, 1),
-            "ready": self.is_ready(), "live": live, "problems": problems,
-            "systemd": {"notify": self.notifier.enabled, "watchdog_s": self.notifier.watchdog_s},
-            "reloads": dict(self.reloads),
-            "models": [{**dataclasses.asdict(row), "device": row.device}
-                       for row in self.cache.status()],
-            "queues": self.scheduler.queues(),
-            "streams": self.streams.describe(),
-            "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
-            # takes updates: every OTA subscription confirmed by the broker on this connection
-            "ota": {"listening": self.ota.listening, "shadows": self.updater.shadows.status()}
-            if self.ota is not None else None,
-            "process": {"rss_bytes": host.rss_bytes()},
-            "gpus": [dataclasses.asdict(gpu) for gpu in host.gpus()],
-            "jetson": jetson.as_dict() if (jetson := host.jetson()) is not None else None,
-            "recent": self.recent.rows(),
-        }
+        return self.status.report()
+
+    def _ota_status(self) -> dict[str, Any] | None:
+        # takes updates: every OTA subscription confirmed by the broker on this connection
+        if self.ota is None:
+            return None
+        return {"listening": self.ota.listening, "shadows": self.updater.shadows.status()}
 
     # -- reloading ---------------------------------------------------------------------------
     def request_reload(self) -> None:

@@ -8,7 +8,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edged.config import DaemonConfig, StreamConfig
+from edged.config import DaemonConfig
+from edged.streams.config import StreamConfig
 
 # Whole sections that take effect only at the next start.
 RESTART_ONLY = ("device_id", "models_dir", "backends", "api", "mqtt")

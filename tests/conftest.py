@@ -13,11 +13,11 @@ import make_test_models
 import pytest
 from support.backends import ORT_TARGET, GateBackend, options
 
-from edged import instances
 from edged.backends import register_backend
-from edged.cache import ModelCache
+from edged.inference import instances
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.scheduler import Scheduler
 
 # The fixtures of the support package (a broker, the daemon served in-process, an artifact
 # server, an OTA signing key), for every test under tests/.

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from edged.api.protocol import triton_dtype
-from edged.batching import BatcherStats
-from edged.instances import instance_count
+from edged.inference.batching import BatcherStats
+from edged.inference.instances import instance_count
+from edged.inference.modelstatus import ModelStatus
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec
-from edged.modelstatus import ModelStatus
 
 PLATFORM = "onnxruntime_onnx"
 

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from edged.errors import InvalidInput
+from edged.core.errors import InvalidInput
 
 SWITCHES = ("log_info", "log_warning", "log_error")
 

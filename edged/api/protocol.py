@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from edged.api import tensorbytes
-from edged.errors import InvalidInput
+from edged.core.errors import InvalidInput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_RANK = 16  # numpy allows 64; no model input has more than a handful

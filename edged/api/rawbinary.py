@@ -14,7 +14,7 @@ import numpy as np
 
 from edged.api import tensorbytes
 from edged.api.protocol import HEADER_LENGTH, InferRequest
-from edged.errors import InvalidInput
+from edged.core.errors import InvalidInput
 from edged.model.repository import ModelVersion
 
 

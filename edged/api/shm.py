@@ -38,7 +38,7 @@ import numpy as np
 
 from edged.api import tensorbytes
 from edged.api.protocol import ShmRef
-from edged.errors import EdgedError, Forbidden, InvalidInput
+from edged.core.errors import EdgedError, Forbidden, InvalidInput
 
 logger = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from edged.api.bodies import integer, json_body
-from edged.api.listeners import peer_identity
-from edged.api.messages import Handler, Request, Response, json_response
+from edged.api.http.bodies import integer, json_body
+from edged.api.http.listeners import peer_identity
+from edged.api.http.messages import Handler, Request, Response, json_response
 from edged.api.shm import Peer, ShmRegistry
-from edged.errors import Forbidden, InvalidInput
+from edged.core.errors import Forbidden, InvalidInput
 
 
 class ShmRoutes:

@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from edged.api.messages import Handler, Request, Response, json_response
-from edged.errors import InvalidInput, SnapshotNotFound
+from edged.api.http.messages import Handler, Request, Response, json_response
+from edged.core.errors import InvalidInput, SnapshotNotFound
 from edged.events.store import SnapshotStore, StoredSnapshot, valid_id
 
 DEFAULT_LIMIT, MAX_LIMIT = 100, 10_000

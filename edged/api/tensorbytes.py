@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.errors import InvalidInput
+from edged.core.errors import InvalidInput
 
 _LENGTH = struct.Struct("<I")
 

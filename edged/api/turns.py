@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from edged.batcher import Batcher
-from edged.scheduler import Admitted, Scheduler
+from edged.inference.batcher import Batcher
+from edged.inference.scheduler import Admitted, Scheduler
 
 logger = logging.getLogger(__name__)
 

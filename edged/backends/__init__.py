@@ -17,7 +17,7 @@ from edged.backends.base import (
     Session,
     ShapeRange,
 )
-from edged.errors import BackendUnavailable
+from edged.core.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 

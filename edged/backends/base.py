@@ -59,7 +59,7 @@ class BackendOptions:
     allow_spinning: bool = False
     graph_optimization: str = "all"
     cache_dir: Path = field(default_factory=lambda: Path("/var/cache/edged"))
-    memory: str = "auto"  # auto | mapped | managed | pinned | host (edged.memory)
+    memory: str = "auto"  # auto | mapped | managed | pinned | host (edged.hardware.memory)
     workspace_mb: int = 1024  # TensorRT builder workspace (the backend and ORT's TensorRT EP)
     dla_core: int | None = None  # Jetson: build TensorRT engines for this DLA core
     dla_gpu_fallback: bool = True  # on a DLA: layers it cannot run go to the GPU

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.backends.profiles import InputProfile
-from edged.fsutil import write_atomically
+from edged.core.fsutil import write_atomically
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""ONNX Runtime backend: provider chain TensorRT EP → CUDA EP → CPU EP, with what really runs
-read back from the session (onnxruntime-gpu silently falls back to CPU when CUDA is missing).
-On a GPU provider, inputs already in CUDA memory (the batcher's pool, `edged.memory`) are bound
-by address (IOBinding) instead of being copied by ONNX Runtime."""
+"""ONNX Runtime backend: provider chain TensorRT EP → CUDA EP → CPU EP, with what really runs read
+back from the session (onnxruntime-gpu silently falls back to CPU when CUDA is missing). On a
+GPU provider, inputs already in CUDA memory (the batcher's pool, `edged.hardware.memory`) are
+bound by address (IOBinding) instead of being copied by ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from edged import gpu, memory
 from edged.backends.base import BackendOptions, LoadSpec
 from edged.backends.profiles import ProfileError, derive_profile, ort_trt_profile_options
-from edged.errors import ModelLoadError
+from edged.core.errors import ModelLoadError
+from edged.hardware import gpu, memory
 from edged.model.tensor import TensorSpec
 
 logger = logging.getLogger(__name__)

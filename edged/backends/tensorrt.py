@@ -23,7 +23,6 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from edged import gpu, memory
 from edged.backends import dla, engine_cache
 from edged.backends.base import (
     BackendOptions,
@@ -41,8 +40,9 @@ from edged.backends.trt_build import (
     trt_logger,
     weakly_typed,
 )
-from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput
-from edged.fsutil import file_sha256
+from edged.core.errors import BackendUnavailable, InferenceFailed, InvalidInput
+from edged.core.fsutil import file_sha256
+from edged.hardware import gpu, memory
 from edged.model.tensor import TensorSpec
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import numpy as np
 
 from edged.backends.base import BackendOptions, LoadSpec
 from edged.backends.profiles import InputProfile
-from edged.fsutil import write_atomically
+from edged.core.fsutil import write_atomically
 
 logger = logging.getLogger(__name__)
 

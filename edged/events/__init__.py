@@ -4,5 +4,5 @@ frame as a JPEG (`snapshot.py`, stored by `store.py`), all driven frame by frame
 `StreamEvents` (`engine.py`). It knows nothing of MQTT, the socket or the pipeline: it takes a
 frame's detections and returns what changed; `publish.py` maps that to topics through a publish
 callable it is given, and `discovery.py` writes Home Assistant's configs (the daemon runs them:
-`edged/stream_events.py`). (Kept import-free: `edged.config` imports
+`edged/streams/events_stage.py`). (Kept import-free: `edged.config` imports
 `edged.events.config` without pulling in OpenCV.)"""

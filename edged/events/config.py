@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from edged.errors import ConfigError, ConfigIssue
+from edged.core.errors import ConfigError, ConfigIssue
+from edged.core.schema import Parsed, at_least, between, setting
 from edged.events.geometry import self_intersection
-from edged.schema import Parsed, at_least, between, setting
 
 MAX_COORD = 100_000  # frame pixels: larger than any sensor, small enough to catch typos
 Anchor = Literal["bottom_center", "center"]

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.fsutil import write_atomically
+from edged.core.fsutil import write_atomically
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from edged.events.assign import cluster_assign
 from edged.events.config import TrackConfig
-from edged.processing.post import iou_matrix
+from edged.processing.boxes import iou_matrix
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from edged.schema import at_least, between, each, setting
+from edged.core.schema import at_least, between, each, setting
 
 DTYPES = {
     "float32": np.float32, "float16": np.float16, "float64": np.float64,
@@ -248,7 +248,7 @@ class ModelConfig:
     batching: bool | BatchingConfig = setting(True, "dynamic batching; `off` disables it")
     instances: int | Literal["auto"] = setting(
         "auto", "execution instances (worker threads; TensorRT contexts): auto = one per core "
-        "on the CPU, two on a GPU (edged.instances)", check=lambda v: None if v == "auto"
+        "on the CPU, two on a GPU (edged.inference.instances)", check=lambda v: None if v == "auto"
         else between(1, 64)(v))
     backend: Literal["auto", "tensorrt", "onnxruntime"] = setting("auto", "backend choice")
     precision: Literal["auto", "fp32", "fp16", "int8"] = setting(

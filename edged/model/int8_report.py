@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edged.errors import InvalidModel
-from edged.fsutil import write_atomically
+from edged.core.errors import InvalidModel
+from edged.core.fsutil import write_atomically
 
 REPORT_FILE = "model.int8.report.json"
 ACCEPTED_FILE = "model.int8.onnx"  # = repository.INT8_FILE

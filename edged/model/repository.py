@@ -17,14 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edged.errors import ConfigError, InvalidModel, ModelNotFound
-from edged.fsutil import copy_synced, file_sha256, fsync_dir, write_atomically
+from edged.core.errors import ConfigError, InvalidModel, ModelNotFound
+from edged.core.fsutil import copy_synced, file_sha256, fsync_dir, write_atomically
+from edged.core.schema import parse, parse_file
 from edged.model.config import ModelConfig
 from edged.model.heads import Head
 from edged.model.resolve import resolve_processing
 from edged.model.signature import Signature, read_signature, reconcile
 from edged.model.tensor import TensorSpec, fixed_batch
-from edged.schema import parse, parse_file
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.config import ModelConfig, PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.metadata import ExportMetadata, read_metadata

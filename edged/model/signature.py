@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edged.errors import ConfigIssue, InvalidModel
+from edged.core.errors import ConfigIssue, InvalidModel
+from edged.core.schema import Parsed
 from edged.model.config import DTYPES, ModelConfig, TensorConfig
 from edged.model.tensor import TensorSpec
-from edged.schema import Parsed
 
 if TYPE_CHECKING:
     import onnx

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.api.config import default_socket
 from edged.api.protocol import (
     HEADER_LENGTH,
     TRITON_TO_NUMPY,
@@ -34,8 +35,7 @@ from edged.api.protocol import (
     encode_request,
     triton_dtype,
 )
-from edged.config import default_socket
-from edged.errors import EdgedError
+from edged.core.errors import EdgedError
 
 IDLE_RECONNECT_S = 30.0  # well under aiohttp's 75 s keep-alive timeout
 SHM_DIR = Path("/dev/shm")

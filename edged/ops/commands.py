@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edged.api.config import default_socket
 from edged.api.protocol import TRITON_TO_NUMPY
-from edged.config import DEFAULT_CONFIG_PATH, default_socket, load_config
-from edged.errors import InvalidInput
+from edged.config import DEFAULT_CONFIG_PATH, load_config
+from edged.core.errors import InvalidInput
 from edged.model.config import PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head
 from edged.model.tensor import TensorSpec

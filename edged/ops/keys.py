@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edged.errors import ToolError
-from edged.fsutil import file_sha256
+from edged.core.errors import ToolError
+from edged.core.fsutil import file_sha256
 from edged.ota.freshness import MAX_LIFETIME_S
 from edged.ota.manifest import key_id_of, parse_manifest, sign_document
 

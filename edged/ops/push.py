@@ -23,8 +23,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
-from edged.config import split_host_port
-from edged.errors import ToolError
+from edged.api.config import split_host_port
+from edged.core.errors import ToolError
+from edged.core.states import OtaState
 from edged.ops.keys import (
     DEFAULT_TTL_S,
     describe_artifact,
@@ -33,7 +34,6 @@ from edged.ops.keys import (
     read_manifest,
 )
 from edged.ota.manifest import FINAL, Rejected, parse_manifest, sign_document
-from edged.states import OtaState
 
 CHUNK_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 15.0

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from edged.errors import ToolError
+from edged.core.errors import ToolError
+from edged.core.states import OtaState
 from edged.ops.keys import DEFAULT_TTL_S, freshness, load_private_key
 from edged.ops.push import (
     Broker,
@@ -34,7 +35,6 @@ from edged.ops.push import (
     serve,
 )
 from edged.ota.manifest import sign_document
-from edged.states import OtaState
 
 DISCOVER_S = 3.0  # retained device status arrives at once; this bounds a quiet broker
 

@@ -22,18 +22,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.cache import ModelCache
-from edged.config import OtaConfig
-from edged.errors import EdgedError, InvalidModel, ModelNotFound
+from edged.core.errors import EdgedError, InvalidModel, ModelNotFound
+from edged.core.states import OtaState
+from edged.inference.cache import ModelCache
 from edged.model.repository import MODEL_FILE, ModelRepository
 from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
+from edged.ota.config import OtaConfig
 from edged.ota.fetch import ChunkAssembler, Fetcher, download_deadline_s
 from edged.ota.journal import InstallJournal
 from edged.ota.manifest import Manifest, Rejected, TrustStore
 from edged.ota.shadows import ShadowRollouts
 from edged.ota.verify import check_io, golden_check, verify_artifact
-from edged.states import OtaState
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edged.fsutil import write_atomically
+from edged.core.fsutil import write_atomically
 from edged.model.repository import ModelRepository
 from edged.ota.manifest import Rejected
 

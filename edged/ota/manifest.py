@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from edged.errors import ModelNotFound, UpdateRejected
+from edged.core.errors import ModelNotFound, UpdateRejected
+from edged.core.states import OtaState
 from edged.model.repository import check_model_name
-from edged.states import OtaState
 
 if TYPE_CHECKING:
     from edged.ota.rollout import Rollout
@@ -293,8 +293,8 @@ class TrustStore:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
         from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-        from edged.credentials import credential
-        from edged.errors import ConfigError
+        from edged.core.credentials import credential
+        from edged.core.errors import ConfigError
 
         keys = {}
         for given in paths:

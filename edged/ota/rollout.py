@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edged.model.agreement import Metrics, failures
 from edged.model.int8_report import Check
 from edged.ota.manifest import Rejected
+from edged.processing.agreement import Metrics, failures
 
 # Bound -> (the measure it reads, whether the measure must be at least or at most the bound).
 BOUNDS: dict[str, tuple[str, Literal["min", "max"]]] = {

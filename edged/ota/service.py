@@ -13,9 +13,10 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from edged.errors import ModelNotFound
+from edged.core.errors import ModelNotFound
+from edged.core.states import OtaState
 from edged.model.repository import check_model_name
-from edged.mqtt import MqttLink
+from edged.mqtt.link import MqttLink
 from edged.ota.fetch import ChunkAssembler
 from edged.ota.freshness import Freshness, check_fresh
 from edged.ota.install import Event, Updater
@@ -26,7 +27,6 @@ from edged.ota.manifest import (
     parse_command,
     parse_manifest,
 )
-from edged.states import OtaState
 
 logger = logging.getLogger(__name__)
 

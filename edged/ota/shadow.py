@@ -3,7 +3,7 @@ serves. The scheduler hands each request of the model to `Shadow.offer` (its tap
 share is also run through the candidate on one low-priority thread, never ahead of serving
 work: a sample is skipped, and counted, when serving queues are busy, when the shadow's own
 queue is full, or when the candidate has used its share of time (ota.shadow.max_share).
-Outputs are compared with the model's own kind of agreement (edged/model/agreement.py);
+Outputs are compared with the model's own kind of agreement (edged/processing/agreement.py);
 progress goes out retained on `<prefix>/ota/<model>/shadow`. Once `min_samples` are in (or
 `max_duration_s` passed) the shadow asks for its decision; the Updater carries it out on the
 OTA worker (promote: the usual warm swap; reject: the candidate is unloaded and removed).
@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from edged.cache import ModelCache
-from edged.config import ShadowConfig
-from edged.model.agreement import Agreement, classify_output
+from edged.inference.cache import ModelCache
 from edged.model.repository import ModelVersion
+from edged.ota.config import ShadowConfig
 from edged.ota.manifest import Manifest
 from edged.ota.rollout import bounds_for, judge
+from edged.processing.agreement import Agreement, classify_output
 from edged.processing.post import Postprocessor
 
 logger = logging.getLogger(__name__)

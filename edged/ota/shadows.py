@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edged.errors import EdgedError
+from edged.core.errors import EdgedError
+from edged.core.states import ModelState, OtaState
 from edged.ota.manifest import Manifest, Rejected
 from edged.ota.shadow import Publish, Shadow, Tap
-from edged.states import ModelState, OtaState
 
 if TYPE_CHECKING:
     from edged.ota.install import Updater

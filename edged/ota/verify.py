@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edged.errors import EdgedError
-from edged.fsutil import file_sha256
+from edged.core.errors import EdgedError
+from edged.core.fsutil import file_sha256
 from edged.model.repository import ModelVersion
 from edged.ota.manifest import Manifest, Rejected, Tensor
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.heads import Head
 
 # A box in pixels is more than a pixel and a half from the corner; 0..1 boxes never are.

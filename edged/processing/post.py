@@ -9,13 +9,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.config import PostprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.tensor import TensorSpec
+from edged.processing.boxes import nms, to_frame
 from edged.processing.decode import decode
 from edged.processing.pre import Geometry
 
@@ -85,7 +85,7 @@ def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
     found = decode(head, outputs, cfg.score_threshold, cfg.pre_nms_top_k)
     boxes, scores, classes = found.boxes, found.scores, found.classes
     if geometry is not None:
-        boxes = _to_frame(boxes, geometry, found.normalized)
+        boxes = to_frame(boxes, geometry, found.normalized)
     seen = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     if not seen.all():  # boxes wholly in the letterbox bars (or inside out) show nothing
         boxes, scores, classes = boxes[seen], scores[seen], classes[seen]
@@ -105,49 +105,6 @@ def specs_of(outputs: Mapping[str, np.ndarray]) -> tuple[TensorSpec, ...]:
     """Arrays as the tensor specs a head is chosen from."""
     return tuple(TensorSpec(name, np.asarray(a).dtype, tuple(np.shape(a)))
                  for name, a in outputs.items())
-
-
-def _to_frame(boxes: np.ndarray, g: Geometry, normalized: bool) -> np.ndarray:
-    """Input-tensor coordinates → frame pixels: undo the padding and the scale, clip."""
-    out = boxes.astype(np.float32, copy=True)
-    if normalized:
-        tensor_w = g.frame_size[0] * g.scale_x + 2 * g.pad_x
-        tensor_h = g.frame_size[1] * g.scale_y + 2 * g.pad_y
-        out[:, [0, 2]] *= tensor_w
-        out[:, [1, 3]] *= tensor_h
-    out[:, [0, 2]] = (out[:, [0, 2]] - g.pad_x) / g.scale_x
-    out[:, [1, 3]] = (out[:, [1, 3]] - g.pad_y) / g.scale_y
-    out[:, [0, 2]] = out[:, [0, 2]].clip(0, g.frame_size[0])
-    out[:, [1, 3]] = out[:, [1, 3]].clip(0, g.frame_size[1])
-    return out
-
-
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[N, 4] and [M, 4] boxes (x1, y1, x2, y2) → [N, M] intersection over union."""
-    ix = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
-    iy = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    inter = ix.clip(0) * iy.clip(0)
-    area_a = ((a[:, 2] - a[:, 0]).clip(0) * (a[:, 3] - a[:, 1]).clip(0))[:, None]
-    area_b = ((b[:, 2] - b[:, 0]).clip(0) * (b[:, 3] - b[:, 1]).clip(0))[None, :]
-    union = area_a + area_b - inter
-    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
-
-
-def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray,
-        iou_threshold: float) -> list[int]:
-    """Greedy non-maximum suppression per class (OpenCV's batched NMS: a box goes when it
-    overlaps a better one of its class by more than `iou_threshold`); indices best first."""
-    if not len(boxes):
-        return []
-    rects = np.empty((len(boxes), 4), np.float64)  # OpenCV's boxes are x, y, width, height
-    rects[:, :2] = boxes[:, :2]
-    rects[:, 2:] = (boxes[:, 2:] - boxes[:, :2]).clip(0)
-    # OpenCV keeps scores above its threshold, which must be >= 0: the caller has thresholded
-    # already, so 0 with every score lifted above it (a score of 0 only where the threshold is).
-    lifted = np.maximum(np.asarray(scores, np.float32), np.finfo(np.float32).tiny)
-    batched_nms: Any = cv2.dnn.NMSBoxesBatched  # its stubs take lists; arrays go straight in
-    kept = batched_nms(rects, lifted, np.asarray(classes, np.int32), 0.0, float(iou_threshold))
-    return np.asarray(kept, np.int64).reshape(-1).tolist()
 
 
 def raw(outputs: Mapping[str, np.ndarray], max_values: int) -> dict[str, Any]:

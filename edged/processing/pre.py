@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from edged.errors import InvalidInput
+from edged.core.errors import InvalidInput
 from edged.model.config import PreprocessConfig
 from edged.model.tensor import TensorSpec
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from edged.config import StreamConfig
 from edged.sources.base import (
     Backoff,
+    Backpressure,
     Frame,
     FrameQueue,
     Source,
@@ -39,6 +39,38 @@ __all__ = [
 ]
 
 
+class SourceSettings(Protocol):
+    """What a source is opened with: a stream's settings (`edged.streams.config.StreamConfig`),
+    read here without importing the room above."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def fps(self) -> float | None: ...
+    @property
+    def queue(self) -> int: ...
+    @property
+    def backpressure(self) -> Backpressure: ...
+    @property
+    def loop(self) -> bool: ...
+    @property
+    def watchdog_s(self) -> float: ...
+    @property
+    def backoff_initial_s(self) -> float: ...
+    @property
+    def backoff_max_s(self) -> float: ...
+    @property
+    def size(self) -> list[int] | None: ...
+    @property
+    def decoder(self) -> Literal["auto", "ffmpeg", "nvv4l2decoder"]: ...
+    @property
+    def codec(self) -> Literal["auto", "h264", "h265"]: ...
+    @property
+    def payload(self) -> Literal["json", "raw"]: ...
+
+
 @dataclass(frozen=True)
 class SensorLink:
     """What a sensor stream needs besides its config: the MQTT link's (un)subscribe (None while
@@ -50,7 +82,7 @@ class SensorLink:
     dtype: np.dtype
 
 
-def open_source(cfg: StreamConfig, sensor: SensorLink) -> Source:
+def open_source(cfg: SourceSettings, sensor: SensorLink) -> Source:
     """The source for the stream's URI scheme, with its own bounded frame queue; not yet
     started. Raises SourceUnavailable for a scheme no source reads."""
     queue = FrameQueue(cfg.queue, cfg.backpressure)

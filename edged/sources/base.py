@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from edged.errors import EdgedError
-from edged.states import SourceState
+from edged.core.errors import EdgedError
+from edged.core.states import SourceState
 
 logger = logging.getLogger(__name__)
 

@@ -148,7 +148,7 @@ def plan(scheme: str, uri: str, path: Path | None, probe: DecodeProbe, *,
 
 # -- the machine's answers ---------------------------------------------------------------------
 def _is_jetson() -> bool:
-    from edged import host
+    from edged.hardware import host
 
     return host.TEGRA.is_jetson()
 

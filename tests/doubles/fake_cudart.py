@@ -338,7 +338,7 @@ def install(monkeypatch: pytest.MonkeyPatch, fake: FakeCudart) -> FakeCudart:
 
 def forget_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Probe the GPU afresh in this test; the real probe comes back after it."""
-    from edged import gpu, memory
+    from edged.hardware import gpu, memory
 
     monkeypatch.setattr(gpu, "_probed", None)
     monkeypatch.setattr(memory, "_warned", set())

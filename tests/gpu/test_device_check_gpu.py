@@ -13,7 +13,7 @@ from pathlib import Path
 import gpu_selftest
 import pytest
 
-from edged import gpu, host
+from edged.hardware import gpu, host
 
 SECTIONS = "env,memory,ort-cuda,chain,iobind,daemon-pool,int8"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edged import gpu, memory
+from edged.hardware import gpu, memory
 
 
 def _device() -> gpu.Device:

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged import gpu
 from edged.backends import BackendOptions, EngineBuilding, LoadSpec
 from edged.backends.onnxruntime import OrtSession
 from edged.backends.tensorrt import TensorRTBackend
-from edged.model.loadspec import engine_hints
+from edged.hardware import gpu
+from edged.inference.loadspec import engine_hints
 from edged.model.repository import ModelRepository
 from tools.gpu_check.report import tensorrt_missing
 

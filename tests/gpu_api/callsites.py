@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CUDA_FILES = ["edged/gpu.py", "edged/memory.py", "edged/backends/*.py"]
+CUDA_FILES = ["edged/hardware/gpu.py", "edged/hardware/memory.py", "edged/backends/*.py"]
 TRT_FILES = ["edged/backends/*.py"]
 TOOLS = ["tools/gpu_selftest.py", "tools/gpu_check/*.py", "tools/bench/gpu_copies.py"]
 

@@ -17,8 +17,8 @@ from doubles import fake_cudart
 from doubles.fake_cudart import DISCRETE, JETSON, FakeCudart, Props
 from realmods import TARGETS, install, probe
 
-from edged import gpu, memory
 from edged.backends.onnxruntime import device_inputs
+from edged.hardware import gpu, memory
 
 CUDA = [t for t in TARGETS if t.library == "cuda"]
 

@@ -22,8 +22,8 @@ from realmods import TARGETS, build_stubs, install, probe
 from edged.backends import BackendOptions, EngineBuilding, LoadSpec
 from edged.backends.tensorrt import TensorRTBackend
 from edged.backends.trt_build import plan_precision
-from edged.memory import DeviceBufferPool
-from edged.model.loadspec import engine_hints
+from edged.hardware.memory import DeviceBufferPool
+from edged.inference.loadspec import engine_hints
 from edged.model.repository import ModelRepository
 
 TRT = [t for t in TARGETS if t.library == "tensorrt"]

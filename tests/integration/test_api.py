@@ -21,7 +21,7 @@ import tritonclient.http as triton
 import tritonclient.utils.shared_memory as triton_shm
 from support.daemon import LOOP_THREAD, Served, ServeFactory, record_threads
 
-from edged.api import listeners
+from edged.api.http import listeners
 from edged.api.protocol import RequestedOutput, ShmRef
 from edged.cli import main
 from edged.ops.client import SharedRegion

@@ -17,7 +17,7 @@ from support.backends import GateBackend
 from support.daemon import LOOP_THREAD, ServeFactory, decode_threads
 from support.polling import wait_until
 
-from edged.api import server as server_module
+from edged.api import kserve as kserve_module
 from edged.api.protocol import HEADER_LENGTH
 
 INFER = "/v2/models/tiny_cls/infer"
@@ -76,7 +76,7 @@ def test_api_when_json_comes_before_binary_data_parses_it_off_the_loop(
         make_served: ServeFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     served = make_served()
     threads = decode_threads(monkeypatch)
-    big = json_infer(pad=server_module.DECODE_ON_THREAD_BYTES)
+    big = json_infer(pad=kserve_module.DECODE_ON_THREAD_BYTES)
     small = json_infer()
     with served.client() as client:
         for body in (big, small):  # JSON data, announced as the JSON part of a binary request

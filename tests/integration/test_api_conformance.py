@@ -30,7 +30,7 @@ from tritonclient.utils import (
     serialized_byte_size,
 )
 
-from edged.api import server as server_module
+from edged.api import kserve as kserve_module
 from edged.api.protocol import HEADER_LENGTH
 
 IDENTITIES = ["identity_bytes", "identity_fp32"]
@@ -171,9 +171,9 @@ def test_raw_binary_request_when_a_large_bytes_element_comes_copies_it_off_the_l
         identities: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     """A BYTES element is copied out of the body (charged to the body budget): for a large
     one, on a worker thread; a small one is not worth the hand-off."""
-    threads = record_threads(monkeypatch, server_module, "decode_raw")
+    threads = record_threads(monkeypatch, kserve_module, "decode_raw")
     octets = {HEADER_LENGTH: "0", "Content-Type": "application/octet-stream"}
-    large = b"edge" * (server_module.DECODE_ON_THREAD_BYTES // 4 + 1)
+    large = b"edge" * (kserve_module.DECODE_ON_THREAD_BYTES // 4 + 1)
     for body in (large, b"small"):
         status, _, raw = post(identities, "/v2/models/identity_bytes/infer", body, octets)
         assert status == 200, raw[:300]

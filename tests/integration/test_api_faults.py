@@ -21,7 +21,7 @@ from support.models import write_yaml
 from support.polling import wait_until
 
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef
-from edged.errors import ConfigError, Forbidden
+from edged.core.errors import ConfigError, Forbidden
 from edged.ops.client import ApiError, EdgedClient, SharedRegion
 
 X = np.zeros((1, 3, 8, 8), np.float32)

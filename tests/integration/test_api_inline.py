@@ -9,7 +9,7 @@ import pytest
 from support.backends import GateBackend
 from support.daemon import ServeFactory
 
-from edged import batcher
+from edged.inference import batcher
 
 
 def test_api_when_one_client_asks_a_quick_model_runs_it_on_the_loop(

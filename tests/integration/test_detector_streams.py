@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from support.backends import options
 
-from edged.cache import ModelCache
-from edged.config import StreamConfig
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.pipeline import StreamPipeline
-from edged.scheduler import Scheduler
 from edged.sources import SensorLink, open_source
+from edged.streams.config import StreamConfig
+from edged.streams.pipeline import StreamPipeline
 
 SQUARE = (60, 40, 100, 80)  # x1, y1, x2, y2
 DARK_FRAMES, LIT_FRAMES = 2, 4

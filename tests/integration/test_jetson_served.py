@@ -14,8 +14,8 @@ from support.broker import Broker, Subscriber
 from support.daemon import ServeFactory
 from support.polling import wait_until
 
-from edged import host
-from edged.tegra import Tegra
+from edged.hardware import host
+from edged.hardware.tegra import Tegra
 from tests.support.jetson_sysfs import orin_root, set_value
 
 WARNINGS = "t/jetson/warnings"

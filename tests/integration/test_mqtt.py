@@ -14,10 +14,10 @@ from support.broker import PASSWORD, USERNAME, Broker, Subscriber
 from support.polling import wait_until
 from support.ports import free_port
 
-from edged import mqtt
-from edged.config import MqttConfig, TlsConfig
-from edged.errors import ConfigError
-from edged.mqtt import MqttLink, read_password
+from edged.core.errors import ConfigError
+from edged.mqtt import link as mqtt
+from edged.mqtt.config import MqttConfig, TlsConfig
+from edged.mqtt.link import MqttLink, read_password
 
 
 @pytest.fixture

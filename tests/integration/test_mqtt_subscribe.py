@@ -17,8 +17,8 @@ from support.daemon import ServeFactory
 from support.ota import Pusher, statuses, tiny_cls_bytes
 from support.polling import wait_until
 
-from edged.config import MqttConfig
-from edged.mqtt import MqttLink
+from edged.mqtt.config import MqttConfig
+from edged.mqtt.link import MqttLink
 
 
 @pytest.fixture

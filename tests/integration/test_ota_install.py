@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.artifacts import ArtifactServer
 from support.backends import options
 
-from edged.cache import ModelCache
-from edged.config import OtaConfig
+from edged.inference.cache import ModelCache
 from edged.model.repository import ModelRepository
+from edged.ota.config import OtaConfig
 from edged.ota.fetch import ChunkAssembler, Fetcher
 from edged.ota.install import Event, Updater
 from edged.ota.journal import PENDING

@@ -19,7 +19,7 @@ from support.daemon import Served, ServeFactory
 from support.shadow import nudged_cls_bytes, traffic
 
 from edged.cli import main
-from edged.errors import ToolError
+from edged.core.errors import ToolError
 from edged.ops.keys import keygen
 from edged.ops.waves import parse_waves, plan
 

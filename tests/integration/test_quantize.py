@@ -14,11 +14,11 @@ import pytest
 from support.backends import options
 from support.models import write_yaml
 
-from edged.cache import ModelCache
 from edged.cli import main
-from edged.errors import ModelLoadError
+from edged.core.errors import ModelLoadError
+from edged.inference.cache import ModelCache
+from edged.inference.precision import int8_variant
 from edged.model.int8_report import ACCEPTED_FILE, REFUSED_FILE, read_report
-from edged.model.precision import int8_variant
 from edged.model.repository import ModelRepository
 from tools.bench.textlines import PPOCR_CLS_PREPROCESS, write_set
 

@@ -24,7 +24,7 @@ from support.notify import NotifyReceiver, has
 from support.polling import wait_until
 
 from edged.ops.client import EdgedClient
-from edged.systemd import Notifier
+from edged.service.systemd import Notifier
 
 X = np.zeros((1, 3, 8, 8), np.float32)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from edged.backends import BackendOptions, LoadSpec
 from edged.backends.onnxruntime import OrtBackend, OrtSession
-from edged.scheduler import Scheduler
+from edged.inference.scheduler import Scheduler
 
 ORT_TARGET = "edged.backends.onnxruntime:OrtBackend"  # the registered default, put back
 

@@ -128,9 +128,9 @@ def served(make_served: ServeFactory) -> Served:
 def decode_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the threads the API decodes each infer request on, as they come (to tell
     a decode on the event loop, LOOP_THREAD, from one handed to a worker)."""
-    from edged.api import server as server_module
+    from edged.api import kserve as kserve_module
 
-    return record_threads(monkeypatch, server_module, "decode_request")
+    return record_threads(monkeypatch, kserve_module, "decode_request")
 
 
 def record_threads(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[str]:

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from edged.config import StreamConfig, parse_config
+from edged.config import parse_config
+from edged.streams.config import StreamConfig
 
 Box = tuple[float, float, float, float]
 BGR = {"red": (0, 0, 255), "green": (0, 255, 0), "blue": (255, 0, 0), "white": (255, 255, 255)}

@@ -1,6 +1,7 @@
 """A fake filesystem root laid out like JetPack 6 (L4T R36.4.3) on a Jetson AGX Orin, for
-edged.tegra. Each file is where Jetson Linux puts it (see edged/tegra.py's docstring for the
-source of each path); values are plausible for a loaded AGX Orin in mode 2 (30W)."""
+edged.hardware.tegra. Each file is where Jetson Linux puts it (see edged/hardware/tegra.py's
+docstring for the source of each path); values are plausible for a loaded AGX Orin in mode 2
+(30W)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 from edged import backends
 from edged.backends import BackendOptions, LoadSpec, choose_backend, get_backend, register_backend
 from edged.backends.onnxruntime import OrtSession, provider_chain, session_options
-from edged.errors import BackendUnavailable, ModelLoadError
+from edged.core.errors import BackendUnavailable, ModelLoadError
 from edged.model.repository import ModelRepository
 
 TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from edged.api.browsers import refusal
+from edged.api.http.browsers import refusal
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1:8000", "127.0.0.1", "localhost:8000", "[::1]:8000",

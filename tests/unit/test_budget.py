@@ -12,8 +12,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from edged.api import budget as budget_module
-from edged.api.budget import BodyBudget, Charge
+from edged.api.http import budget as budget_module
+from edged.api.http.budget import BodyBudget, Charge
 
 # Fixed costs no charge counts: zlib's state and 32 KiB window, the list of parts, the event
 # loop of asyncio.run. Every copy of the body is counted in full (before: half of what was held).

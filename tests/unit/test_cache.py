@@ -13,10 +13,10 @@ import pytest
 from support.backends import GateBackend, options
 from support.models import write_yaml
 
-from edged.cache import ModelCache
-from edged.errors import InvalidModel, ModelNotFound, Timeout
+from edged.core.errors import InvalidModel, ModelNotFound, Timeout
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.scheduler import Scheduler
 
 X = np.linspace(0, 1, 3 * 8 * 8, dtype=np.float32).reshape(1, 3, 8, 8)
 
@@ -263,7 +263,7 @@ def test_cache_preload_within_budget_when_the_next_model_would_not_fit_leaves_it
 
 def test_cache_unload_when_a_session_closes_trims_the_heap(
         core: tuple[ModelCache, Scheduler], monkeypatch: pytest.MonkeyPatch) -> None:
-    import edged.cache as cache_module
+    import edged.inference.cache as cache_module
 
     trims: list[bool] = []
     monkeypatch.setattr(cache_module, "trim_heap", lambda: trims.append(True) or True)

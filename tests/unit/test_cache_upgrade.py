@@ -28,9 +28,9 @@ from edged.backends import (
 )
 from edged.backends.onnxruntime import OrtBackend
 from edged.backends.tensorrt import TensorRTBackend
-from edged.cache import ModelCache
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.scheduler import Scheduler
 
 X = np.linspace(0, 1, 3 * 8 * 8, dtype=np.float32).reshape(1, 3, 8, 8)
 
@@ -116,7 +116,7 @@ def test_cache_when_engine_builds_serves_fallback_then_swaps_keeping_leases(
     assert [s.backend for s in cache.status() if s.name == "tiny_cls"] == ["onnxruntime"]
     expected = early.session.infer({"x": X})["prob"]
 
-    with caplog.at_level(logging.INFO, logger="edged.cache"):
+    with caplog.at_level(logging.INFO, logger="edged.inference.cache"):
         building.ready.set_result(None)  # the cache's callback runs here, on this thread
     assert "tiny_cls:1: requests now go to tensorrt (was onnxruntime)" in caplog.text
     with cache.acquire("tiny_cls") as late:
@@ -140,7 +140,7 @@ def test_cache_when_build_fails_keeps_serving_the_fallback(
     building, _ = pair
     cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))
     cache.load("tiny_cls")
-    with caplog.at_level(logging.WARNING, logger="edged.cache"):
+    with caplog.at_level(logging.WARNING, logger="edged.inference.cache"):
         building.ready.set_exception(RuntimeError("TensorRT built no engine"))
     assert "tiny_cls:1 stays on onnxruntime: TensorRT built no engine" in caplog.text
     with cache.acquire("tiny_cls") as lease:

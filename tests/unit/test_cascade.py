@@ -12,11 +12,12 @@ import pytest
 from support.backends import GateBackend
 from support.models import write_yaml
 
-from edged.cache import ModelCache
-from edged.cascade import Cascade, crop, run_all
-from edged.config import DaemonConfig, SecondaryConfig, parse_config
-from edged.errors import ConfigError, InvalidModel
-from edged.scheduler import Scheduler
+from edged.config import DaemonConfig, parse_config
+from edged.core.errors import ConfigError, InvalidModel
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
+from edged.streams.cascade import Cascade, crop, run_all
+from edged.streams.config import SecondaryConfig
 
 Core = tuple[ModelCache, Scheduler]
 BGR = {"red": (0, 0, 255), "green": (0, 255, 0), "blue": (255, 0, 0)}

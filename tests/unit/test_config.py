@@ -8,12 +8,13 @@ from pathlib import Path
 import make_test_models
 import pytest
 
-from edged import config as config_module
+from edged.api import config as config_module
+from edged.api.config import default_socket
 from edged.cli import main
-from edged.config import DaemonConfig, default_socket, load_config, parse_config, with_overrides
-from edged.errors import ConfigError
+from edged.config import DaemonConfig, load_config, parse_config, with_overrides
+from edged.core.errors import ConfigError
+from edged.core.schema import parse
 from edged.model.config import BatchingConfig, ModelConfig
-from edged.schema import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 

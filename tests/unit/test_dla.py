@@ -13,12 +13,12 @@ from support.models import write_yaml
 from edged.backends import BackendOptions
 from edged.backends.engine_cache import EngineKey
 from edged.backends.tensorrt import TensorRTBackend
-from edged.errors import InvalidModel
-from edged.metrics import Metrics
-from edged.model.loadspec import load_spec, options_for
+from edged.core.errors import InvalidModel
+from edged.core.states import ModelState
+from edged.inference.loadspec import load_spec, options_for
+from edged.inference.modelstatus import ModelStatus
 from edged.model.repository import ModelRepository
-from edged.modelstatus import ModelStatus
-from edged.states import ModelState
+from edged.service.metrics import Metrics
 from tests.doubles import fake_cudart, fake_tensorrt
 from tests.doubles.fake_cudart import FakeCudart
 from tests.doubles.fake_tensorrt import Knobs

@@ -7,7 +7,7 @@ import pytest
 from support.events import stream
 
 from edged.config import parse_config
-from edged.errors import ConfigError
+from edged.core.errors import ConfigError
 from edged.events.config import (
     LineConfig,
     PublishConfig,

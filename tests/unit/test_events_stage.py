@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from support.events import T0, det, stream
 
-from edged.errors import ConfigError
+from edged.core.errors import ConfigError
 from edged.events.discovery import DeviceInfo, slug, stream_configs
 from edged.events.publish import EventPublisher
-from edged.stream_events import EventsHub, EventsStage
+from edged.streams.events_stage import EventsHub, EventsStage
 
 DEVICE = DeviceInfo("edge-01", "edged/edge-01", "homeassistant", "1.0")
 

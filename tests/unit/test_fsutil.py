@@ -1,4 +1,4 @@
-"""Atomic, durable writes and remembered file digests (edged/fsutil.py)."""
+"""Atomic, durable writes and remembered file digests (edged/core/fsutil.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edged import fsutil
-from edged.fsutil import file_sha256, write_atomically
+from edged.core import fsutil
+from edged.core.fsutil import file_sha256, write_atomically
 
 
 def test_file_sha256_is_remembered_until_the_file_changes(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ import pytest
 from doubles import fake_cudart, fake_tensorrt
 from doubles.fake_cudart import DISCRETE, FakeCudart
 
-from edged import backends, host
+from edged import backends
+from edged.hardware import host
 from tools.gpu_check.report import NOT_ON_PYPI
 
 # The daemon end to end has a test of its own (tests/integration/test_gpu_check.py).

@@ -9,13 +9,14 @@ import logging
 import numpy as np
 import pytest
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.config import PostprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.metadata import ExportMetadata, read_metadata
 from edged.model.tensor import TensorSpec
+from edged.processing.boxes import nms
 from edged.processing.decode import decode
-from edged.processing.post import detect, nms
+from edged.processing.post import detect
 
 COCO = str({i: f"class{i}" for i in range(80)})
 DETECT = PostprocessConfig(kind="detect")

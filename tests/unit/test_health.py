@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from edged.health import HealthMonitor, RecentErrors
+from edged.hardware.tegra import Tegra
 from edged.ops.status import render
-from edged.tegra import Tegra
+from edged.service.health import HealthMonitor, RecentErrors
 from tests.support.jetson_sysfs import orin_root, set_value
 
 
@@ -59,7 +59,7 @@ def test_health_when_a_model_with_work_finishes_no_batch_reports_it_stuck(
     clock.now += 9
     assert health.check() == []
     clock.now += 2
-    with caplog.at_level(logging.ERROR, "edged.health"):
+    with caplog.at_level(logging.ERROR, "edged.service.health"):
         problems = health.check()
         assert health.check() == problems  # still stuck: reported once in the log
     assert problems == ["model m: 3 request(s) waiting, no batch finished for 11 s"]

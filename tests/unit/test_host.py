@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from edged import host
-from edged.host import GpuStats, Nvml, rss_bytes
+from edged.hardware import host
+from edged.hardware.host import GpuStats, Nvml, rss_bytes
 
 
 class FakeNvml(types.ModuleType):
@@ -79,7 +79,7 @@ def test_gpus_when_the_driver_has_no_nvml_reports_none_and_says_so_once(
     nvml = FakeNvml([], init_error="NVML Shared Library Not Found")
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     reader = Nvml()
-    with caplog.at_level(logging.INFO, logger="edged.host"):
+    with caplog.at_level(logging.INFO, logger="edged.hardware.host"):
         assert reader.gpus() == [] and reader.gpus() == []
     assert nvml.inits == 1
     assert [r.getMessage() for r in caplog.records] == [
@@ -89,7 +89,7 @@ def test_gpus_when_the_driver_has_no_nvml_reports_none_and_says_so_once(
 def test_gpus_when_nvidia_ml_py_is_not_installed_reports_none(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
-    with caplog.at_level(logging.INFO, logger="edged.host"):
+    with caplog.at_level(logging.INFO, logger="edged.hardware.host"):
         assert Nvml().gpus() == []
     assert "nvidia-ml-py is not installed" in caplog.text
 
@@ -115,7 +115,7 @@ def test_trim_heap_when_glibc_gives_free_pages_back() -> None:
 
 ARENA_PROBE = """
 import ctypes, sys, threading
-from edged import host
+from edged.hardware import host
 if sys.argv[1] == "limit":
     assert host.limit_heap_arenas(2) is True
 libc = ctypes.CDLL(None)
@@ -161,7 +161,7 @@ def test_heap_arenas_are_limited_before_threads_start(mode: str, env: dict[str, 
 
 HEAP_TOP_PROBE = """
 import ctypes, sys, threading
-from edged import host
+from edged.hardware import host
 host.limit_heap_arenas(2)  # as `edged run` does
 if sys.argv[1] == "fixed":
     assert host.fix_heap_thresholds() is True

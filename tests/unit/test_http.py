@@ -1,5 +1,5 @@
-"""edged's HTTP/1.1 layer (`edged/api/http.py`) on its own, over real sockets: what a client
-of any make relies on (keep-alive, pipelining, HEAD, 100-continue, HTTP/1.0) and the bounds a
+"""edged's HTTP/1.1 layer (`edged/api/http/connection.py`) on its own, over real sockets: what a
+client of any make relies on (keep-alive, pipelining, HEAD, 100-continue, HTTP/1.0) and the bounds a
 hostile one meets (head size, body buffering, answers before the body, broken chunks, idle
 connections). The API's own cases run through it in tests/integration/test_api_*.py."""
 
@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 from support.polling import wait_until
 
-from edged.api import http, messages
-from edged.api.http import HttpServer
-from edged.api.messages import HttpError, Request, Response, json_response
-from edged.api.routing import Router
+from edged.api.http import connection as http
+from edged.api.http import messages
+from edged.api.http.connection import HttpServer
+from edged.api.http.messages import HttpError, Request, Response, json_response
+from edged.api.http.routing import Router
 
 
 @dataclass

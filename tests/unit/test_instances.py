@@ -9,13 +9,13 @@ import pytest
 from support.backends import GateBackend, hold_worker, options
 from support.models import cls_input, write_yaml
 
-from edged import instances
 from edged.api.describe import model_config
 from edged.backends import BackendOptions
-from edged.cache import ModelCache
-from edged.model.loadspec import engine_hints
+from edged.inference import instances
+from edged.inference.cache import ModelCache
+from edged.inference.loadspec import engine_hints
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.scheduler import Scheduler
 
 
 def test_instance_count_when_a_number_is_configured_keeps_it(
@@ -122,7 +122,7 @@ def test_cpu_instances_when_rows_are_slow_split_the_queue_between_them(
     """Both CPU instances busy, four requests queued: where a row takes SPREAD_MIN_NS or
     more, the instance that comes free first takes its share (half) and leaves the rest to
     the other, so both cores run them; where rows are quick, one takes them all (one call)."""
-    from edged import batcher
+    from edged.inference import batcher
 
     monkeypatch.setattr(instances, "cores", lambda: 2)
     monkeypatch.setattr(batcher, "SPREAD_MIN_NS", 0 if rows_are_slow else 1 << 60)

@@ -12,8 +12,8 @@ import pytest
 from doubles import fake_cudart
 from doubles.fake_cudart import DISCRETE, JETSON, FakeCudart
 
-from edged import gpu, memory
-from edged.memory import DeviceBufferPool, HostBufferPool, locate, new_pool, resolve
+from edged.hardware import gpu, memory
+from edged.hardware.memory import DeviceBufferPool, HostBufferPool, locate, new_pool, resolve
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_resolve_when_cuda_python_missing_is_host(monkeypatch: pytest.MonkeyPatc
 def test_resolve_when_asked_for_cuda_memory_without_cuda_warns_and_uses_host(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     fake_cudart.install(monkeypatch, FakeCudart(props=None))  # a driver, but no device
-    with caplog.at_level(logging.WARNING, logger="edged.memory"):
+    with caplog.at_level(logging.WARNING, logger="edged.hardware.memory"):
         assert resolve("mapped") == "host"
     assert "memory: mapped asked for, but there is no CUDA here" in caplog.text
 

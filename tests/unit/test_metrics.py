@@ -8,11 +8,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from edged.batching import InferenceCounters
-from edged.host import GpuStats
-from edged.metrics import Metrics
-from edged.modelstatus import ModelCounters, ModelStatus
-from edged.states import ModelState
+from edged.core.states import ModelState
+from edged.hardware.host import GpuStats
+from edged.inference.batching import InferenceCounters
+from edged.inference.modelstatus import ModelCounters, ModelStatus
+from edged.service.metrics import Metrics
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

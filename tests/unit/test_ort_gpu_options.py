@@ -20,8 +20,8 @@ from support.models import write_yaml
 
 from edged.backends import BackendOptions, LoadSpec
 from edged.backends.onnxruntime import OrtSession, device_inputs, provider_chain
-from edged.memory import DeviceBufferPool
-from edged.model.loadspec import engine_hints, options_for
+from edged.hardware.memory import DeviceBufferPool
+from edged.inference.loadspec import engine_hints, options_for
 from edged.model.repository import ModelRepository
 
 TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"

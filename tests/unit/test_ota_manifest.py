@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from edged.errors import ConfigError
+from edged.core.errors import ConfigError
 from edged.ota.manifest import (
     MAX_MANIFEST_BYTES,
     Rejected,

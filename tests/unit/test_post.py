@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.config import PostprocessConfig
-from edged.processing.post import Postprocessor, classify, detect, nms, raw
+from edged.processing.boxes import nms
+from edged.processing.post import Postprocessor, classify, detect, raw
 from edged.processing.pre import Geometry
 
 LABELS = ["cat", "dog", "car"]

@@ -17,22 +17,22 @@ from support.models import write_yaml
 from edged.backends import LoadSpec
 from edged.backends.onnxruntime import OrtBackend
 from edged.backends.tensorrt import TensorRTBackend  # its rules need no tensorrt module
-from edged.cache import ModelCache
-from edged.errors import ModelLoadError
-from edged.fsutil import file_sha256
+from edged.core.errors import ModelLoadError
+from edged.core.fsutil import file_sha256
+from edged.inference.cache import ModelCache
+from edged.inference.precision import (
+    choose_precision,
+    int8_status,
+    int8_variant,
+    measure_sessions,
+    sample_inputs,
+)
 from edged.model.int8_report import (
     ACCEPTED_FILE,
     REFUSED_FILE,
     Check,
     QuantReport,
     write_report,
-)
-from edged.model.precision import (
-    choose_precision,
-    int8_status,
-    int8_variant,
-    measure_sessions,
-    sample_inputs,
 )
 from edged.model.repository import ModelRepository, ModelVersion
 

@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edged.errors import InvalidInput
+from edged.core.errors import InvalidInput
 from edged.model.config import PreprocessConfig
 from edged.model.tensor import TensorSpec
 from edged.processing.pre import preprocess

@@ -18,7 +18,7 @@ from edged.api.protocol import (
     encode_response,
     triton_dtype,
 )
-from edged.errors import InvalidInput
+from edged.core.errors import InvalidInput
 
 
 def binary_body(header: dict[str, Any], *blobs: bytes) -> tuple[bytes, int]:
@@ -350,7 +350,7 @@ def test_decode_charges_at_least_what_parsing_the_json_makes(item: bytes) -> Non
     than json.loads' peak (tracemalloc) for a request full of one shape, hostile or not."""
     import tracemalloc
 
-    from edged.api.budget import JSON_WEIGHT
+    from edged.api.http.budget import JSON_WEIGHT
 
     n = 20_000
     text = (b'{"inputs": [], "parameters": {"pad": [' + b",".join([item] * n) + b"]}}")

@@ -11,13 +11,13 @@ import cv2
 import numpy as np
 import pytest
 
-from edged.errors import InvalidInput, InvalidModel
+from edged.core.errors import InvalidInput, InvalidModel
 from edged.model.config import PreprocessConfig, QuantizationConfig
 from edged.model.int8_report import Check, QuantReport, read_report, report_path, write_report
 from edged.model.repository import ModelRepository
 from edged.ops.quantize.calibration import Sample, load_samples, split, stream_samples, subset
 from edged.ops.quantize.command import gather, read_labels
-from edged.ops.quantize.gate import classify_output, compare, decide
+from edged.processing.agreement import classify_output, compare, decide
 from edged.processing.pre import preprocess
 
 

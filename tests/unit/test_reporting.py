@@ -9,12 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from edged.batching import InferenceCounters
-from edged.host import GpuStats
-from edged.modelstatus import ModelCounters, ModelStatus
-from edged.reporting import Reporter, throttle_warning
-from edged.states import ModelState
-from edged.tegra import Tegra
+from edged.core.states import ModelState
+from edged.hardware.host import GpuStats
+from edged.hardware.tegra import Tegra
+from edged.inference.batching import InferenceCounters
+from edged.inference.modelstatus import ModelCounters, ModelStatus
+from edged.service.reporting import Reporter, throttle_warning
 from tests.support.jetson_sysfs import orin_root
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from support.models import write_yaml
 
-from edged.errors import InvalidModel, ModelNotFound
+from edged.core.errors import InvalidModel, ModelNotFound
 from edged.model.repository import ModelRepository
 
 

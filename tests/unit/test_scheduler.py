@@ -14,8 +14,7 @@ from support.backends import GateBackend, hold_worker, options
 from support.models import cls_input, write_yaml
 from support.polling import wait_until
 
-from edged.cache import ModelCache
-from edged.errors import (
+from edged.core.errors import (
     InferenceFailed,
     InvalidInput,
     ModelNotFound,
@@ -23,8 +22,9 @@ from edged.errors import (
     ShuttingDown,
     Timeout,
 )
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.scheduler import Scheduler
 
 Core = tuple[ModelCache, Scheduler]
 

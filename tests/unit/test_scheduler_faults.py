@@ -16,10 +16,10 @@ from support.backends import GateBackend, hold_worker, options
 from support.models import cls_input, write_yaml
 from support.polling import wait_until
 
-from edged.cache import ModelCache
-from edged.errors import InvalidInput, ModelLoadError, ShuttingDown, Timeout
+from edged.core.errors import InvalidInput, ModelLoadError, ShuttingDown, Timeout
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.scheduler import Scheduler
 
 Core = tuple[ModelCache, Scheduler]
 

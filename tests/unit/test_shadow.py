@@ -17,14 +17,14 @@ from support.backends import GateBackend, hold_worker, options
 from support.models import cls_input
 from support.polling import wait_until
 
-from edged.cache import ModelCache
-from edged.config import ShadowConfig
-from edged.model.agreement import Agreement, compare, match_boxes
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
+from edged.ota.config import ShadowConfig
 from edged.ota.manifest import Artifact, Manifest, Rejected, parse_manifest
 from edged.ota.rollout import Rollout, bounds_for, judge, parse_rollout
 from edged.ota.shadow import Shadow
-from edged.scheduler import Scheduler
+from edged.processing.agreement import Agreement, compare, match_boxes
 
 
 @pytest.fixture

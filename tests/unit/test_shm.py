@@ -16,7 +16,7 @@ import pytest
 from edged.api import shm as shm_module
 from edged.api.protocol import ShmRef
 from edged.api.shm import Peer, ShmRegistry
-from edged.errors import Forbidden, InvalidInput
+from edged.core.errors import Forbidden, InvalidInput
 
 
 @pytest.fixture

@@ -18,16 +18,16 @@ from support.backends import GateBackend, hold_worker
 from support.models import write_yaml
 
 from edged.api.describe import model_config, model_metadata
+from edged.backends.config import OrtConfig
 from edged.backends.onnxruntime import provider_chain
 from edged.backends.profiles import InputProfile, derive_profile
-from edged.batching import validate
-from edged.cache import ModelCache
-from edged.config import OrtConfig
-from edged.errors import InvalidInput, InvalidModel
-from edged.model.loadspec import backend_options, engine_hints, load_spec, warmup_inputs
+from edged.core.errors import InvalidInput, InvalidModel
+from edged.inference.batching import validate
+from edged.inference.cache import ModelCache
+from edged.inference.loadspec import backend_options, engine_hints, load_spec, warmup_inputs
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
 from edged.model.tensor import TensorSpec
-from edged.scheduler import Scheduler
 
 Core = tuple[ModelCache, Scheduler]
 TRT, CPU = "TensorrtExecutionProvider", "CPUExecutionProvider"

@@ -16,7 +16,7 @@ import pytest
 from support.models import write_yaml
 
 from edged.api.describe import model_config
-from edged.errors import InvalidModel
+from edged.core.errors import InvalidModel
 from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelRepository, ModelVersion
 from edged.processing.post import Postprocessor, Results

@@ -11,11 +11,11 @@ import pytest
 from support.backends import GateBackend, hold_worker
 from support.models import cls_input, write_yaml
 
-from edged import batcher
-from edged.batching import Pending
-from edged.cache import ModelCache
-from edged.errors import InvalidInput, QueueFull
-from edged.scheduler import Scheduler
+from edged.core.errors import InvalidInput, QueueFull
+from edged.inference import batcher
+from edged.inference.batching import Pending
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
 
 Core = tuple[ModelCache, Scheduler]
 

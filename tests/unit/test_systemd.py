@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from support.notify import NotifyReceiver, has
 
-from edged import systemd
-from edged.systemd import JournalHandler, Notifier, encode_fields, listen_fds, setup_logging
+from edged.service import systemd
+from edged.service.systemd import JournalHandler, Notifier, encode_fields, listen_fds, setup_logging
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_notifier_when_the_socket_is_abstract_sends_to_the_abstract_name() -> No
 def test_notifier_when_systemd_is_gone_warns_once_and_never_raises(
         short_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     notifier = Notifier({"NOTIFY_SOCKET": str(short_dir / "nobody")})
-    with caplog.at_level(logging.WARNING, "edged.systemd"):
+    with caplog.at_level(logging.WARNING, "edged.service.systemd"):
         assert notifier.watchdog() is False
         assert notifier.watchdog() is False
     notifier.close()
@@ -96,7 +96,7 @@ def test_notifier_watchdog_interval_when_set_by_systemd_is_read_for_this_process
 # -- socket activation -----------------------------------------------------------------------
 ACTIVATED = """
 import json, os, socket
-from edged.systemd import listen_fds
+from edged.service.systemd import listen_fds
 found = listen_fds()
 print(json.dumps({name: [[s.fileno(), s.family == socket.AF_UNIX, s.getsockname()]
                          for s in socks] for name, socks in found.items()}))

@@ -1,4 +1,4 @@
-"""Jetson telemetry from sysfs (edged.tegra) against a fake JetPack 6 / AGX Orin tree, and
+"""Jetson telemetry from sysfs (edged.hardware.tegra) against a fake JetPack 6 / AGX Orin tree, and
 /metrics with and without one."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from edged import host
-from edged.metrics import Metrics
-from edged.tegra import Tegra
+from edged.hardware import host
+from edged.hardware.tegra import Tegra
+from edged.service.metrics import Metrics
 from tests.support.jetson_sysfs import orin_root, set_value
 
 
@@ -84,7 +84,7 @@ def test_tegra_when_over_current_events_grow_logs_counts_and_tells_listeners(
     tegra.on_throttle(lambda reason, stats: heard.append(reason))
     tegra.read()
     set_value(orin, "sys/class/hwmon/hwmon3/oc3_event_cnt", 15)
-    with caplog.at_level(logging.WARNING, logger="edged.tegra"):
+    with caplog.at_level(logging.WARNING, logger="edged.hardware.tegra"):
         assert tegra.read() is tegra.read()  # within min_interval_s: the same pass
         clock.now += 5
         stats = tegra.read()

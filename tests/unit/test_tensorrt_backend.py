@@ -26,9 +26,9 @@ from edged.backends import BackendOptions, EngineBuilding, FallBack, LoadSpec, c
 from edged.backends.onnxruntime import OrtSession
 from edged.backends.tensorrt import TensorRTBackend, TrtSession
 from edged.backends.trt_build import BuildError
-from edged.errors import InvalidInput
-from edged.memory import DeviceBufferPool
-from edged.model.loadspec import engine_hints
+from edged.core.errors import InvalidInput
+from edged.hardware.memory import DeviceBufferPool
+from edged.inference.loadspec import engine_hints
 from edged.model.repository import ModelRepository
 
 X = np.linspace(-1, 1, 5 * 3 * 8 * 8, dtype=np.float32).reshape(5, 3, 8, 8)

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 from support.backends import options
 
-from edged import instances
 from edged.backends import BackendOptions, LoadSpec
 from edged.backends.onnxruntime import OrtBackend
-from edged.cache import ModelCache
-from edged.model import threads
-from edged.model.loadspec import load_spec
-from edged.model.precision import sample_inputs
+from edged.inference import instances, threads
+from edged.inference.cache import ModelCache
+from edged.inference.loadspec import load_spec
+from edged.inference.precision import sample_inputs
 from edged.model.repository import ModelRepository, ModelVersion
 
 

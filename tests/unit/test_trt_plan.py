@@ -23,7 +23,7 @@ from edged.backends.profiles import (
     ort_trt_profile_options,
 )
 from edged.backends.trt_build import inspect_qdq, plan_precision
-from edged.model.loadspec import engine_hints
+from edged.inference.loadspec import engine_hints
 from edged.model.repository import ModelRepository
 from edged.model.tensor import TensorSpec
 

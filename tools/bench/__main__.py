@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, help="soak: how long (default 60)")
     args = parser.parse_args(argv)
 
-    from edged.systemd import setup_logging
+    from edged.service.systemd import setup_logging
 
     setup_logging("warning", "stderr")
     suite = importlib.import_module(f"tools.bench.{args.suite}")

@@ -31,8 +31,8 @@ import numpy as np
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, ShmRef, encode_request
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import session_options
+from edged.inference.threads import remembered_threads
 from edged.model.repository import ModelRepository
-from edged.model.threads import remembered_threads
 from edged.ops.client import EdgedClient, InferResponse, SharedRegion
 from tools.bench import floor, pipeline_cpu, yardstick
 from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, tiny_model_tools

@@ -46,7 +46,7 @@ def cpu_model() -> str:
     clock (a VM may name only the vendor's line: 'AMD EPYC'); else the architecture."""
     import platform
 
-    from edged.model.precision import cpu_fields
+    from edged.inference.precision import cpu_fields
 
     fields = cpu_fields()
     name = fields.get("model name") or fields.get("Hardware") or platform.processor() \

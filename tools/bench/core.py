@@ -26,9 +26,9 @@ import numpy as np
 
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import OrtSession
-from edged.cache import ModelCache
+from edged.inference.cache import ModelCache
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.scheduler import Scheduler
 from tools.bench.assets import PPOCR_CLS, PPOCR_DET, ppocr_model, tiny_model_tools
 
 CLS_YAML = """max_batch_size: 16

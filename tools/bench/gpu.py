@@ -29,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from edged import gpu
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import OrtSession
-from edged.cache import ModelCache
-from edged.model.loadspec import load_spec
-from edged.model.precision import time_sessions
+from edged.hardware import gpu
+from edged.inference.cache import ModelCache
+from edged.inference.loadspec import load_spec
+from edged.inference.precision import time_sessions
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from edged.scheduler import Scheduler
 from tools.bench.core import closed_loop, ort_session_of, rotating_rates
 from tools.bench.gpu_models import write_models
 
@@ -174,7 +174,7 @@ def format_table(r: dict[str, Any]) -> str:
             f"{r['imgsz']}x{r['imgsz']}, {r['yolo_gflops']} GFLOPs/frame")
     if r["dry_run"]:
         head = f"DRY RUN on the CPU EP (no GPU numbers): {r['dry_run']}\n" + head
-    lines = [head, "", "| copy (edged.memory buffers) | GB/s |", "|---|---|"]
+    lines = [head, "", "| copy (edged.hardware.memory buffers) | GB/s |", "|---|---|"]
     copies = r["copies"]
     if "skipped" in copies:
         lines.append(f"| skipped: {copies['skipped']} | |")

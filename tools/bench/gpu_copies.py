@@ -1,4 +1,4 @@
-"""Host-to-device bandwidth through edged's own buffers (`edged.memory`), in GB/s: a pinned
+"""Host-to-device bandwidth through edged's own buffers (`edged.hardware.memory`), in GB/s: a pinned
 pool buffer copied async to its device mirror (the discrete-GPU path), the same bytes from
 plain pageable numpy memory (what a backend copies when a batch is not in a pool), device to
 host into pinned memory (outputs), and the copy engine reading mapped (zero-copy) host memory
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edged import gpu, memory
+from edged.hardware import gpu, memory
 
 
 def bandwidths(size_mb: int = 64, repeats: int = 10) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def edged_vs_direct(workdir: Path, providers: tuple[str, ...],
 
     from edged.backends import BackendOptions
     from edged.backends.onnxruntime import provider_chain, session_options
-    from edged.model.loadspec import load_spec
+    from edged.inference.loadspec import load_spec
     from edged.model.repository import ModelRepository
 
     case = workdir / "served"

@@ -12,7 +12,7 @@ daemon, with direct `session.run` (8 threads on one session) in the same run:
   user would set it: the delay must not make two instances lose to one (both waiting out the
   delay on one queue did; now one instance at a time fills a batch, `Batcher._forming`).
 
-The default (`edged.instances`) was chosen by these numbers."""
+The default (`edged.inference.instances`) was chosen by these numbers."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ holding 20 objects; the result JSON; publishing it at QoS 0 through edged's `Mqt
 private mosquitto). The head is made as a real one looks (tools/bench/post.py) instead of
 running a model, and the frame is decoded once beforehand: what is timed is the pipeline alone.
 CPU is the bench process's (all threads: paho's network thread included) over N frames. The
-process takes the daemon's malloc settings first (`edged.host`, as `edged run` does): they
+process takes the daemon's malloc settings first (`edged.hardware.host`, as `edged run` does): they
 decide whether per-frame buffers are reused or faulted in afresh (a trim threshold of 1 MiB
 made pre-processing 3.4x dearer), so the bench must run under them to measure the daemon."""
 
@@ -21,12 +21,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edged import host
-from edged.config import MqttConfig, StreamConfig
+from edged.hardware import host
 from edged.model.repository import ModelRepository
-from edged.mqtt import MqttLink
-from edged.pipeline import StreamPipeline, _InFlight
+from edged.mqtt.config import MqttConfig
+from edged.mqtt.link import MqttLink
 from edged.sources import Frame
+from edged.streams.config import StreamConfig
+from edged.streams.pipeline import StreamPipeline, _InFlight
 from tools.bench.broker import loopback_broker
 from tools.bench.post import yolov8_head
 

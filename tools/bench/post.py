@@ -214,7 +214,7 @@ def yolov8_case(rng: np.random.Generator, scene: str, threshold: float, repeats:
 
 def nms_case(rng: np.random.Generator, repeats: int) -> dict[str, Any]:
     """NMS alone on the candidates of a crowd at 0.25, in frame pixels."""
-    from edged.processing.post import nms
+    from edged.processing.boxes import nms
 
     table = yolov8_head(rng, *SCENES["crowd of 100"])[0].T
     scores = table[:, 4:].max(axis=1)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.processing.post import iou_matrix
+from edged.processing.boxes import iou_matrix
 
 Detection = dict[str, Any]
 

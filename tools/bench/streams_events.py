@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from edged.config import StreamConfig
 from edged.events.config import SnapshotsConfig
 from edged.events.publish import EventPublisher
-from edged.stream_events import EventsStage
+from edged.streams.config import StreamConfig
+from edged.streams.events_stage import EventsStage
 from tools.bench.api import edged_config, run_edged
 from tools.bench.assets import tiny_model_tools
 from tools.bench.events import WARMUP, engine_settings

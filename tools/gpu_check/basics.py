@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from edged import gpu, host, memory
 from edged.backends import BackendOptions
 from edged.backends.onnxruntime import OrtSession, device_inputs
-from edged.model.loadspec import load_spec
+from edged.hardware import gpu, host, memory
+from edged.inference.loadspec import load_spec
 from edged.model.repository import ModelVersion
 from tools.gpu_check.report import (
     CUDA_EP,
@@ -195,7 +195,7 @@ def _ort_cuda(report: Report, model: ModelVersion, work: Path) -> None:
 # -- timing -----------------------------------------------------------------------------------
 def section_timing(report: Report, models: list[ModelVersion], trt: dict[str, Any],
                    args: argparse.Namespace) -> None:
-    from edged.model.precision import time_sessions
+    from edged.inference.precision import time_sessions
 
     for model in models:
         candidates: dict[str, Any] = {}

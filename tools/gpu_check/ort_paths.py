@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from edged import gpu, memory
 from edged.backends import BackendOptions, get_backend
 from edged.backends.onnxruntime import OrtSession, device_inputs
-from edged.cache import ModelCache
-from edged.model.loadspec import load_spec
-from edged.model.precision import choose_precision
+from edged.hardware import gpu, memory
+from edged.inference.cache import ModelCache
+from edged.inference.loadspec import load_spec
+from edged.inference.precision import choose_precision
+from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository, ModelVersion
-from edged.scheduler import Scheduler
 from tools.gpu_check.basics import cuda_ep_missing
 from tools.gpu_check.report import (
     CUDA_EP,

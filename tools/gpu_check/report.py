@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.model.loadspec import warmup_inputs
+from edged.inference.loadspec import warmup_inputs
 from edged.model.repository import ModelVersion
 
 CUDA_EP = "CUDAExecutionProvider"

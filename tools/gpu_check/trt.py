@@ -12,17 +12,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from edged import gpu, memory
 from edged.backends import BackendOptions, EngineBuilding, FallBack
 from edged.backends.onnxruntime import OrtSession
-from edged.model.loadspec import load_spec
+from edged.hardware import gpu, memory
+from edged.inference.loadspec import load_spec
 from edged.model.repository import ModelVersion
 from tools.gpu_check.report import TOLERANCES, Report, close_enough, sample, tensorrt_missing
 
 
 def int8_file(model: ModelVersion, make: bool, samples: int) -> tuple[Path | None, str]:
     """The model's gated Q/DQ variant (made first with `make`), or None and why."""
-    from edged.model.precision import int8_status
+    from edged.inference.precision import int8_status
 
     path, why = int8_status(model)
     if path is None and make:

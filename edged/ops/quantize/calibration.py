@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edged.errors import InvalidInput
+from edged.core.errors import InvalidInput
 from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from edged.backends.base import BackendOptions
-from edged.errors import ConfigError, EdgedError, InvalidInput, QuantizationFailed
+from edged.core.errors import ConfigError, EdgedError, InvalidInput, QuantizationFailed
 from edged.model.int8_report import QuantReport, report_path
 from edged.model.repository import ModelRepository, ModelVersion
 from edged.ops.quantize.calibration import Sample, load_samples, split, stream_samples, subset

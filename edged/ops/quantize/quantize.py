@@ -18,20 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from edged.backends.base import BackendOptions
-from edged.errors import EdgedError, QuantizationFailed, ToolError
-from edged.fsutil import file_sha256
+from edged.core.errors import EdgedError, QuantizationFailed, ToolError
+from edged.core.fsutil import file_sha256
+from edged.inference.loadspec import load_spec
+from edged.inference.precision import time_sessions
 from edged.model.int8_report import (
     ACCEPTED_FILE,
     REFUSED_FILE,
     QuantReport,
     write_report,
 )
-from edged.model.loadspec import load_spec
-from edged.model.precision import time_sessions
 from edged.model.repository import ModelVersion
 from edged.model.signature import read_signature
 from edged.ops.quantize.calibration import Sample
-from edged.ops.quantize.gate import Outputs, classify_output, compare, decide
+from edged.processing.agreement import Outputs, classify_output, compare, decide
 
 logger = logging.getLogger(__name__)
 

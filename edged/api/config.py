@@ -1,0 +1,83 @@
+"""The socket API's section of the daemon config (`api:`): where it listens, who may call,
+and the bounds every request meets."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from edged.core.schema import at_least, between, setting
+
+SYSTEM_SOCKET = Path("/run/edged/edged.sock")  # the service's (systemd makes /run/edged)
+
+
+def default_socket() -> Path:
+    """Where the API listens when the config names no socket: the service's path for root or
+    where /run/edged is writable, else the user's runtime directory ($XDG_RUNTIME_DIR, as a
+    desktop session or `systemd --user` sets it; /tmp/edged-<uid>.sock without one)."""
+    if os.geteuid() == 0 or os.access(SYSTEM_SOCKET.parent, os.W_OK):
+        return SYSTEM_SOCKET
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "edged.sock"
+    return Path(tempfile.gettempdir()) / f"edged-{os.getuid()}.sock"
+
+
+def _check_mode(value: str) -> str | None:
+    return None if re.fullmatch(r"0?[0-7]{3}", value) else "must be an octal mode such as \"0660\""
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """`127.0.0.1:8000` or `[::1]:8000` → (host, port); ValueError otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def check_loopback(value: str) -> str | None:
+    try:
+        host, _port = split_host_port(value)
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError as exc:
+        return str(exc)
+    return None if loopback else f"the HTTP listener is loopback-only, got host {host!r}"
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    socket: Path = setting(factory=default_socket, help="Unix socket of the KServe v2 API; "
+                           "unset: /run/edged/edged.sock, or $XDG_RUNTIME_DIR/edged.sock for a "
+                           "user who cannot write /run/edged")
+    socket_mode: str = setting("0660", "socket file mode (octal, quoted)", check=_check_mode)
+    socket_group: str | None = setting(None, "group owning the socket; null = unchanged")
+    http: str | None = setting(None, "optional loopback TCP listener HOST:PORT",
+                               check=check_loopback)
+    allowed_uids: list[int] = setting(factory=list, help="peer uids allowed; empty = any")
+    allowed_gids: list[int] = setting(factory=list, help="peer gids allowed; empty = any")
+    max_request_mb: int = setting(64, "largest request body", check=at_least(1))
+    max_bodies_mb: int = setting(256, "memory all request bodies in flight may hold at once "
+                                      "(JSON tensors count 10x their text); past it, 503",
+                                 check=at_least(1))
+    max_connections: int = setting(512, "connections open at once; more are closed as they "
+                                        "arrive (keep it below the unit's LimitNOFILE)",
+                                   check=between(1, 60000))
+    header_timeout_s: float = setting(10.0, "a request's headers must arrive within this of "
+                                            "the connection, or of their first byte",
+                                      check=at_least(0.1))
+    body_timeout_s: float = setting(30.0, "a request's whole body must arrive within this of "
+                                          "its headers (else 408): a stalled body holds its "
+                                          "share of max_bodies_mb; a client that takes "
+                                          "longer than this to read an answer is cut off",
+                                    check=at_least(0.1))
+    keepalive_s: float = setting(75.0, "an idle kept-alive connection is closed after this",
+                                 check=at_least(0.1))
+    shm_copy_inputs: Literal["auto", "always", "never"] = setting(
+        "auto", "copy shm inputs (pread) instead of lending models views of the mapping: "
+        "auto copies for peers of another uid than edged's (not root), so that a client "
+        "shrinking its object under a queued request cannot crash edged")

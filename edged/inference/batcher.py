@@ -1,0 +1,498 @@
+"""One model's dynamic batcher with Triton's semantics, and the threads that run its batches.
+
+A `Batcher` validates and queues a request and returns a `concurrent.futures.Future`: a
+bounded priority queue (`QueueFull`), deadlines enforced while requests wait (an expired
+request fails with `Timeout` and is never run), and N instance slots served by N worker
+threads. A worker leases the model from the cache, cuts the next batch (waiting up to
+`max_queue_delay_us` for it to grow), concatenates it along axis 0 into a pooled buffer
+(padded with zero rows when the graph's batch dim is fixed), runs one inference and splits
+the outputs back.
+
+Futures are completed outside the batcher's lock: a caller's done-callback may submit again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+
+import numpy as np
+
+from edged.backends import Session
+from edged.core.errors import (
+    EdgedError,
+    InvalidInput,
+    ModelLoadError,
+    QueueFull,
+    ShuttingDown,
+    Timeout,
+)
+from edged.hardware.memory import BufferPool, new_pool
+from edged.inference.batching import (
+    INLINE_MAX_NS,
+    INLINE_UNKNOWN,
+    SPREAD_MIN_NS,
+    TOGETHER_MAX_NS,
+    BatcherStats,
+    BatchPolicy,
+    Outputs,
+    Pending,
+    Request,
+    RequestQueue,
+    split,
+    validate,
+)
+from edged.inference.cache import Lease, ModelCache
+from edged.inference.execution import run_batch
+from edged.inference.instances import instance_count, runs_on_gpu
+from edged.inference.loadspec import options_for
+from edged.model.repository import ModelVersion
+
+logger = logging.getLogger(__name__)
+
+Delivery = Callable[[], None]  # completes futures; always called without the lock
+MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and clock safety)
+
+class Batcher:
+    """The queue and instance workers of one model (a fixed version, or whichever is active)."""
+
+    def __init__(self, cache: ModelCache, name: str, version: int | None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cache = cache
+        self.name = name
+        self.version = version
+        self.label = name if version is None else f"{name}:{version}"
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # queued work, a free slot, or stopping
+        # One instance at a time waits out the queue delay for a batch to fill (Triton's
+        # dynamic batcher: one scheduler forms batches, free instances run them). Two waiting
+        # together both woke at every arrival and ran PP-OCR cls at 16 callers, 2 ms delay,
+        # preferred 16, 12% slower than one instance; arrivals now wake only the one filling.
+        self._filling = threading.Condition(self._lock)  # an arrival while a batch fills
+        self._forming = False
+        self._reaper_wake = threading.Condition(self._lock)  # an earlier deadline, or stopping
+        self._drained = threading.Condition(self._lock)  # progress while stopping
+        self._model = cache.describe(name, version)
+        self._stats: dict[int, BatcherStats] = {}  # by model version
+        self._policy = BatchPolicy.of(self._model)
+        self._queue = RequestQueue(self._policy.levels)
+        self._next_deadline: float | None = None
+        self._stopping = False
+        self._in_flight = 0
+        self._batch_ns = INLINE_UNKNOWN  # how long its batches take (a moving average)
+        # Instance slots, shared by the worker threads and by callers running inline.
+        options = options_for(self._model, cache.options)
+        self.instances = instance_count(self._model.config.instances, options)
+        self._free = self.instances
+        # CPU instances split what is queued between them (SPREAD_MIN_NS); GPU ones batch.
+        self._spread = self.instances > 1 and not runs_on_gpu(options)
+        self._row_ns = 0  # how long a row of its batches takes (a moving average)
+        self._threads = [threading.Thread(target=self._work_loop, daemon=True,
+                                          name=f"edged-{self.label}-{i}")
+                         for i in range(self.instances)]
+        self._threads.append(threading.Thread(target=self._reap_loop, daemon=True,
+                                              name=f"edged-{self.label}-timeouts"))
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def stopping(self) -> bool:
+        """Set by begin_stop(): new requests are refused, queued ones still run."""
+        return self._stopping
+
+    @property
+    def free_slots(self) -> int:
+        """Instance slots not running a batch now (by a worker or an inline caller)."""
+        with self._lock:
+            return self._free
+
+    @property
+    def model(self) -> ModelVersion:
+        return self._model
+
+    @property
+    def serving_version(self) -> int:
+        return self._model.version
+
+    @property
+    def stats(self) -> BatcherStats:
+        """Counters over every version this batcher has run."""
+        with self._lock:
+            return sum(self._stats.values(), BatcherStats())
+
+    def progress(self) -> tuple[int, int]:
+        """(requests queued or running, batches run so far): what the health tick watches."""
+        with self._lock:
+            return (len(self._queue) + self._in_flight,
+                    sum(s.exec_count for s in self._stats.values()))
+
+    def stats_by_version(self) -> dict[int, BatcherStats]:
+        with self._lock:
+            return {v: s.copy() for v, s in self._stats.items()}
+
+    def _counters(self, version: int | None = None) -> BatcherStats:
+        """The counters of `version` (default: the version now served); lock held."""
+        version = self._model.version if version is None else version
+        stats = self._stats.get(version)
+        if stats is None:
+            stats = self._stats[version] = BatcherStats()
+        return stats
+
+    # -- callers -----------------------------------------------------------------------------
+    def _request(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+                 timeout_s: float | None) -> Request:
+        """Validate a request against the model and stamp it (priority, deadline)."""
+        policy = self._policy
+        rows, shape_key = validate(self._model, inputs)
+        if not priority:
+            priority = policy.default_priority
+        elif not 1 <= priority <= policy.levels:
+            raise InvalidInput(f"{self.label}: priority {priority} is outside 1..{policy.levels}")
+        timeout_s = timeout_s or policy.default_timeout_s  # 0 or None: no timeout, as Triton
+        now = self._clock()
+        return Request(inputs, rows, shape_key, priority,
+                       now + timeout_s if timeout_s else None, now)
+
+    def submit(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+               timeout_s: float | None) -> Pending:
+        request = self._request(inputs, priority, timeout_s)
+        self._push(request)
+        return request.future
+
+    def admit(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+              timeout_s: float | None) -> Request:
+        """A request checked against the model and stamped, not yet queued or run (see
+        run_together). Raises at once for bad input."""
+        return self._request(inputs, priority, timeout_s)
+
+    def _push(self, request: Request) -> None:
+        with self._lock:
+            if self._stopping:
+                raise ShuttingDown(f"{self.label} is shutting down")
+            if len(self._queue) >= self._policy.max_queue:
+                self._counters().rejected += 1
+                raise QueueFull(f"{self.label}: queue is full ({self._policy.max_queue} requests)")
+            self._queue.push(request)
+            (self._filling if self._forming else self._work).notify()
+            deadline = request.deadline
+            if deadline is not None and (self._next_deadline is None
+                                         or deadline < self._next_deadline):
+                self._next_deadline = deadline
+                self._reaper_wake.notify()
+
+    def run_inline(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+                   timeout_s: float | None) -> Outputs:
+        """Run one request on the caller's thread when nothing is queued, an instance slot is
+        free and the model has no queue delay: the batcher would run it alone right away
+        anyway, and this skips two thread wake-ups. Otherwise queue it and wait."""
+        request = self._request(inputs, priority, timeout_s)
+        if not (self._claim_slot() and self._run_claimed([request], self.cache.acquire)):
+            self._push(request)
+        return request.future.result()
+
+    def submit_or_run(self, inputs: Mapping[str, np.ndarray], priority: int | None,
+                      timeout_s: float | None) -> Pending:
+        """submit(), or, for a model whose batches take under INLINE_MAX_NS and that is idle
+        and loaded, run it now on the calling thread (the future comes back done). For the
+        event loop: it never waits for a model to load or for a slot."""
+        request = self._request(inputs, priority, timeout_s)
+        if not (self.quick and self._claim_slot()
+                and self._run_claimed([request], self.cache.acquire_loaded)):
+            self._push(request)  # not quick, not idle, or not loaded: the workers take it
+        return request.future
+
+    def run_together(self, requests: list[Request]) -> None:
+        """Admitted requests that arrived together (in one turn of the caller's event loop):
+        where the batcher would run them as one batch right away (nothing queued, a slot free,
+        no queue delay) and that batch is cheap (its rows' moving cost under
+        TOGETHER_MAX_NS), it runs now on the calling thread; the rest are queued. Each
+        request's future carries its outcome: this never raises for one of them."""
+        batch = self._together(requests)
+        ran = bool(batch) and self._claim_slot() \
+            and self._run_claimed(batch, self.cache.acquire_loaded)
+        for request in requests:
+            if ran and request in batch:
+                continue
+            try:
+                self._push(request)
+            except EdgedError as exc:  # full queue, shutting down: this one fails, not all
+                request.future.set_exception(exc)
+
+    def _together(self, requests: list[Request]) -> list[Request]:
+        """The requests, from the first, that make one batch to run now (none if it would
+        not be cheap, or the model batches not, or waits for more)."""
+        policy = self._policy
+        if not policy.batching or policy.max_delay_s > 0 or not self._row_ns:
+            return []
+        batch: list[Request] = []
+        rows = 0
+        for request in requests:
+            if request.shape_key == requests[0].shape_key \
+                    and rows + request.rows <= policy.max_batch:
+                batch.append(request)
+                rows += request.rows
+        while batch and policy.trim(rows) < rows:  # a preferred size, as _take_batch cuts
+            rows -= batch.pop().rows
+        if self._row_ns * rows > TOGETHER_MAX_NS:
+            return []
+        return batch
+
+    @property
+    def cheap(self) -> bool:
+        """Its rows cost little enough that requests arriving together may batch on the
+        caller's thread (two rows at least within TOGETHER_MAX_NS; False before one ran)."""
+        return self._row_ns > 0 and 2 * self._row_ns <= TOGETHER_MAX_NS
+
+    @property
+    def quick(self) -> bool:
+        """Its batches take less than INLINE_MAX_NS (a moving average; False before one ran)."""
+        return self._batch_ns < INLINE_MAX_NS
+
+    def _claim_slot(self) -> bool:
+        """Take an instance slot for a caller's own thread, when the batcher would run a
+        request alone right away: nothing queued, a slot free, no queue delay."""
+        with self._lock:
+            inline = (not self._queue and self._free > 0 and not self._stopping
+                      and self._policy.max_delay_s == 0)
+            if inline:
+                self._free -= 1
+            return inline
+
+    def _run_claimed(self, batch: list[Request],
+                     acquire: Callable[[str, int | None], Lease | None]) -> bool:
+        """Run `batch` (admitted requests) as one batch in the slot claimed; False, with the
+        slot released and nothing run, when `acquire` finds no model loaded, or when a new
+        version came in and the batch holds more than one request (the workers then take
+        them, re-checked against it)."""
+        deliveries: list[Delivery] = []
+        ran = False
+        try:
+            lease = acquire(self.name, self.version)
+            if lease is not None:
+                with lease:
+                    if lease.model is not self._model:
+                        deliveries += self._adopt(lease.model)
+                        if len(batch) > 1:
+                            return False
+                        batch[0].rows, batch[0].shape_key = validate(self._model,
+                                                                     batch[0].inputs)
+                    for request in batch:
+                        request.future.set_running_or_notify_cancel()
+                    with self._lock:
+                        self._in_flight += len(batch)
+                    deliveries.append(self._execute(batch, lease.session, None, lease.model))
+                    ran = True
+        finally:
+            self._release_slot()
+            for deliver in deliveries:
+                deliver()
+        return ran
+
+    # -- workers -----------------------------------------------------------------------------
+    def _work_loop(self) -> None:
+        # CUDA memory where the machine has it (edged.hardware.memory): a GPU backend reads it
+        # in place.
+        pool = new_pool(max(self._policy.max_batch, self._model.fixed_batch or 0),
+                        self.cache.options.memory)
+        while True:
+            with self._lock:
+                while not ((self._queue and self._free > 0 and not self._forming)
+                           or (self._stopping and not self._queue)):
+                    self._work.wait()
+                if not self._queue:
+                    break  # stopping, and nothing left to run
+                self._free -= 1
+            deliveries: list[Delivery] = []
+            try:
+                deliveries = self._run_next(pool)
+            except Exception:  # last resort: a worker must outlive any one batch
+                logger.exception("%s: worker error", self.label)
+            finally:
+                self._release_slot()
+            # The slot is free again before callers wake: one looping inline finds it.
+            for deliver in deliveries:
+                deliver()
+        pool.close()
+
+    def _release_slot(self) -> None:
+        with self._lock:
+            self._free += 1
+            if self._stopping:
+                self._work.notify_all()
+                self._drained.notify_all()
+            elif self._queue:
+                self._work.notify()
+
+    def _run_next(self, pool: BufferPool) -> list[Delivery]:
+        """Lease the model, cut the next batch and run it; return the deliveries."""
+        try:
+            lease = self.cache.acquire(self.name, self.version)
+        except Exception as exc:  # loading calls into a backend; anything can come out
+            if not isinstance(exc, EdgedError):
+                logger.exception("%s: the model could not be leased", self.label)
+            error = exc if isinstance(exc, EdgedError) else ModelLoadError(
+                f"{self.label}: the model could not be leased: {exc}")
+            # Every queued request would meet the same failure: fail them now.
+            with self._lock:
+                requests = self._queue.drain()
+            return [partial(self._fail, requests, error)]
+        with lease:
+            deliveries = self._adopt(lease.model) if lease.model is not self._model else []
+            with self._lock:
+                batch, expired = self._take_batch()
+                self._in_flight += len(batch)
+            if expired:
+                deliveries.append(partial(self._time_out, expired))
+            if batch:
+                deliveries.append(self._execute(batch, lease.session, pool, lease.model))
+        return deliveries
+
+    def _adopt(self, model: ModelVersion) -> list[Delivery]:
+        """Take on a swapped-in version's config; queued requests it cannot run are failed."""
+        def still_valid(request: Request) -> bool:
+            try:
+                request.rows, request.shape_key = validate(model, request.inputs)
+            except InvalidInput:
+                return False
+            return True
+
+        with self._lock:
+            self._model, self._policy = model, BatchPolicy.of(model)
+            refused = self._queue.relevel(self._policy.levels, still_valid)
+        error = InvalidInput(f"{self.label}: the request does not fit version {model.version}")
+        return [partial(self._fail, refused, error)] if refused else []
+
+    def _take_batch(self) -> tuple[list[Request], list[Request]]:
+        """Cut the next batch (lock held); also return the requests found expired."""
+        policy, queue = self._policy, self._queue
+        expired = queue.expire(self._clock()) if queue.with_deadline else []
+        if not queue:
+            return [], expired
+        if not policy.batching:
+            return queue.pop(1), expired
+        count, rows, blocked = queue.prefix(policy.max_batch)
+        if policy.max_delay_s > 0 and not policy.can_send_now(rows, blocked):
+            if self._forming:
+                return [], expired  # another instance is filling a batch: it takes these
+            self._forming = True
+            try:
+                while not policy.can_send_now(rows, blocked):
+                    head = queue.head()
+                    assert head is not None
+                    left = head.enqueued + policy.max_delay_s - self._clock()
+                    if left <= 0 or self._stopping:
+                        break
+                    self._filling.wait(left)
+                    if queue.with_deadline:
+                        expired += queue.expire(self._clock())
+                    if not queue:
+                        return [], expired
+                    count, rows, blocked = queue.prefix(policy.max_batch)
+            finally:
+                self._forming = False
+        if self._spread and self._row_ns >= SPREAD_MIN_NS:
+            share = -(-rows // self.instances)  # this instance's share: the rest for another
+            if share < rows:
+                count, rows, _ = queue.prefix(share)
+        if policy.trim(rows) < rows:
+            count, rows, _ = queue.prefix(policy.trim(rows))
+        batch = queue.pop(count)
+        if queue:
+            self._work.notify()  # a free instance starts on what is left
+        return batch, expired
+
+    def _execute(self, batch: list[Request], session: Session, pool: BufferPool | None,
+                 model: ModelVersion) -> Delivery:
+        """Run one batch on `model`'s session (`execution.run_batch`); return the call that
+        hands its results (or error) to the callers."""
+        queued_s = sum(self._clock() - r.enqueued for r in batch)  # each first: never below 0
+        ran = run_batch(self.label, batch, session, pool, model.fixed_batch)
+        for request in batch:
+            # Inputs may be views of a caller's buffer (a shared memory region): let go of them
+            # before the caller hears back and unmaps it.
+            request.inputs = {}
+        ns = ran.ns
+        with self._lock:
+            # The version run: adopted under the lease held now.
+            self._counters().record(len(batch), ran.rows, int(queued_s * 1e9), ns,
+                                    self._clock(), failed=ran.failure is not None)
+            self._batch_ns = (ns + 3 * self._batch_ns) // 4 \
+                if self._batch_ns < INLINE_UNKNOWN else ns
+            row_ns = ns // max(ran.rows, 1)
+            self._row_ns = (row_ns + 3 * self._row_ns) // 4 if self._row_ns else row_ns
+            self._in_flight -= len(batch)
+        if ran.failure is not None:
+            return partial(_fail_all, batch, ran.failure)
+        return partial(split, batch, ran.outputs, model.version)
+
+    def _fail(self, requests: list[Request], error: EdgedError) -> None:
+        with self._lock:
+            self._counters().failure += len(requests)
+        _fail_all(requests, error)
+
+    # -- timeouts ----------------------------------------------------------------------------
+    def _time_out(self, expired: list[Request]) -> None:
+        if not expired:
+            return
+        with self._lock:
+            stats = self._counters()
+            stats.timeouts += len(expired)
+            stats.failure += len(expired)
+        now = self._clock()
+        for r in expired:
+            if r.future.set_running_or_notify_cancel():
+                r.future.set_exception(Timeout(f"{self.label}: request timed out after "
+                                               f"{(now - r.enqueued) * 1000:.0f} ms in the queue"))
+
+    def _reap_loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopping and not self._queue:
+                    return
+                now = self._clock()
+                expired = self._queue.expire(now) if self._queue.with_deadline else []
+                if self._stopping and expired:
+                    self._drained.notify_all()
+                if not expired:
+                    self._next_deadline = self._queue.earliest_deadline()
+                    wait = None if self._next_deadline is None else \
+                        min(max(0.0, self._next_deadline - now) + 1e-4, MAX_WAIT_S)
+                    self._reaper_wake.wait(wait)
+                    continue
+            self._time_out(expired)
+
+    # -- stopping ----------------------------------------------------------------------------
+    def begin_stop(self) -> None:
+        """Refuse new requests from now on; queued ones still run."""
+        with self._lock:
+            self._stopping = True
+            self._work.notify_all()
+            self._filling.notify_all()
+            self._reaper_wake.notify_all()
+
+    def finish_stop(self, deadline: float) -> None:
+        """Let queued work run until `deadline`, fail the rest, join the threads."""
+        with self._lock:
+            while (self._queue or self._in_flight) and self._clock() < deadline:
+                self._drained.wait(max(0.0, deadline - self._clock()))
+            leftovers = self._queue.drain()
+            self._work.notify_all()
+            self._reaper_wake.notify_all()
+        if leftovers:
+            self._fail(leftovers, ShuttingDown(f"{self.label}: shut down before it ran"))
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - self._clock()) + 0.1)
+
+
+def _fail_all(requests: list[Request], error: EdgedError) -> None:
+    for request in requests:
+        if not request.future.done():
+            request.future.set_exception(error)

@@ -1,0 +1,167 @@
+"""Cascades: a secondary model on crops of a stream's detections (DeepStream's secondary GIE,
+Frigate's sub-labels). For each frame, the best-scoring detections of the chosen labels are
+cropped with a margin, pre-processed into the cascade's own pooled batch and run through the
+scheduler as one request (or as few as the model's batch limit allows); a classify model's
+top label lands on each detection as `sub_label` (with `sub_label_score`), any other model's
+results under `attributes.<model>`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import numpy as np
+
+from edged.core.errors import EdgedError, InvalidModel, Timeout
+from edged.inference.scheduler import Outputs, Scheduler
+from edged.model.config import PostprocessConfig, PreprocessConfig
+from edged.model.repository import ModelVersion
+from edged.processing.post import Postprocessor
+from edged.processing.pre import preprocess, tensor_shape
+from edged.streams.config import SecondaryConfig
+
+logger = logging.getLogger(__name__)
+
+Detection = dict[str, Any]
+
+
+class Cascade:
+    def __init__(self, cfg: SecondaryConfig, scheduler: Scheduler, *,
+                 priority: int | None = None, timeout_s: float = 10.0) -> None:
+        """Check that the model can take crops (raises EdgedError naming what is wrong)."""
+        self.cfg = cfg
+        self.scheduler = scheduler
+        self.priority = priority
+        self.timeout_s = timeout_s
+        self.labels = frozenset(cfg.labels)
+        self._batch: np.ndarray | None = None  # crops of one frame, reused frame after frame
+        self._post: tuple[ModelVersion, Postprocessor] | None = None
+        check_model(cfg, scheduler.model(cfg.model))
+
+    def select(self, detections: list[Detection]) -> list[Detection]:
+        """The detections to crop: the chosen labels at or above min_score, best first, at most
+        max_crops."""
+        chosen = [d for d in detections
+                  if (not self.labels or d["label"] in self.labels)
+                  and d["score"] >= self.cfg.min_score]
+        chosen.sort(key=lambda d: d["score"], reverse=True)
+        return chosen[:self.cfg.max_crops]
+
+    def run(self, frame: np.ndarray, detections: list[Detection]) -> int:
+        """Crop, run and annotate the chosen detections in place; returns how many ran.
+        Raises EdgedError when the model fails or times out (the detections stay as they
+        were)."""
+        chosen = self.select(detections)
+        if not chosen:
+            return 0
+        model = self.scheduler.model(self.cfg.model)  # the version serving now
+        spec = model.inputs[0]
+        pre = model.config.preprocess or PreprocessConfig()
+        batch = self._rows(model, frame)
+        for row, detection in enumerate(chosen):
+            preprocess(crop(frame, detection["box"], self.cfg.crop_margin), pre, spec,
+                       batch[row:row + 1])
+        outputs = self._infer(model, batch[:len(chosen)])
+        post = self._postprocessor(model)
+        for row, detection in enumerate(chosen):
+            results = post({k: v[row:row + 1] for k, v in outputs.items()}, None)
+            annotate(detection, self.cfg, model.name, results)
+        return len(chosen)
+
+    def _rows(self, model: ModelVersion, frame: np.ndarray) -> np.ndarray:
+        """The pooled batch: room for max_crops crops at the model's input size."""
+        spec = model.inputs[0]
+        pre = model.config.preprocess or PreprocessConfig()
+        # The size is fixed (check_model), so any crop gives every crop's shape.
+        shape = (self.cfg.max_crops, *tensor_shape(pre, spec, frame)[1:])
+        if self._batch is None or self._batch.shape != shape or self._batch.dtype != spec.dtype:
+            self._batch = np.empty(shape, spec.dtype)
+        return self._batch
+
+    def _infer(self, model: ModelVersion, batch: np.ndarray) -> Outputs:
+        """One request of every crop where the model takes a batch that large, else requests
+        of as many rows as it takes (one by one for a model without a batch dim)."""
+        name = model.inputs[0].name
+        step = model.max_batch_size or 1
+        futures: list[Future[Outputs]] = []
+        for start in range(0, len(batch), step):
+            part = batch[start:start + step] if model.max_batch_size else batch[start]
+            futures.append(self.scheduler.submit(self.cfg.model, {name: part},
+                                                 version=model.version,
+                                                 priority=self.priority))
+        parts: list[Outputs] = []
+        for future in futures:
+            try:
+                parts.append(future.result(timeout=self.timeout_s))
+            except FutureTimeout:
+                raise Timeout(f"secondary model {self.cfg.model} did not answer in "
+                              f"{self.timeout_s:g} s") from None
+        if not model.max_batch_size:
+            return {k: np.stack([p[k] for p in parts]) for k in parts[0]}
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _postprocessor(self, model: ModelVersion) -> Postprocessor:
+        if self._post is None or self._post[0] is not model:
+            self._post = (model, Postprocessor(model.config.postprocess, model.dir.parent))
+        return self._post[1]
+
+
+def check_model(cfg: SecondaryConfig, model: ModelVersion) -> None:
+    """A secondary model takes one image input of a fixed size (crops are stacked into one
+    batch), and `as: sub_label` needs a classify model."""
+    if len(model.inputs) != 1:
+        raise InvalidModel(f"secondary model {model.label} has {len(model.inputs)} inputs; a "
+                           "cascade feeds one image input")
+    pre = model.config.preprocess or PreprocessConfig()
+    spec = model.inputs[0]
+    dims = spec.shape[-2:] if pre.layout == "nchw" else spec.shape[-3:-1]
+    if pre.resize is None and min(dims, default=-1) <= 0:
+        raise InvalidModel(f"secondary model {model.label} has a dynamic input size "
+                           f"{list(spec.shape)}: set preprocess.resize in its model.yaml")
+    post = model.config.postprocess or PostprocessConfig()
+    if cfg.as_ == "sub_label" and post.kind != "classify":
+        raise InvalidModel(f"secondary model {model.label} is not a classify model "
+                           f"(postprocess.kind: {post.kind}): use `as: attributes`, or give it "
+                           "postprocess: {kind: classify}")
+
+
+def crop(frame: np.ndarray, box: list[float], margin: float) -> np.ndarray:
+    """The frame pixels inside `box` (x1, y1, x2, y2) grown by `margin` of its size on every
+    side, clipped to the frame; at least one pixel. A view, not a copy."""
+    height, width = frame.shape[:2]
+    x1, y1, x2, y2 = box
+    grow_x, grow_y = (x2 - x1) * margin, (y2 - y1) * margin
+    left = min(max(int(np.floor(x1 - grow_x)), 0), width - 1)
+    top = min(max(int(np.floor(y1 - grow_y)), 0), height - 1)
+    right = max(min(int(np.ceil(x2 + grow_x)), width), left + 1)
+    bottom = max(min(int(np.ceil(y2 + grow_y)), height), top + 1)
+    return frame[top:bottom, left:right]
+
+
+def annotate(detection: Detection, cfg: SecondaryConfig, model: str,
+             results: Mapping[str, Any]) -> None:
+    if cfg.as_ == "sub_label":
+        best = results["classes"][0]
+        detection["sub_label"] = best["label"]
+        detection["sub_label_score"] = round(float(best["score"]), 5)
+    else:
+        detection.setdefault("attributes", {})[model] = results
+
+
+def run_all(cascades: list[Cascade], frame: np.ndarray, results: Mapping[str, Any]) -> None:
+    """Every cascade over one frame's detections. Raises the first cascade's EdgedError after
+    the others have run (a detection keeps what the cascades that worked gave it)."""
+    detections = results.get("detections")
+    if not detections:
+        return
+    failure: EdgedError | None = None
+    for cascade in cascades:
+        try:
+            cascade.run(frame, detections)
+        except EdgedError as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure

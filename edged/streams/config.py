@@ -1,0 +1,89 @@
+"""A stream's section of the daemon config (`streams[]`): its source, model, rate and
+back-pressure, cascades, and what its detections become (the events room's settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from edged.core.schema import at_least, between, check_name, setting
+from edged.events.config import (
+    LineConfig,
+    PublishConfig,
+    SnapshotsConfig,
+    TrackConfig,
+    ZoneConfig,
+)
+
+STREAM_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst", "mqtt")
+
+
+def _check_size(size: list[int]) -> str | None:
+    return None if len(size) == 2 and min(size) > 0 else "size must be [width, height] > 0"
+
+
+@dataclass(frozen=True)
+class SecondaryConfig:
+    """A model run on crops of a detect stream's detections (a cascade, as DeepStream's
+    secondary GIE and Frigate's sub-labels): one batch of crops per frame."""
+
+    model: str = setting(help="model run on each crop", check=check_name)
+    labels: list[str] = setting(factory=list, help="detections with these labels are cropped; "
+                                                   "empty = every label")
+    as_: Literal["sub_label", "attributes"] = setting(
+        "sub_label", "sub_label: a classify model's top label and score on the detection; "
+        "attributes: the model's results under its name", key="as")
+    min_score: float = setting(0.0, "detections scoring below this are not cropped",
+                               check=between(0, 1))
+    crop_margin: float = setting(0.1, "each box grows by this share of its width and height "
+                                      "on every side (context for the model)",
+                                 check=between(0, 1))
+    max_crops: int = setting(8, "crops per frame at most: the best-scoring detections",
+                             check=at_least(1))
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    name: str = setting(help="stream name (used in topics)", check=check_name)
+    source: str = setting(help="file://, rtsp://, http(s)://, v4l2://, csi://, gst://, mqtt://")
+    model: str = setting(help="model that processes the frames")
+    fps: float | None = setting(None, "frame rate limit; null = as fast as the source",
+                                check=at_least(0.01))
+    backpressure: Literal["drop_oldest", "drop_newest", "block"] = setting(
+        "drop_oldest", "what to do with frames when the model is behind")
+    priority: int | None = setting(None, "scheduler priority of this stream's frames",
+                                   check=at_least(1))
+    queue: int = setting(2, "frames held between capture and the model", check=at_least(1))
+    in_flight: int = setting(2, "frames of this stream inside the model at once",
+                             check=at_least(1))
+    loop: bool = setting(False, "file:// sources: start again at the end")
+    watchdog_s: float = setting(10.0, "reconnect after this long without a frame",
+                                check=at_least(0.1))
+    backoff_initial_s: float = setting(0.5, "first reconnect delay", check=at_least(0.01))
+    backoff_max_s: float = setting(30.0, "reconnect delays double up to this",
+                                   check=at_least(0.01))
+    size: list[int] | None = setting(None, "v4l2/csi capture size [width, height]",
+                                     check=_check_size)
+    decoder: Literal["auto", "ffmpeg", "nvv4l2decoder"] = setting(
+        "auto", "rtsp:// and file:// decoding: auto = the Jetson's hardware decoder "
+        "(nvv4l2decoder through GStreamer) where it can run, else FFmpeg on the CPU")
+    codec: Literal["auto", "h264", "h265"] = setting(
+        "auto", "the hardware decoder's codec: auto = read from a file, H.264 for rtsp://")
+    payload: Literal["json", "raw"] = setting(
+        "json", "mqtt:// sensors: JSON arrays, or raw little-endian tensors")
+    log_results: bool = setting(False, "log one line per result (the demo shows them); a "
+                                       "detect stream with events and no per-frame results: "
+                                       "one per object that appears or ends")
+    secondary: list[SecondaryConfig] = setting(
+        factory=list, help="models run on crops of this detect stream's detections")
+    # Events (edged/events/): what a detect stream's detections become.
+    track: TrackConfig = setting(factory=TrackConfig, help="tracking: ids across frames")
+    labels: list[str] = setting(factory=list, help="only detections with these labels become "
+                                                   "objects; empty = every label")
+    min_score: float = setting(0.0, "detections scoring below this are ignored by tracking",
+                               check=between(0, 1))
+    zones: list[ZoneConfig] = setting(factory=list, help="polygons objects are in or not")
+    lines: list[LineConfig] = setting(factory=list, help="lines whose crossings are counted")
+    snapshots: SnapshotsConfig = setting(factory=SnapshotsConfig,
+                                         help="each object's best frame as a JPEG")
+    publish: PublishConfig = setting(factory=PublishConfig, help="what the stream publishes")

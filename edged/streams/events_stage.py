@@ -1,0 +1,244 @@
+"""The events room in the running daemon: an `EventsStage` per detect stream runs its
+`StreamEvents` on the stream's own thread (after post-processing and cascades) and hands what
+changed to its `EventPublisher`; the `EventsHub` makes the stages, keeps Home Assistant's
+discovery configs in step with the streams, and has every stage publish its whole retained
+state again after the MQTT link reconnects.
+
+A stage's engine is only ever touched by its stream's thread: a reconnect (paho's thread)
+raises a flag that the stream's loop acts on when it next comes round (at least every 0.2 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from edged.events.config import check_labels
+from edged.events.discovery import DeviceInfo, stream_configs
+from edged.events.engine import Changes, StreamEvents
+from edged.events.publish import EventPublisher, Publish
+from edged.events.store import SnapshotStore
+from edged.sources import worth_logging
+from edged.streams.config import StreamConfig
+
+logger = logging.getLogger(__name__)
+
+TIMES_WINDOW = 1024  # frames whose events time the stats' percentiles cover
+MIN_STALL_S = 0.5  # an idle stream ends its objects after max(track.max_age_s, this)
+
+
+class Link(Protocol):
+    """What the hub needs of the MQTT link (edged.mqtt.link.MqttLink)."""
+
+    def publish(self, kind: Literal["events"], suffix: str, payload: bytes, *,
+                retain: bool = False) -> None: ...
+
+    def publish_to(self, kind: Literal["discovery"], topic: str, payload: bytes, *,
+                   retain: bool = False) -> None: ...
+
+
+class EventsStage:
+    """One detect stream's events. `frame` for each processed frame, `tick` each time round
+    the stream's loop, `close` once when the stream stops; all on the stream's thread."""
+
+    def __init__(self, cfg: StreamConfig, publisher: EventPublisher, *,
+                 on_close: Callable[[EventsStage], None] = lambda stage: None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.engine = StreamEvents(cfg.name, cfg)
+        self.publisher = publisher
+        self.on_close = on_close
+        self.clock = clock
+        self.wall = wall
+        self.stall_s = max(cfg.track.max_age_s, MIN_STALL_S)
+        self._last = clock()  # when the engine last saw a frame (or the lack of one)
+        self._republish = threading.Event()
+        self._lock = threading.Lock()  # the timing window only; never held while computing
+        self._times: deque[float] = deque(maxlen=TIMES_WINDOW)
+        self._closed = False
+        self.failed = 0  # frames the stage failed on (a bug; logged)
+
+    def frame(self, frame_time: float, detections: Sequence[dict[str, Any]],
+              frame: np.ndarray | None) -> None:
+        """A processed frame: its capture time, detections (with the cascades' sub_labels)
+        and pixels (None: no snapshots from it)."""
+        start = time.perf_counter()
+        try:
+            self._report(self.engine.update(frame_time, detections, frame))
+        except Exception as exc:  # a bug here must not stop the stream's results
+            self._failed(exc)
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        self._last = self.clock()
+        with self._lock:
+            self._times.append(elapsed_ms)
+
+    def tick(self, idle: bool) -> None:
+        """The whole retained state again when a reconnect asked for it; and when the stream
+        is `idle` (no frame in the model) and no frame came for `stall_s`, an empty frame
+        now, so that objects of a stalled source end. Not sooner: an empty frame also drops
+        tentative objects, which a slow but live source must keep."""
+        if self._republish.is_set():
+            self._republish.clear()
+            engine = self.engine
+            self.publisher.state(engine.counts(), engine.zone_counts(), engine.line_totals())
+        if idle and self.clock() - self._last > self.stall_s:
+            self._last = self.clock()
+            try:
+                self._report(self.engine.update(self.wall(), [], None))
+            except Exception as exc:
+                self._failed(exc)
+
+    def close(self) -> None:
+        """End every object (counts go to 0) and publish that; the stream is stopping."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._report(self.engine.flush())
+        finally:
+            self.on_close(self)
+
+    def request_republish(self) -> None:
+        """From any thread: publish the whole retained state when the loop next comes round."""
+        self._republish.set()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The events stage's counters for the stream's stats row."""
+        with self._lock:
+            times = np.array(self._times) if self._times else None
+        row: dict[str, Any] = {"events_published": self.publisher.messages,
+                               "events_failed": self.failed}
+        if times is not None:
+            row["events_ms"] = {"p50": round(float(np.percentile(times, 50)), 3),
+                                "p99": round(float(np.percentile(times, 99)), 3)}
+        return row
+
+    def _failed(self, exc: Exception) -> None:
+        with self._lock:
+            self.failed += 1
+            count = self.failed
+        if worth_logging(count):
+            logger.error("stream %s: the events stage failed (#%d)", self.cfg.name, count,
+                         exc_info=exc, extra={"stream": self.cfg.name, "code": "events_failed"})
+
+    def _report(self, changes: Changes) -> None:
+        if not changes:
+            return
+        self.publisher.changes(changes)
+        if self.cfg.log_results:
+            for event in changes.events:
+                if event["type"] != "update":
+                    after = event["after"]
+                    logger.info("stream %s: %s %s %s%s", self.cfg.name, event["type"],
+                                after["label"], after["id"],
+                                f" (zones: {', '.join(after['entered_zones'])})"
+                                if after["entered_zones"] else "",
+                                extra={"stream": self.cfg.name})
+
+
+class EventsHub:
+    """The daemon's detect streams' events: their stages, their discovery configs, and the
+    snapshot store they share. `link` None: MQTT is off; `device` None: no discovery."""
+
+    def __init__(self, link: Link | None, *, device: DeviceInfo | None,
+                 store: SnapshotStore | None = None) -> None:
+        self.link = link
+        self.device = device
+        self.store = store  # set once the cache folder exists (Daemon.warm_up)
+        self._lock = threading.Lock()
+        self._stages: dict[str, EventsStage] = {}
+        self._discovery: dict[str, dict[str, bytes]] = {}  # stream -> topic -> config
+
+    def stage(self, cfg: StreamConfig, known_labels: Sequence[str]) -> EventsStage:
+        """The events stage of a stream whose model can produce `known_labels`, its discovery
+        configs published. Raises ConfigError when `labels:` names one the model has not."""
+        if known_labels:
+            check_labels(cfg.labels, known_labels, path="")
+        publish: Publish | None = self.link.publish if self.link is not None else None
+        stage = EventsStage(cfg, EventPublisher(cfg.name, publish, self.store),
+                            on_close=self._closed)
+        with self._lock:
+            self._stages[cfg.name] = stage
+        labels = list(cfg.labels) or list(known_labels)
+        if not labels:
+            logger.info("stream %s: its model names no labels, so Home Assistant gets no "
+                        "entities for it (set labels:)", cfg.name)
+        self.announce(cfg.name, stream_configs(
+            self.device, cfg.name, labels, [z.name for z in cfg.zones],
+            [ln.name for ln in cfg.lines], cfg.snapshots.enabled) if self.device else {})
+        return stage
+
+    def stages(self) -> dict[str, EventsStage]:
+        with self._lock:
+            return dict(self._stages)
+
+    def announce(self, stream: str, configs: dict[str, bytes]) -> None:
+        """Publish the stream's discovery configs; those it had before and has no more are
+        removed (a reload that dropped a zone)."""
+        with self._lock:
+            before = self._discovery.get(stream, {})
+            self._discovery[stream] = configs
+        for topic in before.keys() - configs.keys():
+            self._send(topic, b"")
+        for topic, payload in configs.items():
+            if before.get(topic) != payload:
+                self._send(topic, payload)
+
+    def withdraw(self, stream: str) -> None:
+        """Remove the stream's entities from Home Assistant (it is gone after a reload)."""
+        self.announce(stream, {})
+        with self._lock:
+            self._discovery.pop(stream, None)
+
+    def republish(self) -> None:
+        """After a reconnect (paho's thread): every discovery config now, and every stage's
+        retained state when its loop next comes round."""
+        with self._lock:
+            configs = [item for c in self._discovery.values() for item in c.items()]
+            stages = list(self._stages.values())
+        for topic, payload in configs:
+            self._send(topic, payload)
+        for stage in stages:
+            stage.request_republish()
+
+    def rediscover(self, _topic: str, payload: bytes) -> None:
+        """Home Assistant's birth message (`<discovery prefix>/status`): it (re)started and
+        wants the discovery configs again."""
+        if payload.strip() == b"online":
+            with self._lock:
+                configs = [item for c in self._discovery.values() for item in c.items()]
+            for topic, config in configs:
+                self._send(topic, config)
+
+    def _send(self, topic: str, payload: bytes) -> None:
+        if self.link is not None:
+            self.link.publish_to("discovery", topic, payload, retain=True)
+
+    def _closed(self, stage: EventsStage) -> None:
+        with self._lock:
+            if self._stages.get(stage.cfg.name) is stage:
+                del self._stages[stage.cfg.name]
+
+
+def open_store(directory: Path, budget_mb: int) -> SnapshotStore | None:
+    """Objects' snapshots on disk (`cache.snapshots_mb`); None when none are kept, or the
+    folder cannot be used (logged: the streams run without it)."""
+    if budget_mb == 0:
+        return None
+    try:
+        store = SnapshotStore(directory, budget_mb * 1024 * 1024)
+    except OSError as exc:
+        logger.error("snapshots are not kept on disk: %s: %s", directory, exc,
+                     extra={"code": "snapshots_unavailable"})
+        return None
+    logger.info("snapshots: %d kept in %s (%.1f of %d MiB)", len(store.list()), directory,
+                store.used_bytes / 2**20, budget_mb)
+    return store

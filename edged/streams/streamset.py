@@ -1,0 +1,162 @@
+"""The daemon's streams as one set: a pipeline per configured stream, started together,
+stopped in order (captures first, then the frames in the model), and restarted by name on a
+reload while the others keep flowing. What a stream publishes is settled when it starts, by
+its model's kind: a detect stream gets an events stage (and then, by default, publishes no
+per-frame results), the others publish every frame's results. Status, metrics, stats and the
+health tick read it through immutable snapshots, never through a list they could change."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from edged.core.errors import EdgedError, InvalidModel
+from edged.core.states import SourceState
+from edged.events.config import outputs
+from edged.inference.scheduler import Scheduler
+from edged.model.config import PostprocessConfig
+from edged.model.repository import ModelVersion
+from edged.processing.post import Postprocessor
+from edged.sources import SensorLink, Source, open_source
+from edged.sources.sensor import Subscribe
+from edged.streams.cascade import Cascade
+from edged.streams.config import StreamConfig
+from edged.streams.events_stage import EventsHub, EventsStage
+from edged.streams.pipeline import Publish, StreamPipeline
+
+logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 10.0  # a stopped stream's frames in the model finish within this
+SOURCE_STOP_S = 5.0  # a stopped stream's capture call returns within this
+
+
+class StreamSet:
+    def __init__(self, scheduler: Scheduler, publish: Publish | None, *,
+                 subscribe: Subscribe | None = None,
+                 unsubscribe: Callable[[str], None] | None = None,
+                 backend_of: Callable[[str, int], str] | None = None,
+                 events: EventsHub | None = None) -> None:
+        """`publish` takes each result; `subscribe`/`unsubscribe` are the MQTT link's, for
+        sensor streams (None while MQTT is off); `backend_of` names what runs a version;
+        `events` makes detect streams' events stages (None: no events)."""
+        self.scheduler = scheduler
+        self.events = events
+        self.publish = publish
+        self.subscribe = subscribe
+        self.unsubscribe = unsubscribe
+        self.backend_of = backend_of
+        self._lock = threading.Lock()  # changes of the set; readers take the tuple as it is
+        self._pipelines: tuple[StreamPipeline, ...] = ()
+
+    def pipelines(self) -> tuple[StreamPipeline, ...]:
+        return self._pipelines
+
+    def start(self, configs: Iterable[StreamConfig]) -> int:
+        """Start a pipeline per config. A stream whose model or source is unusable is logged
+        and left out; the others run. Returns how many started."""
+        started = [p for p in map(self._open, configs) if p is not None]
+        with self._lock:
+            self._pipelines = (*self._pipelines, *started)
+        return len(started)
+
+    def restart(self, stop: Iterable[str], start: Iterable[StreamConfig]) -> None:
+        """Stop the streams named, then start the ones given; the rest are not touched (their
+        frames keep flowing)."""
+        names = set(stop)
+        with self._lock:  # out of the set first: stats and the health tick stop looking
+            gone = [p for p in self._pipelines if p.cfg.name in names]
+            self._pipelines = tuple(p for p in self._pipelines if p not in gone)
+        self._stop(gone)
+        for pipeline in gone:
+            logger.info("reload: stream %s stopped", pipeline.cfg.name,
+                        extra={"stream": pipeline.cfg.name})
+        for cfg in start:
+            if self.start([cfg]):
+                logger.info("reload: stream %s started (%s → %s)", cfg.name, cfg.source,
+                            cfg.model, extra={"stream": cfg.name})
+        running = {p.cfg.name for p in self._pipelines}
+        if self.events is not None:  # gone, or failed to start again: out of Home Assistant
+            for name in names - running:
+                self.events.withdraw(name)
+
+    def stop(self) -> None:
+        """Stop every stream: captures first, then the frames already in the model finish."""
+        self._stop(self._pipelines)
+
+    def _stop(self, pipelines: Iterable[StreamPipeline]) -> None:
+        pipelines = list(pipelines)
+        for pipeline in pipelines:
+            if not pipeline.stop_source(SOURCE_STOP_S):
+                logger.warning("stream %s: capture did not stop in %.0f s", pipeline.cfg.name,
+                               SOURCE_STOP_S)
+        for pipeline in pipelines:
+            if not pipeline.stop(DRAIN_TIMEOUT_S):
+                logger.warning("stream %s: frames still in the model after %.0f s",
+                               pipeline.cfg.name, DRAIN_TIMEOUT_S)
+
+    def _open(self, cfg: StreamConfig) -> StreamPipeline | None:
+        try:
+            model = self.scheduler.model(cfg.model)
+            spec = model.inputs[0]
+            sample = spec.shape[1:] if model.max_batch_size > 0 else spec.shape
+            cascades = self._cascades(cfg, model)
+            # Without a hub nothing tracks: every frame's results, as before events.
+            publish = cfg.publish if self.events is not None else \
+                dataclasses.replace(cfg.publish, events=False)
+            output = outputs(publish, (model.config.postprocess or PostprocessConfig()).kind)
+            source = open_source(cfg, SensorLink(self.subscribe, self.unsubscribe, sample,
+                                                 spec.dtype))  # (started by the pipeline)
+            events = self._events(cfg, model) if output.events else None  # the last check
+        except EdgedError as exc:
+            logger.error("stream %s is not started: %s", cfg.name, exc,
+                         extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
+            return None
+        pipeline = StreamPipeline(cfg, source, self.scheduler,
+                                  self.publish if output.frames else None,
+                                  backend_of=self.backend_of, cascades=cascades, events=events)
+        pipeline.start()
+        return pipeline
+
+    def _events(self, cfg: StreamConfig, model: ModelVersion) -> EventsStage:
+        """The stream's events stage, its `labels:` checked against the model's (ConfigError
+        names those it cannot produce: the stream is then not started)."""
+        assert self.events is not None  # (output.events is false without a hub)
+        known = Postprocessor(model.config.postprocess, model.dir.parent, model.head).labels
+        return self.events.stage(cfg, known)
+
+    def _cascades(self, cfg: StreamConfig, model: ModelVersion) -> list[Cascade]:
+        """The stream's secondary models, each checked (EdgedError names the first that
+        cannot run: the stream is then not started)."""
+        if not cfg.secondary:
+            return []
+        kind = (model.config.postprocess or PostprocessConfig()).kind
+        if kind != "detect" or cfg.source.startswith("mqtt://"):
+            raise InvalidModel(f"stream {cfg.name}: secondary models crop detections, but "
+                               f"{model.label} is a {kind} model"
+                               + (" on a sensor stream" if kind == "detect" else ""))
+        return [Cascade(secondary, self.scheduler, priority=cfg.priority)
+                for secondary in cfg.secondary]
+
+    # -- what the rest of the daemon reads ---------------------------------------------------
+    def up(self) -> tuple[int, int]:
+        """(streams whose source is streaming, streams)."""
+        pipelines = self._pipelines
+        return sum(1 for p in pipelines if p.source.state is SourceState.STREAMING), \
+            len(pipelines)
+
+    def beats(self) -> list[StreamPipeline | Source]:
+        """The threads the health tick watches: each stream's loop and capture thread."""
+        return [part for p in self._pipelines for part in (p, p.source)]
+
+    def snapshots(self) -> dict[str, dict[str, Any]]:
+        """Each stream's counters by name (metrics)."""
+        return {p.cfg.name: p.snapshot() for p in self._pipelines}
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Each stream's source, model, running time and counters (the status report)."""
+        return {p.cfg.name: {"source": p.cfg.source, "model": p.cfg.model,
+                             "running_s": round(p.running_s(), 1), **p.snapshot()}
+                for p in self._pipelines}
