@@ -12,10 +12,12 @@
 # pytest-gpu.txt, gpu-results.json, summary.md. Exit status: the self-test's.
 # DRY_RUN=1 (a machine without a GPU, to try all of this first): the Python environment at
 # hand instead of the kit's (PY, default .venv/bin/python), no --require-gpu; the carried
-# mosquitto and PP-OCR model are still what the steps use.
+# mosquitto and PP-OCR model are still what the steps use. STEPS=selftest,bench,pytest picks
+# steps (a rerun of one part). UNPACK_ONLY=1 unpacks the kit and stops (the first of two
+# chained calls, when the tree and the kit do not fit one: docs/gpu-device-run.md).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 2
 KIT=${KIT:-.cache/gpukit}
 OUT=${OUT:-/tmp/edged-gpu-out}
 SITE=${SITE:-/tmp/edged-gpu-site}
@@ -37,21 +39,27 @@ if [ "$DRY" = 1 ]; then
     REQUIRE=
     log "DRY RUN with $PY: no kit, no --require-gpu"
 fi
-for f in edged-gpukit-site.tar.xz edged-gpu-extras.tar.xz; do
-    [ -f "$KIT/$f" ] || { echo "$KIT/$f is missing: carry it (docs/gpu-device-run.md)"; exit 2; }
-done
+STEPS=",${STEPS:-selftest,bench,pytest},"
 if [ "$DRY" != 1 ]; then
     log "unpack the kit into $SITE"
-    [ -f "$SITE/.unpacked" ] || { unpack "$KIT/edged-gpukit-site.tar.xz" "$SITE" &&
-                                  touch "$SITE/.unpacked"; } || { echo "unpacking failed"; exit 2; }
+    if [ ! -f "$SITE/.unpacked" ]; then
+        [ -f "$KIT/edged-gpukit-site.tar.xz" ] ||
+            { echo "$KIT/edged-gpukit-site.tar.xz is missing: carry it"; exit 2; }
+        unpack "$KIT/edged-gpukit-site.tar.xz" "$SITE" || { echo "unpacking the kit failed"; exit 2; }
+        touch "$SITE/.unpacked"
+    fi
     export PYTHONPATH="$SITE:$ROOT"
 else
     export PYTHONPATH="$ROOT"
 fi
+if [ "${UNPACK_ONLY:-0}" = 1 ]; then log "unpacked; the next call runs the steps"; exit 0; fi
+[ -f "$KIT/edged-gpu-extras.tar.xz" ] ||
+    { echo "$KIT/edged-gpu-extras.tar.xz is missing: carry it (docs/gpu-device-run.md)"; exit 2; }
 log "unpack the extras into $EXTRAS"
 unpack "$KIT/edged-gpu-extras.tar.xz" "$EXTRAS" || { echo "unpacking the extras failed"; exit 2; }
 export PATH="$EXTRAS/bin:$PATH" EDGED_PPOCR_DIR="$EXTRAS/ppocr"
-export PYTHONUNBUFFERED=1 EDGED_COMMIT="$(cat "$EXTRAS/commit.txt" 2>/dev/null || echo unknown)"
+EDGED_COMMIT=$(cat "$EXTRAS/commit.txt" 2>/dev/null || echo unknown)
+export PYTHONUNBUFFERED=1 EDGED_COMMIT
 # onnxruntime-gpu's CUDA EP links libcudart/libcublas(Lt).so.13 and libcurand.so.10 and
 # dlopens libcudnn.so.9 and libcufft.so.12: the image's CUDA 13 wheels hold them, but nothing
 # puts them on the loader's path without this.
@@ -65,7 +73,7 @@ export LD_LIBRARY_PATH="$CU:$DNN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 log "env (commit $EDGED_COMMIT)"
 echo "CUDA 13 libraries: $CU; cuDNN 9: $DNN"
-ls /dev/nvidia* 2>&1 | head -5  # tests/conftest.py skips @gpu tests without /dev/nvidia[0-9]
+echo /dev/nvidia*  # tests/conftest.py skips @gpu tests without /dev/nvidia[0-9]
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
 command -v mosquitto; mosquitto -h 2>&1 | head -1
 "$PY" - <<'PY' 2>&1
@@ -80,26 +88,32 @@ for d in ("onnxruntime-gpu", "cuda-bindings", "nvidia-ml-py", "nvidia-cudnn-cu13
         print(" ", d, "absent")
 PY
 
-log "1. tools/gpu_selftest.py $REQUIRE"
-timeout -k 10 230 "$PY" tools/gpu_selftest.py $REQUIRE --quick --out "$OUT/selftest.json" \
-    --daemon-log "$OUT/edged-e2e.log"
-selftest=$?
-echo "rc=$selftest"
-
-log "2. python -m tools.bench gpu"
-timeout -k 10 220 "$PY" -m tools.bench gpu --out "$OUT"
-echo "rc=$?"
-
-log "3. pytest tests/gpu"
-PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout -k 10 80 "$PY" -m pytest -p pytest_timeout \
-    -p no:cacheprovider -q -rs tests/gpu \
-    --deselect tests/gpu/test_device_check_gpu.py::test_device_check_when_gpu_present_every_gpu_section_passes \
-    > "$OUT/pytest-gpu.txt" 2>&1
-echo "rc=$?"; tail -15 "$OUT/pytest-gpu.txt"
+selftest=0
+if [[ $STEPS == *,selftest,* ]]; then
+    log "1. tools/gpu_selftest.py $REQUIRE"
+    # shellcheck disable=SC2086  # $REQUIRE is one flag or none
+    timeout -k 10 230 "$PY" tools/gpu_selftest.py $REQUIRE --quick --out "$OUT/selftest.json" \
+        --daemon-log "$OUT/edged-e2e.log"
+    selftest=$?
+    echo "rc=$selftest"
+fi
+if [[ $STEPS == *,bench,* ]]; then
+    log "2. python -m tools.bench gpu"
+    timeout -k 10 220 "$PY" -m tools.bench gpu --out "$OUT"
+    echo "rc=$?"
+fi
+if [[ $STEPS == *,pytest,* ]]; then
+    log "3. pytest tests/gpu"
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout -k 10 80 "$PY" -m pytest -p pytest_timeout \
+        -p no:cacheprovider -q -rs tests/gpu --deselect \
+        tests/gpu/test_device_check_gpu.py::test_device_check_when_gpu_present_every_gpu_section_passes \
+        > "$OUT/pytest-gpu.txt" 2>&1
+    echo "rc=$?"; tail -15 "$OUT/pytest-gpu.txt"
+fi
 
 log "4. results"
 "$PY" tools/gpu_check/results.py "$OUT" > /dev/null
 echo "rc=$?"; head -4 "$OUT/summary.md"
 grep -E "\| FAIL \|" "$OUT/summary.md" | cut -c1-300
-log "done: $(ls "$OUT" | tr '\n' ' ')"
+log "done: $(cd "$OUT" && echo *)"
 exit "$selftest"

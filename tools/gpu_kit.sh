@@ -26,6 +26,7 @@ fi
 build_mosquitto() {  # Debian's source, without TLS, websockets, systemd, libwrap, DLT, cJSON
     local work codename
     work=$(mktemp -d)
+    # shellcheck disable=SC1091  # the running system's
     codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
     mkdir -p "$work/parts" "$work/lists/partial" "$work/cache/archives/partial"
     printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\n' \
