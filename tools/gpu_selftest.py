@@ -164,7 +164,12 @@ def run(args: argparse.Namespace, report: Report, tmp: Path) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import onnxruntime
+
     args = parse_args(argv)
+    # ORT's own C++ error lines for every provider that cannot load would bury the table;
+    # edged's log and the rows say what was dropped and why.
+    onnxruntime.set_default_logger_severity(3)
     report = Report()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="edged-gpu-selftest-") as tmp:
