@@ -112,6 +112,7 @@ def test_bench_post_when_run_quick_keeps_the_same_detections_before_and_after(
     assert results["nms"]["same_kept"] and results["end2end"]["kept"] > 0
 
 
+@pytest.mark.timeout(300)
 def test_bench_gpu_when_no_gpu_skips_the_gpu_cases_and_dry_runs_the_rest_on_the_cpu(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("mosquitto") is None:
