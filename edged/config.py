@@ -25,7 +25,8 @@ DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")  # what `edged run` reads wi
 @dataclass(frozen=True)
 class DaemonConfig:
     device_id: str = setting("edge-01", "this device's id (in MQTT topics)", check=check_name)
-    models_dir: Path = setting(Path("/var/lib/edged/models"), "the model repository")
+    models_dir: Path = setting(Path("/var/lib/edged/models"), "the model repository: "
+                               "<name>/model.yaml and <name>/<version>/model.onnx")
     cache: CacheConfig = setting(factory=CacheConfig, help="warm model cache")
     backends: BackendsConfig = setting(factory=BackendsConfig, help="backend options")
     api: ApiConfig = setting(factory=ApiConfig, help="local socket API")

@@ -26,6 +26,7 @@ from edged.inference.cache import ModelCache
 from edged.inference.loadspec import backend_options
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
+from edged.mqtt import topics
 from edged.mqtt.link import MqttLink
 from edged.ota.install import Event, Updater
 from edged.ota.manifest import TrustStore
@@ -81,7 +82,8 @@ class Daemon:
         if self.mqtt is not None:
             self.mqtt.on_connected(self.events.republish)
             if discovery.enabled:
-                self.mqtt.subscribe(f"{discovery.prefix}/status", self.events.rediscover)
+                self.mqtt.subscribe(topics.under(discovery.prefix, topics.STATUS),
+                                    self.events.rediscover)
         self.streams = StreamSet(
             self.scheduler, self._publish_result,
             subscribe=self.mqtt.subscribe if self.mqtt else None,
@@ -89,7 +91,7 @@ class Daemon:
             backend_of=self.cache.serving_on, events=self.events)
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
             self.scheduler.counters, self.cache.status, loads=self.cache.counters,
-            streams=self.streams.snapshots,
+            streams=self.streams.read_stats,
             link=self.mqtt.stats if self.mqtt is not None else None)
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
@@ -152,7 +154,7 @@ class Daemon:
 
     def _publish_result(self, stream: str, payload: bytes) -> None:
         if self.mqtt is not None:
-            self.mqtt.publish("results", f"streams/{stream}/results", payload)
+            self.mqtt.publish("results", topics.results(stream), payload)
 
     def _ota_event(self, event: Event) -> None:
         if self.ota is not None:
@@ -216,7 +218,7 @@ class Daemon:
     # -- health and status -------------------------------------------------------------------
     def _throttle_warning(self, reason: str, stats: TegraStats) -> None:
         if self.config.health.warn_on_throttle and self.mqtt is not None:
-            self.mqtt.publish("status", "warnings",
+            self.mqtt.publish("status", topics.WARNINGS,
                               throttle_warning(self.config.device_id, reason, stats))
 
     def status_line(self, problems: list[str] | None = None) -> str:
@@ -337,7 +339,7 @@ class Daemon:
             self.shm.close()
             if self.mqtt is not None:
                 for name, payload in self.reporter.offline_states():  # not READY any more
-                    self.mqtt.publish("state", f"models/{name}/state", payload, retain=True)
+                    self.mqtt.publish("state", topics.model_state(name), payload, retain=True)
                 await asyncio.to_thread(self.mqtt.stop, MQTT_STOP_S)
             host.TEGRA.off_throttle(self._throttle_warning)
             logger.info("stopped")

@@ -58,9 +58,12 @@ class ApiConfig:
     socket_group: str | None = setting(None, "group owning the socket; null = unchanged")
     http: str | None = setting(None, "optional loopback TCP listener HOST:PORT",
                                check=check_loopback)
-    allowed_uids: list[int] = setting(factory=list, help="peer uids allowed; empty = any")
-    allowed_gids: list[int] = setting(factory=list, help="peer gids allowed; empty = any")
-    max_request_mb: int = setting(64, "largest request body", check=at_least(1))
+    allowed_uids: list[int] = setting(factory=list, help="Unix socket peers (SO_PEERCRED) "
+                                      "whose uid may call, others get 403; empty = any")
+    allowed_gids: list[int] = setting(factory=list, help="Unix socket peers whose gid may call, "
+                                      "others get 403; empty = any")
+    max_request_mb: int = setting(64, "largest request body in MiB, gzip/deflate bodies as "
+                                      "inflated; larger: 413", check=at_least(1))
     max_bodies_mb: int = setting(256, "memory all request bodies in flight may hold at once "
                                       "(JSON tensors count 10x their text); past it, 503",
                                  check=at_least(1))

@@ -1,5 +1,5 @@
 """Infer requests that arrive together on the event loop, batched at the end of their turn
-(`docs/design-notes.md`, "Requests of one turn batch on the loop")."""
+(`docs/decisions/021-own-http-stack.md`, "Requests of one turn batch on the loop")."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ where two tracks overlap the same detection needs solving (Hungarian method in p
 such clusters are a handful of objects). Most clusters are one track and one detection.
 Optimising over every overlapping pair, not only those above the threshold, lets a track that
 overlaps a detection a little hold it against a second track: fewer id changes in crowds.
-`greedy_assign` (best pair first) is kept for comparison. Numbers: `docs/design-notes.md`,
-`python -m tools.bench events`.
+`greedy_assign` (best pair first) is kept for comparison. Numbers:
+`docs/decisions/013-events-engine.md`, `python -m tools.bench events`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edged.events.publish import count_topic, line_topic, snapshot_topic, zone_topic
+from edged.mqtt import topics
 
 _NOT_ID = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -53,22 +53,22 @@ def stream_configs(info: DeviceInfo, stream: str, labels: Sequence[str],
         object_id = slug(f"{info.device_id}_{stream}_{thing}")
         configs[f"{info.discovery_prefix}/{component}/{object_id}/config"] = {
             "name": name, "unique_id": f"edged_{object_id}", **fields,
-            "availability_topic": f"{info.prefix}/status",
+            "availability_topic": topics.under(info.prefix, topics.STATUS),
             "payload_available": "online", "payload_not_available": "offline",
             "device": info.device()}
 
     def state(suffix: str) -> str:
-        return f"{info.prefix}/{suffix}"
+        return topics.under(info.prefix, suffix)
 
     for label in labels:
         entity("sensor", f"{label}_count", f"{stream} {label} count",
-               state_topic=state(count_topic(stream, label)), state_class="measurement",
+               state_topic=state(topics.count(stream, label)), state_class="measurement",
                unit_of_measurement="objects", icon="mdi:counter")
         if snapshots:
             entity("camera", f"{label}_snapshot", f"{stream} {label} snapshot",
-                   topic=state(snapshot_topic(stream, label)))
+                   topic=state(topics.snapshot(stream, label)))
         for zone in zones:
-            topic = state(zone_topic(stream, zone, label))
+            topic = state(topics.zone_count(stream, zone, label))
             entity("sensor", f"{zone}_{label}_count", f"{stream} {zone} {label} count",
                    state_topic=topic, state_class="measurement",
                    unit_of_measurement="objects", icon="mdi:counter")
@@ -80,7 +80,7 @@ def stream_configs(info: DeviceInfo, stream: str, labels: Sequence[str],
             for direction in ("in", "out"):
                 entity("sensor", f"{line}_{label}_{direction}",
                        f"{stream} {line} {label} {direction}",
-                       state_topic=state(line_topic(stream, line)),
+                       state_topic=state(topics.line_counts(stream, line)),
                        state_class="total_increasing", icon="mdi:transit-transfer",
                        value_template=f"{{{{ value_json.get({json.dumps(label)}, {{}})"
                                       f".get({json.dumps(direction)}, 0) }}}}")

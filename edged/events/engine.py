@@ -5,8 +5,8 @@ returns what changed as `Changes`, ready to publish. Nothing here does I/O.
 Time: `frame_time` is the frame's capture time (Unix s) and goes into the payloads as it is;
 ages and throttles run on a stream clock that advances by the frames' steps and never goes
 back, so a wall clock set back (NTP on a device that booted in 1970) cannot keep objects
-alive. A stream whose source stalls should still call `update(now, [], None)` now and then,
-or its objects never end. `flush()` ends every object (a stream stopped on reload or
+alive. A stream whose source stalls should still call `update(now, Detections.empty())` now
+and then, or its objects never end. `flush()` ends every object (a stream stopped on reload or
 shutdown).
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from edged.events.lifecycle import (
 from edged.events.snapshot import Snapshots
 from edged.events.track import Assign, Track, Tracker
 from edged.events.zones import Crossing, LineCounts, Lines, Zones
+from edged.processing.detections import Detections
 
 logger = logging.getLogger(__name__)
 
@@ -81,17 +81,16 @@ class StreamEvents:
         self._reported_counts: dict[str, int] = {}
         self._reported_zones: dict[str, dict[str, int]] = {z: {} for z in self.zones.names}
 
-    def update(self, frame_time: float, detections: Sequence[dict[str, Any]],
+    def update(self, frame_time: float, detections: Detections,
                frame: np.ndarray | None = None) -> Changes:
-        """One frame: its capture time, its detections (post-processing's dicts) and, for
-        snapshots, its pixels (BGR)."""
+        """One frame: its capture time, its detections and, for snapshots, its pixels (BGR).
+        The detections tracked get the id of their object once it is announced."""
         t = self._advance(frame_time)
         kept = self._wanted(detections)
-        boxes = np.array([d["box"] for d in kept], np.float64).reshape(-1, 4)
-        scores = np.array([d["score"] for d in kept], np.float64)
-        step = self.tracker.update(t, boxes, scores, [d["label"] for d in kept])
+        step = self.tracker.update(t, detections.boxes[kept], detections.scores[kept],
+                                   [detections.labels[i] for i in kept])
         changes = Changes()
-        seen = [self._observe(tr, frame_time, kept) for tr in step.seen]
+        seen = [self._observe(tr, frame_time, detections, kept) for tr in step.seen]
         self._place(seen, frame, changes)
         for tr in step.ended:
             self._end(self._objects.pop(tr.key), t, changes)
@@ -107,6 +106,10 @@ class StreamEvents:
         for key in [k for k in self._objects if k not in live]:
             del self._objects[key]  # tentative tracks the tracker dropped: never announced
         self._count(changes)
+        for tr in step.seen:
+            tracked = self._objects.get(tr.key)
+            if tracked is not None and tr.detection is not None:
+                detections.ids[kept[tr.detection]] = tracked.id
         return changes
 
     def flush(self) -> Changes:
@@ -142,32 +145,26 @@ class StreamEvents:
             self._last_frame_time = frame_time
         return self._clock
 
-    def _wanted(self, detections: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The detections tracking takes: wanted labels, enough score, a real box."""
-        kept = []
-        for d in detections:
-            try:
-                x1, y1, x2, y2 = (float(v) for v in d["box"])
-                score, label = float(d["score"]), d["label"]
-            except (KeyError, TypeError, ValueError):
-                logger.debug("stream %s: detection without label, score or box: %r",
-                             self.stream, d)
-                continue
-            if (not isinstance(label, str) or (self.labels and label not in self.labels)
-                    or not score >= self.min_score
-                    or not (math.isfinite(x1 + y1 + x2 + y2) and x2 > x1 and y2 > y1)):
-                continue
-            kept.append(d)
-        return kept
+    def _wanted(self, detections: Detections) -> list[int]:
+        """The detections tracking takes (their indices): wanted labels, enough score, a real
+        box."""
+        boxes = detections.boxes
+        x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
+        ok = (np.isfinite(boxes).all(axis=1) & (x2 > x1) & (y2 > y1)
+              & (detections.scores >= self.min_score))
+        return [i for i in np.flatnonzero(ok).tolist()
+                if not self.labels or detections.labels[i] in self.labels]
 
-    def _observe(self, tr: Track, frame_time: float, kept: list[dict[str, Any]]) -> TrackedObject:
+    def _observe(self, tr: Track, frame_time: float, detections: Detections,
+                 kept: list[int]) -> TrackedObject:
         obj = self._objects.get(tr.key)
         if obj is None:
             obj = self._objects[tr.key] = TrackedObject(
                 tr, self.stream, frame_time, frame_time, self.zones.new_state(),
                 self.lines.new_state())
         assert tr.detection is not None  # a track seen this frame has its detection
-        obj.observe(frame_time, kept[tr.detection])
+        index = kept[tr.detection]
+        obj.observe(frame_time, detections.sub_labels[index], detections.sub_label_scores[index])
         return obj
 
     def _place(self, seen: list[TrackedObject], frame: np.ndarray | None,

@@ -59,17 +59,17 @@ class TrackedObject:
     def announced(self) -> bool:
         return self.id is not None
 
-    def observe(self, frame_time: float, detection: dict[str, Any]) -> None:
-        """This frame's detection of the object (the track has its box and score)."""
+    def observe(self, frame_time: float, sub_label: str | None,
+                sub_label_score: float | None) -> None:
+        """This frame's detection of the object (the track has its box and score; a cascade
+        may have read a sub_label on it)."""
         self.frame_time = frame_time
         self.score = score = self.track.score
         if score > self.top_score:
             self.top_score = score
         self.box = self.track.box.tolist()
-        sub_label = detection.get("sub_label")
-        if isinstance(sub_label, str):
-            sub_score = detection.get("sub_label_score")
-            sub_score = float(sub_score) if isinstance(sub_score, (int, float)) else 0.0
+        if sub_label is not None:
+            sub_score = 0.0 if sub_label_score is None else float(sub_label_score)
             # The most confident reading wins: a cascade on crops flickers frame to frame.
             if self.sub_label_score is None or sub_score > self.sub_label_score:
                 self.sub_label, self.sub_label_score = sub_label, sub_score

@@ -2,16 +2,9 @@
 and each object's snapshot into the disk store. It knows the topics, not MQTT: it calls
 `publish(kind, suffix, payload, retain=...)`, the MQTT link's own signature.
 
-| topic (under `<prefix>/`) | payload |
-|---|---|
-| `events` | one event, JSON (`docs/schemas/events.schema.json`) |
-| `streams/<stream>/<label>` | objects of the label tracked now, retained |
-| `streams/<stream>/zones/<zone>/<label>` | of those, inside the zone now, retained |
-| `streams/<stream>/lines/<line>` | `{label: {in, out}}` since start, retained |
-| `streams/<stream>/<label>/snapshot` | JPEG of the label's newest object, retained |
-
-A label is a topic level as it is (spaces included), except the characters MQTT reserves
-(`/`, `+`, `#`), which become `_`.
+The topics are `edged.mqtt.topics`' (under `<prefix>/`): `events` (one event, JSON,
+`docs/schemas/events.schema.json`), and per stream the retained counts, zone counts, line
+totals and the newest object's snapshot of each label.
 """
 
 from __future__ import annotations
@@ -23,20 +16,13 @@ from typing import Any, Literal, Protocol
 
 from edged.events.engine import Changes, LineTotals
 from edged.events.store import SnapshotStore
+from edged.mqtt import topics
 
 logger = logging.getLogger(__name__)
-
-_RESERVED = str.maketrans({"/": "_", "+": "_", "#": "_", "\0": "_"})
-
 
 class Publish(Protocol):
     def __call__(self, kind: Literal["events"], suffix: str, payload: bytes, *,
                  retain: bool = False) -> None: ...
-
-
-def topic_level(name: str) -> str:
-    """A label as one topic level: MQTT's separators and wildcards replaced."""
-    return name.translate(_RESERVED) or "_"
 
 
 # One encoder made once: json.dumps with separators builds one a call.
@@ -45,22 +31,6 @@ _ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
 def compact(value: Any) -> bytes:
     return _ENCODE(value).encode()
-
-
-def count_topic(stream: str, label: str) -> str:
-    return f"streams/{stream}/{topic_level(label)}"
-
-
-def zone_topic(stream: str, zone: str, label: str) -> str:
-    return f"streams/{stream}/zones/{zone}/{topic_level(label)}"
-
-
-def line_topic(stream: str, line: str) -> str:
-    return f"streams/{stream}/lines/{line}"
-
-
-def snapshot_topic(stream: str, label: str) -> str:
-    return f"streams/{stream}/{topic_level(label)}/snapshot"
 
 
 class EventPublisher:
@@ -84,10 +54,10 @@ class EventPublisher:
             self._labels[after["id"]] = after["label"]
             if event["type"] == "end":
                 ended.append(after["id"])
-            self._send("events", compact(event))
+            self._send(topics.EVENTS, compact(event))
         self.state(changes.counts, changes.zone_counts, changes.lines)
         for label, (_id, jpeg) in changes.snapshots.items():
-            self._send(snapshot_topic(self.stream, label), jpeg, retain=True)
+            self._send(topics.snapshot(self.stream, label), jpeg, retain=True)
         if self.store is not None:
             for object_id, jpeg in changes.object_snapshots.items():
                 self.store.put(object_id, jpeg, self._labels.get(object_id))
@@ -99,12 +69,13 @@ class EventPublisher:
         """Retained counts, zone counts and line totals (the changed ones, or the whole state
         again after a reconnect)."""
         for label, n in counts.items():
-            self._send(count_topic(self.stream, label), str(n).encode(), retain=True)
+            self._send(topics.count(self.stream, label), str(n).encode(), retain=True)
         for zone, by_label in zone_counts.items():
             for label, n in by_label.items():
-                self._send(zone_topic(self.stream, zone, label), str(n).encode(), retain=True)
+                self._send(topics.zone_count(self.stream, zone, label), str(n).encode(),
+                           retain=True)
         for line, totals in lines.items():
-            self._send(line_topic(self.stream, line), compact(totals), retain=True)
+            self._send(topics.line_counts(self.stream, line), compact(totals), retain=True)
 
     def _send(self, suffix: str, payload: bytes, *, retain: bool = False) -> None:
         if self.publish is None:

@@ -10,8 +10,9 @@ is tentative until it was matched `min_hits` frames in a row (a tentative track 
 frame is dropped: flickering false detections never become objects); a confirmed one survives
 gaps of up to `max_age_s`. At most `max_tracks` live at once.
 
-The matcher is `assign.cluster_assign`: optimal, in plain Python (`docs/design-notes.md`
-compares it with greedy matching, scipy's and lap's on time and on crossing objects). Time is
+The matcher is `assign.cluster_assign`: optimal, in plain Python
+(`docs/decisions/013-events-engine.md` compares it with greedy matching, scipy's and lap's on
+time and on crossing objects). Time is
 the caller's stream clock in seconds (monotonic), so tracking is deterministic given it.
 """
 

@@ -32,7 +32,7 @@ INLINE_UNKNOWN = 1 << 62  # no batch run yet: nothing is run inline before one h
 # (Batcher.run_together) when their rows' moving cost is under this: the loop is held that
 # long at most, and each request skips the hop to a worker and back (two thread wake-ups,
 # two GIL hand-overs, a future chained across threads). tiny_cls, 8 clients: see
-# docs/design-notes.md, "Requests of one turn batch on the loop".
+# docs/decisions/021-own-http-stack.md, "Requests of one turn batch on the loop".
 TOGETHER_MAX_NS = 500_000
 # On the CPU an instance runs a batch on its own thread (ONNX Runtime's intra-op threads split
 # an operator, not the batch), and a batch costs about its rows: PP-OCR cls at 1 intra-op

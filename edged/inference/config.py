@@ -12,12 +12,15 @@ from edged.core.schema import at_least, setting
 
 @dataclass(frozen=True)
 class CacheConfig:
-    dir: Path = setting(Path("/var/cache/edged"), "engines, timing caches, measurements")
-    budget_mb: int = setting(2048, "memory budget for loaded models", check=at_least(1))
+    dir: Path = setting(Path("/var/cache/edged"), "TensorRT engines and timing caches, the "
+                        "precision and thread measurements, the objects' snapshots")
+    budget_mb: int = setting(2048, "memory the loaded models may take (each charged its "
+                                   "session's estimate); past it the least recently used "
+                                   "unpinned, idle model is unloaded", check=at_least(1))
     preload: list[str] | Literal["all"] = setting(
         "all", "models loaded and warmed at start: all (every model in the repository, as "
         "Triton does, while the budget holds them), a list, or [] to load on first request")
-    pinned: list[str] = setting(factory=list, help="models never evicted")
+    pinned: list[str] = setting(factory=list, help="models never evicted from the cache")
     snapshots_mb: int = setting(256, "disk budget of the objects' snapshots kept under "
                                      "<dir>/snapshots (the oldest go first); 0 = none kept",
                                 check=at_least(0))

@@ -12,7 +12,7 @@ thread-safe and releases the GIL, so several instances on one session overlap fo
 - CPU: one instance per core the process may run on. Each instance still takes whatever is
   queued when it comes free (a batch), so batching is kept where requests pile up, and the
   cores are never waiting for one batch to finish. The numbers this was chosen by are in
-  `python -m tools.bench instances` and docs/design-notes.md.
+  `python -m tools.bench instances` and docs/decisions/020-instances-and-threads.md.
 - GPU (a CUDA/TensorRT provider first, and a CUDA device present): two, so one batch's host
   work (gather, copies, Python) overlaps the other's kernels; each TensorRT context holds its
   own activation memory, so more than that costs memory for little.

@@ -67,17 +67,24 @@ class WarmupConfig:
     enabled: bool = setting(True, "run one inference before the model is reported ready")
     batch_size: int = setting(1, "batch size of the warm-up request", check=at_least(1))
     shapes: dict[str, list[int]] = setting(factory=dict,
-                                           help="dims (no batch) for dynamic inputs; else 32")
+                                           help="per input: the dims (without the batch dim) of "
+                                                "its warm-up tensor; a dynamic dim not given "
+                                                "here is 32")
 
 
 @dataclass(frozen=True)
 class OrtOverrides:
     """Per-model overrides of the daemon's ONNX Runtime options."""
 
-    providers: list[Literal["tensorrt", "cuda", "cpu"]] | None = setting(None, "provider chain")
-    intra_op_threads: int | None = setting(None, "threads inside one operator", check=at_least(0))
-    inter_op_threads: int | None = setting(None, "threads across operators", check=at_least(0))
-    allow_spinning: bool | None = setting(None, "let idle ORT threads spin")
+    providers: list[Literal["tensorrt", "cuda", "cpu"]] | None = setting(
+        None, "provider chain for this model, best first; null = backends.onnxruntime's")
+    intra_op_threads: int | None = setting(None, "threads inside one operator (0 = timed per "
+                                           "model); null = backends.onnxruntime's",
+                                           check=at_least(0))
+    inter_op_threads: int | None = setting(None, "threads across operators; null = "
+                                           "backends.onnxruntime's", check=at_least(0))
+    allow_spinning: bool | None = setting(None, "let idle ORT threads spin; null = "
+                                          "backends.onnxruntime's")
     gpu_mem_limit_mb: int | None = setting(None, "CUDA EP: arena limit in MiB; null = none",
                                            check=at_least(1))
     cudnn_conv_algo_search: Literal["exhaustive", "heuristic", "default"] | None = setting(
@@ -169,7 +176,9 @@ class PostprocessConfig:
     """What a stream publishes from the outputs: top-k classes, detections (boxes in frame
     pixels, after a score threshold and NMS), or the raw tensors (small ones in full)."""
 
-    kind: Literal["classify", "detect", "raw"] = setting("raw", "classify | detect | raw")
+    kind: Literal["classify", "detect", "raw"] = setting(
+        "raw", "what the outputs are read as: classify (top-k classes), detect (boxes in frame "
+        "pixels) or raw (the tensors); unset: the ONNX metadata's task, else raw")
     output: str | None = setting(None, "output to read (classify; detect: the one table); "
                                  "null = the first")
     labels: str | None = setting(None, "labels file, one per line, beside model.yaml")
@@ -241,23 +250,32 @@ class QuantizationConfig:
 class ModelConfig:
     """`models/<name>/model.yaml`; every key optional where the ONNX file can tell."""
 
-    max_batch_size: int | None = setting(None, "0 = no batch dim; unset = inferred",
-                                         check=at_least(0))
-    inputs: list[TensorConfig] = setting(factory=list, help="inputs (without batch dim)")
-    outputs: list[TensorConfig] = setting(factory=list, help="outputs (without batch dim)")
-    batching: bool | BatchingConfig = setting(True, "dynamic batching; `off` disables it")
+    max_batch_size: int | None = setting(
+        None, "most rows a request or batch holds (the first dim); 0 = the model has no batch "
+        "dim; unset = inferred: 8 when every first dim is dynamic, N when every one is a fixed "
+        "N (a static export)", check=at_least(0))
+    inputs: list[TensorConfig] = setting(factory=list, help="the inputs (without the batch dim), "
+                                         "checked against the ONNX file; empty = read from it")
+    outputs: list[TensorConfig] = setting(factory=list, help="the outputs (without the batch "
+                                          "dim), checked likewise; empty = read from the file")
+    batching: bool | BatchingConfig = setting(
+        True, "dynamic batching, on whenever max_batch_size > 0: a batch is whatever queued "
+        "while the instance was busy (no delay unless max_queue_delay_us says so); `off` "
+        "disables it, a mapping sets its parameters")
     instances: int | Literal["auto"] = setting(
         "auto", "execution instances (worker threads; TensorRT contexts): auto = one per core "
         "on the CPU, two on a GPU (edged.inference.instances)", check=lambda v: None if v == "auto"
         else between(1, 64)(v))
-    backend: Literal["auto", "tensorrt", "onnxruntime"] = setting("auto", "backend choice")
+    backend: Literal["auto", "tensorrt", "onnxruntime"] = setting(
+        "auto", "which backend runs the model: auto = the daemon's backends.default (itself "
+        "auto: TensorRT where it can run, else ONNX Runtime)")
     precision: Literal["auto", "fp32", "fp16", "int8"] = setting(
         "auto", "auto: INT8 where a gated variant exists and is faster (TensorRT: always); "
         "int8: the gated variant or no load")
     preprocess: PreprocessConfig | None = setting(None, "frame pre-processing (images, streams)")
     postprocess: PostprocessConfig | None = setting(None, "result post-processing (streams)")
     version_policy: VersionPolicy = setting(factory=lambda: VersionPolicy(latest=1),
-                                            help="versions served")
+                                            help="which versions on disk are served")
     warmup: WarmupConfig = setting(factory=WarmupConfig, help="warm-up before ready")
     onnxruntime: OrtOverrides = setting(factory=OrtOverrides, help="ONNX Runtime overrides")
     tensorrt: TensorRTOverrides = setting(factory=TensorRTOverrides, help="TensorRT settings")

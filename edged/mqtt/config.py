@@ -38,16 +38,22 @@ class MqttConfig:
     host: str = setting("127.0.0.1", "broker host")
     port: int = setting(1883, "broker port", check=between(1, 65535))
     protocol: Literal["5", "3.1.1"] = setting("5", "MQTT protocol version")
-    username: str | None = setting(None, "username")
-    password_file: Path | None = setting(None, "file holding the password")
+    username: str | None = setting(None, "broker username; null = none")
+    password_file: Path | None = setting(None, "file holding the broker password; a relative "
+                                         "path is read from $CREDENTIALS_DIRECTORY (systemd's "
+                                         "LoadCredential=)")
     tls: TlsConfig | None = setting(None, "TLS settings; null = plain TCP")
     prefix: str | None = setting(None, "topic prefix; null = edged/<device_id>")
-    fleet_prefix: str = setting("edged/fleet", "fleet-wide topic prefix")
-    qos_results: int = setting(0, "QoS of result messages", check=between(0, 2))
+    fleet_prefix: str = setting("edged/fleet", "fleet-wide topic prefix: OTA manifests and "
+                                               "commands for every device and group")
+    qos_results: int = setting(0, "QoS of per-frame results (a lost one is replaced by the "
+                                  "next frame's)", check=between(0, 2))
     qos_events: int = setting(1, "QoS of events, counts, line counts and snapshots (a lost "
                                  "`end` leaves a subscriber with an object that is gone)",
                               check=between(0, 2))
-    buffer_messages: int = setting(10000, "messages kept while offline", check=at_least(0))
+    buffer_messages: int = setting(10000, "messages kept while the broker is away (past it "
+                                          "the oldest are dropped and counted)",
+                                   check=at_least(0))
     stats_interval_s: float = setting(10.0, "period of <prefix>/stats", check=at_least(0.1))
     max_packet_mb: int = setting(
         16, "largest MQTT packet taken in (MQTT 5: told to the broker at connect, which then "

@@ -28,6 +28,7 @@ from paho.mqtt.properties import Properties
 
 from edged.core.credentials import credential
 from edged.core.errors import ConfigError
+from edged.mqtt import topics
 from edged.mqtt.config import MqttConfig
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class MqttLink:
     def __init__(self, config: MqttConfig, *, prefix: str, client_id: str) -> None:
         self.config = config
         self.prefix = prefix.rstrip("/")
-        self.status_topic = f"{self.prefix}/status"
+        self.status_topic = topics.under(self.prefix, topics.STATUS)
         self._qos: dict[str, int] = {"results": config.qos_results,
                                      "events": config.qos_events, "discovery": 1, "state": 1,
                                      "stats": 0, "status": 1, "ota": 1}

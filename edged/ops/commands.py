@@ -21,7 +21,7 @@ from edged.model.config import PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head
 from edged.model.tensor import TensorSpec
 from edged.ops.quantize.command import add_arguments as add_quantize_arguments
-from edged.processing.post import Postprocessor
+from edged.processing.post import Postprocessor, published
 from edged.processing.pre import Geometry
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     head = meta["edged"].get("head")
     postprocessor = Postprocessor(PostprocessConfig(**post), Path("."),
                                   Head(**head) if head else None)
-    results = postprocessor(result.outputs, image[1] if image is not None else None)
+    results = published(postprocessor(result.outputs, image[1] if image is not None else None))
     for line in describe_results(results, framed=image is not None):
         print(line)
     if args.output is not None:

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from edged.api.config import split_host_port
 from edged.core.errors import ToolError
 from edged.core.states import OtaState
+from edged.mqtt import topics
 from edged.ops.keys import (
     DEFAULT_TTL_S,
     describe_artifact,
@@ -287,7 +288,7 @@ def follow_status(session: Session, target: Target, model: str, version: int | N
             continue
         if retained:  # an earlier update's outcome, kept by the broker: not this one's
             continue
-        device = topic.rsplit("/ota/", 1)[0]
+        device = topic.rsplit(topics.OTA, 1)[0]
         try:
             event = json.loads(payload)
             state = str(event["state"])
@@ -363,7 +364,7 @@ def _push(manifest_path: Path, broker: Broker, target: Target, key: Path | None,
     model, version = str(doc["model"]), int(doc["version"])
     session = Session(broker)
     try:
-        session.follow([f"{w}/ota/{model}/status" for w in target.watch])
+        session.follow([topics.under(w, topics.ota_status(model)) for w in target.watch])
         for topic in target.topics:
             publish_manifest(session, topic, model, docs[topic], data, retain=retain)
         out.write(f"pushed {model}:{version} to {', '.join(target.topics)}"
@@ -377,11 +378,11 @@ def _push(manifest_path: Path, broker: Broker, target: Target, key: Path | None,
 def publish_manifest(session: Session, root: str, model: str, doc: dict[str, Any],
                      data: bytes | None, *, retain: bool = False) -> None:
     """The manifest on `<root>/ota/<model>`, then the artifact's chunks when sent inline."""
-    session.publish(f"{root}/ota/{model}", json.dumps(doc, separators=(",", ":")).encode(),
-                    retain=retain)
+    session.publish(topics.under(root, topics.ota(model)),
+                    json.dumps(doc, separators=(",", ":")).encode(), retain=retain)
     if data is not None:
         for index in range(0, len(data), CHUNK_BYTES):
-            session.publish(f"{root}/ota/{model}/chunk/{index // CHUNK_BYTES}",
+            session.publish(topics.under(root, topics.ota_chunk(model, index // CHUNK_BYTES)),
                             data[index:index + CHUNK_BYTES])
 
 
@@ -423,11 +424,11 @@ def _command(unsigned: dict[str, Any], broker: Broker, target: Target, key: Path
                     for topic in target.topics}
     session = Session(broker)
     try:
-        session.follow([f"{w}/ota/{model}/status" for w in target.watch])
+        session.follow([topics.under(w, topics.ota_status(model)) for w in target.watch])
         for topic in target.topics:
             if clear:  # a retained manifest would bring the version back at the next reconnect
-                session.publish(f"{topic}/ota/{model}", b"", retain=True)
-            session.publish(f"{topic}/ota/{model}/command",
+                session.publish(topics.under(topic, topics.ota(model)), b"", retain=True)
+            session.publish(topics.under(topic, topics.ota_command(model)),
                             json.dumps(commands[topic], separators=(",", ":")).encode())
         out.write(f"asked {', '.join(target.topics)} {what}"
                   f"{' (and cleared any retained manifest there)' if clear else ''}\n")

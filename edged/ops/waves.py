@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from edged.core.errors import ToolError
 from edged.core.states import OtaState
+from edged.mqtt import topics
 from edged.ops.keys import DEFAULT_TTL_S, freshness, load_private_key
 from edged.ops.push import (
     Broker,
@@ -79,7 +80,7 @@ def discover(session: Session, watch: list[str], named: list[str], wait_s: float
              ) -> tuple[list[str], list[str]]:
     """(online, offline) device prefixes from their retained `status`: the named devices, or
     every device under `watch` that has one."""
-    session.follow([f"{w}/status" for w in (named or watch)])
+    session.follow([topics.under(w, topics.STATUS) for w in (named or watch)])
     states: dict[str, str] = {}
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and not (named and len(states) >= len(named)):
@@ -149,7 +150,7 @@ def _roll(manifest_path: Path, session: Session, spec: list[tuple[int, bool]],
     for wave in planned:
         out.write(f"wave {wave.number}/{len(planned)}: {', '.join(wave.devices)}\n")
         target = Target(wave.devices, wave.devices, len(wave.devices))
-        session.follow([f"{d}/ota/{model}/status" for d in wave.devices])
+        session.follow([topics.under(d, topics.ota_status(model)) for d in wave.devices])
         for device in wave.devices:
             doc, data = prepare(manifest_path, key=key, artifact=artifact, url=url,
                                 inline=inline, target=device, ttl_s=ttl_s)
@@ -197,7 +198,7 @@ def _roll_back(session: Session, model: str, version: int, devices: list[str],
         else:
             command = {"model": model, "action": "reject", "version": version}
         signed = sign_document({**command, **freshness(device, ttl_s=ttl_s)}, private)
-        session.publish(f"{device}/ota/{model}", b"", retain=True)
-        session.publish(f"{device}/ota/{model}/command",
+        session.publish(topics.under(device, topics.ota(model)), b"", retain=True)
+        session.publish(topics.under(device, topics.ota_command(model)),
                         json.dumps(signed, separators=(",", ":")).encode())
         out.write(f"{device}  {command['action']} sent\n")

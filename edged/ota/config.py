@@ -30,9 +30,12 @@ class ShadowConfig:
 
 @dataclass(frozen=True)
 class OtaConfig:
-    trusted_keys: list[Path] = setting(factory=list, help="Ed25519 public keys (PEM)")
+    trusted_keys: list[Path] = setting(factory=list, help="Ed25519 public keys (PEM) whose "
+                                       "signatures are trusted; relative paths are read from "
+                                       "$CREDENTIALS_DIRECTORY")
     keep_versions: int = setting(3, "versions kept on disk per model", check=at_least(1))
-    allow_unsigned: bool = setting(False, "accept manifests without a signature")
+    allow_unsigned: bool = setting(False, "accept manifests and commands without a signature "
+                                          "(and so without freshness): testing only")
     max_artifact_mb: int = setting(512, "largest artifact (and unpacked bundle) accepted",
                                    check=at_least(1))
     ca_file: Path | None = setting(None, "CA bundle for https:// artifacts; null = the system's")

@@ -16,6 +16,7 @@ from typing import Any
 from edged.core.errors import ModelNotFound
 from edged.core.states import OtaState
 from edged.model.repository import check_model_name
+from edged.mqtt import topics
 from edged.mqtt.link import MqttLink
 from edged.ota.fetch import ChunkAssembler
 from edged.ota.freshness import Freshness, check_fresh
@@ -52,14 +53,15 @@ class OtaService:
         """Subscribe the OTA topics: the link subscribes them again at every connect; the
         device takes updates once the broker has confirmed them (`listening`)."""
         for root in self.roots:  # the device's, the fleet's and its groups'
-            self.link.subscribe(f"{root}/ota/+", self._on_manifest)
-            self.link.subscribe(f"{root}/ota/+/chunk/+", self._on_chunk)
-            self.link.subscribe(f"{root}/ota/+/command", self._on_command)
+            manifests, chunks, commands = topics.OTA_FILTERS
+            self.link.subscribe(topics.under(root, manifests), self._on_manifest)
+            self.link.subscribe(topics.under(root, chunks), self._on_chunk)
+            self.link.subscribe(topics.under(root, commands), self._on_command)
 
     @property
     def filters(self) -> list[str]:
-        return [f"{root}/ota/{suffix}" for root in self.roots
-                for suffix in ("+", "+/chunk/+", "+/command")]
+        return [topics.under(root, suffix) for root in self.roots
+                for suffix in topics.OTA_FILTERS]
 
     @property
     def listening(self) -> bool:
@@ -81,7 +83,7 @@ class OtaService:
     def report_shadow(self, model: str, progress: Mapping[str, Any]) -> None:
         """A shadow rollout's progress, retained on `<prefix>/ota/<model>/shadow`."""
         payload = json.dumps(progress, separators=(",", ":")).encode()
-        self.link.publish("ota", f"ota/{model}/shadow", payload, retain=True)
+        self.link.publish("ota", topics.ota_shadow(model), payload, retain=True)
 
     def defer(self, job: Callable[[], None]) -> None:
         """Run `job` on the OTA worker, after the updates and commands queued before it."""
@@ -97,7 +99,7 @@ class OtaService:
         """Updater events to `<prefix>/ota/<model>/status`; final states retained."""
         payload = json.dumps(event.to_dict(), separators=(",", ":")).encode()
         retain = event.state in FINAL and not event.transient
-        self.link.publish("ota", f"ota/{event.model}/status", payload, retain=retain)
+        self.link.publish("ota", topics.ota_status(event.model), payload, retain=retain)
         log = logger.warning if event.state in (OtaState.FAILED, OtaState.ROLLED_BACK) \
             else logger.info
         log("OTA %s:%d %s %s", event.model, event.version, event.state, event.detail,
@@ -105,7 +107,7 @@ class OtaService:
 
     # -- inbound (paho's thread: quick, never raises) ------------------------------------------
     def _on_manifest(self, topic: str, payload: bytes) -> None:
-        root, model = topic.rsplit("/ota/", 1)
+        root, model = topic.rsplit(topics.OTA, 1)
         if not payload:  # a retained manifest being cleared
             return
         if len(payload) > MAX_MANIFEST_BYTES:  # refused unread: no parse of a 40 MB "manifest"
@@ -163,8 +165,8 @@ class OtaService:
         self._submit(run)
 
     def _on_chunk(self, topic: str, payload: bytes) -> None:
-        head, index = topic.rsplit("/chunk/", 1)
-        root, model = head.rsplit("/ota/", 1)
+        head, index = topic.rsplit(topics.CHUNK, 1)
+        root, model = head.rsplit(topics.OTA, 1)
         with self._lock:
             assembler = self._chunks.get((root, model))
         if assembler is None or not index.isdigit():
@@ -172,7 +174,7 @@ class OtaService:
         assembler.add(int(index), payload)
 
     def _on_command(self, topic: str, payload: bytes) -> None:
-        root, rest = topic.rsplit("/ota/", 1)
+        root, rest = topic.rsplit(topics.OTA, 1)
         model = rest.rsplit("/command", 1)[0]
         try:
             check_model_name(model)

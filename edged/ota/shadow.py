@@ -201,8 +201,7 @@ class Shadow:
     def _boxes(self, outputs: Outputs) -> tuple[np.ndarray, np.ndarray]:
         assert self._post is not None
         found = self._post({k: v[None] for k, v in outputs.items()}, None)["detections"]
-        return (np.array([d["box"] for d in found], np.float64).reshape(-1, 4),
-                np.array([d["class"] for d in found], np.int64))
+        return found.boxes, found.classes
 
     def _ask(self, promote: bool, detail: str, reason: str) -> None:
         with self._lock:

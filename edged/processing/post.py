@@ -17,6 +17,7 @@ from edged.model.heads import Head, choose_head
 from edged.model.tensor import TensorSpec
 from edged.processing.boxes import nms, to_frame
 from edged.processing.decode import decode
+from edged.processing.detections import Detections
 from edged.processing.pre import Geometry
 
 Results = dict[str, Any]
@@ -77,7 +78,7 @@ def classify(scores: np.ndarray, top_k: int, labels: Sequence[str]) -> list[dict
 
 def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
            geometry: Geometry | None, labels: Sequence[str],
-           head: Head | None = None) -> list[dict[str, Any]]:
+           head: Head | None = None) -> Detections:
     """Detections of one frame: the head's candidates above the threshold, mapped into the
     frame, suppressed per class (NMS-free heads skip that), best first. Without a `head` (as
     the model's version carries one) it is told from the arrays' shapes and `cfg`."""
@@ -93,18 +94,24 @@ def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
         chosen = nms(boxes, scores, classes, cfg.iou_threshold)[:cfg.max_detections]
     else:
         chosen = np.argsort(-scores, kind="stable")[:cfg.max_detections].tolist()
-    # Python floats once for the lot: a numpy scalar at a time costs more than the NMS.
+    # Python floats once for the lot: a numpy scalar at a time costs more than the NMS. Rounded
+    # as published, so that every stage sees what subscribers see.
     found_classes = classes[chosen].tolist()
-    return [{"class": c, "label": _label(labels, c), "score": round(score, 5),
-             "box": [round(v, 2) for v in box]}
-            for c, score, box in zip(found_classes, scores[chosen].tolist(),
-                                     boxes[chosen].tolist(), strict=True)]
+    return Detections.of([[round(v, 2) for v in box] for box in boxes[chosen].tolist()],
+                         [round(score, 5) for score in scores[chosen].tolist()],
+                         found_classes, [_label(labels, c) for c in found_classes])
 
 
 def specs_of(outputs: Mapping[str, np.ndarray]) -> tuple[TensorSpec, ...]:
     """Arrays as the tensor specs a head is chosen from."""
     return tuple(TensorSpec(name, np.asarray(a).dtype, tuple(np.shape(a)))
                  for name, a in outputs.items())
+
+
+def published(results: Mapping[str, Any]) -> Results:
+    """A frame's results as they are published: detections as their rows."""
+    found = results.get("detections")
+    return {"detections": found.rows()} if isinstance(found, Detections) else dict(results)
 
 
 def raw(outputs: Mapping[str, np.ndarray], max_values: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from edged.hardware import host
 from edged.hardware.host import trim_heap
+from edged.mqtt import topics
 from edged.mqtt.link import MqttLink
 from edged.service.config import HealthConfig
 from edged.service.health import HealthMonitor
@@ -23,11 +24,11 @@ async def report_loop(reporter: Reporter, mqtt: MqttLink | None,
     while True:
         for name, payload in await asyncio.to_thread(reporter.changed_states):
             if mqtt is not None:
-                mqtt.publish("state", f"models/{name}/state", payload, retain=True)
+                mqtt.publish("state", topics.model_state(name), payload, retain=True)
         message = await asyncio.to_thread(reporter.stats)  # reads disk, NVML
         stats = json.dumps(message, separators=(",", ":")).encode()
         if mqtt is not None:
-            mqtt.publish("stats", "stats", stats)
+            mqtt.publish("stats", topics.STATS, stats)
         # What request bodies, updates and bursts freed goes back to the system; without
         # it RSS crept up ~1 MB per OTA swap under load (tools/bench/soak.py).
         await asyncio.to_thread(trim_heap)

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from edged.core.states import ModelState, SourceState
 from edged.hardware import host
 from edged.hardware.tegra import TegraStats
+from edged.streams.stats import StreamStats
 
 if TYPE_CHECKING:
     from edged.inference.batching import InferenceCounters
@@ -106,7 +107,7 @@ class LoadCollector(Collector):
         yield from (seconds, loads, evictions)
 
 
-# (family, help, snapshot key) over StreamPipeline.snapshot().
+# (family, help, counter) over a stream's StreamStats (the source's counters flattened in).
 _STREAM_COUNTERS = (
     ("edged_stream_frames_in", "frames captured and offered to the stream's queue", "frames_in"),
     ("edged_stream_frames_processed", "frames through the model and post-processing",
@@ -123,24 +124,25 @@ _STREAM_COUNTERS = (
 
 
 class StreamCollector(Collector):
-    def __init__(self, snapshots: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
-        self._snapshots = snapshots
+    def __init__(self, stats: Callable[[], Mapping[str, StreamStats]]) -> None:
+        self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        rows = sorted(self._snapshots().items())
+        rows = sorted(self._stats().items())
         for family, help_text, key in _STREAM_COUNTERS:
             metric = CounterMetricFamily(family, help_text, labels=["stream"])
-            for name, row in rows:
-                metric.add_metric([name], row[key])
+            for name, stats in rows:
+                owner = stats if key in ("processed", "failed") else stats.source
+                metric.add_metric([name], getattr(owner, key))
             yield metric
         up = GaugeMetricFamily("edged_stream_up", "1 while the source is streaming",
                                labels=["stream"])
         depth = GaugeMetricFamily("edged_stream_queue_depth",
                                   "frames waiting between capture and the model",
                                   labels=["stream"])
-        for name, row in rows:
-            up.add_metric([name], 1.0 if row["state"] == SourceState.STREAMING else 0.0)
-            depth.add_metric([name], row["queue_depth"])
+        for name, stats in rows:
+            up.add_metric([name], 1.0 if stats.source.state == SourceState.STREAMING else 0.0)
+            depth.add_metric([name], stats.source.queue_depth)
         yield from (up, depth)
 
 
@@ -250,12 +252,12 @@ class Metrics:
     def __init__(self, counters: Callable[[], Iterable[InferenceCounters]],
                  models: Callable[[], Iterable[ModelStatus]], *,
                  loads: Callable[[], Iterable[ModelCounters]] | None = None,
-                 streams: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
+                 streams: Callable[[], Mapping[str, StreamStats]] | None = None,
                  link: Callable[[], Mapping[str, Any] | None] | None = None,
                  gpus: Callable[[], Iterable[host.GpuStats]] = host.gpus,
                  jetson: Callable[[], TegraStats | None] = host.jetson) -> None:
         """`counters`: Scheduler.counters; `models`: ModelCache.status; `loads`:
-        ModelCache.counters; `streams`: stream name -> StreamPipeline.snapshot(); `link`:
+        ModelCache.counters; `streams`: stream name -> StreamStats; `link`:
         MqttLink.stats, or None while MQTT is off; `gpus`: host.gpus (NVML, or a Jetson's
         sysfs); `jetson`: host.jetson (None off a Jetson)."""
         self.registry = CollectorRegistry(auto_describe=False)

@@ -54,7 +54,7 @@ class Reporter:
         streams: dict[str, Any] = {}
         last: dict[str, tuple[StreamPipeline, dict[str, Any]]] = {}
         for pipeline in self.pipelines():
-            row = pipeline.snapshot()
+            row = pipeline.read_stats().as_dict()
             held, before = self._last.get(pipeline.cfg.name, (pipeline, {}))
             if held is not pipeline:  # a new pipeline under the old name (a reload)
                 before = {}

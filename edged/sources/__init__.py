@@ -16,6 +16,7 @@ from edged.sources.base import (
     Source,
     SourceError,
     SourceState,
+    SourceStats,
     SourceUnavailable,
     worth_logging,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "Source",
     "SourceError",
     "SourceState",
+    "SourceStats",
     "SourceUnavailable",
     "open_source",
     "worth_logging",

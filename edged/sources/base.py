@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -79,7 +79,7 @@ class Backoff:
 
 
 @dataclass
-class SourceStats:
+class SourceCounters:
     frames_in: int = 0  # captured and offered to the queue
     dropped: int = 0  # pushed out of (or refused by) the full queue
     skipped: int = 0  # read but not offered: over the fps limit
@@ -89,6 +89,21 @@ class SourceStats:
     last_error: str | None = None
     state: SourceState = SourceState.CONNECTING
     transitions: list[tuple[float, SourceState]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SourceStats:
+    """A source's counters and state as read at one moment (`Source.read_stats`)."""
+
+    state: SourceState
+    frames_in: int
+    dropped: int
+    skipped: int
+    rejected: int
+    reconnects: int
+    errors: int
+    last_error: str | None
+    queue_depth: int
 
 
 class FrameQueue:
@@ -157,7 +172,7 @@ class Source(ABC):
         self.watchdog_s = watchdog_s
         self.backoff = backoff or Backoff(0.5, 30.0)
         self.clock = clock
-        self.stats = SourceStats()
+        self.stats = SourceCounters()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -332,10 +347,8 @@ class Source(ABC):
         A call that never returns (a driver or an RTSP read hung in C) shows up here."""
         return f"stream {self.name}: capture in open()/read()", self._in_call_since
 
-    def snapshot(self) -> dict[str, Any]:
+    def read_stats(self) -> SourceStats:
         with self._lock:
             s = self.stats
-            return {"state": s.state, "frames_in": s.frames_in, "dropped": s.dropped,
-                    "skipped": s.skipped, "rejected": s.rejected, "reconnects": s.reconnects,
-                    "errors": s.errors, "last_error": s.last_error,
-                    "queue_depth": len(self.queue)}
+            return SourceStats(s.state, s.frames_in, s.dropped, s.skipped, s.rejected,
+                               s.reconnects, s.errors, s.last_error, len(self.queue))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -13,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 
 from edged.sources import hwdecode
-from edged.sources.base import Source, SourceError, SourceUnavailable
+from edged.sources.base import Source, SourceError, SourceStats, SourceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,13 @@ def has_gstreamer() -> bool:
         return bool(cv2.videoio_registry.hasBackend(cv2.CAP_GSTREAMER))
     except AttributeError:  # very old OpenCV
         return "GStreamer:                   YES" in cv2.getBuildInformation()
+
+
+@dataclass(frozen=True)
+class CameraStats(SourceStats):
+    """A camera's counters and the decoder reading it (None: not yet known)."""
+
+    decoder: str | None = None
 
 
 class CameraSource(Source):
@@ -201,10 +209,8 @@ class CameraSource(Source):
             logger.info("stream %s: %s has ended", self.name, self.uri)
         return True
 
-    def snapshot(self) -> dict[str, Any]:
-        row = super().snapshot()
-        row["decoder"] = self._decoder_shown()
-        return row
+    def read_stats(self) -> CameraStats:
+        return CameraStats(**vars(super().read_stats()), decoder=self._decoder_shown())
 
     def close(self) -> None:
         if self._capture is not None:

@@ -19,14 +19,12 @@ from edged.core.errors import EdgedError, InvalidModel, Timeout
 from edged.inference.scheduler import Outputs, Scheduler
 from edged.model.config import PostprocessConfig, PreprocessConfig
 from edged.model.repository import ModelVersion
-from edged.processing.post import Postprocessor
+from edged.processing.detections import Detections
+from edged.processing.post import Postprocessor, published
 from edged.processing.pre import preprocess, tensor_shape
 from edged.streams.config import SecondaryConfig
 
 logger = logging.getLogger(__name__)
-
-Detection = dict[str, Any]
-
 
 class Cascade:
     def __init__(self, cfg: SecondaryConfig, scheduler: Scheduler, *,
@@ -41,16 +39,16 @@ class Cascade:
         self._post: tuple[ModelVersion, Postprocessor] | None = None
         check_model(cfg, scheduler.model(cfg.model))
 
-    def select(self, detections: list[Detection]) -> list[Detection]:
-        """The detections to crop: the chosen labels at or above min_score, best first, at most
-        max_crops."""
-        chosen = [d for d in detections
-                  if (not self.labels or d["label"] in self.labels)
-                  and d["score"] >= self.cfg.min_score]
-        chosen.sort(key=lambda d: d["score"], reverse=True)
+    def select(self, detections: Detections) -> list[int]:
+        """The detections to crop (their indices): the chosen labels at or above min_score,
+        best first, at most max_crops."""
+        chosen = [i for i, label in enumerate(detections.labels)
+                  if (not self.labels or label in self.labels)
+                  and detections.scores[i] >= self.cfg.min_score]
+        chosen.sort(key=lambda i: detections.scores[i], reverse=True)
         return chosen[:self.cfg.max_crops]
 
-    def run(self, frame: np.ndarray, detections: list[Detection]) -> int:
+    def run(self, frame: np.ndarray, detections: Detections) -> int:
         """Crop, run and annotate the chosen detections in place; returns how many ran.
         Raises EdgedError when the model fails or times out (the detections stay as they
         were)."""
@@ -61,14 +59,14 @@ class Cascade:
         spec = model.inputs[0]
         pre = model.config.preprocess or PreprocessConfig()
         batch = self._rows(model, frame)
-        for row, detection in enumerate(chosen):
-            preprocess(crop(frame, detection["box"], self.cfg.crop_margin), pre, spec,
-                       batch[row:row + 1])
+        for row, index in enumerate(chosen):
+            preprocess(crop(frame, detections.boxes[index].tolist(), self.cfg.crop_margin), pre,
+                       spec, batch[row:row + 1])
         outputs = self._infer(model, batch[:len(chosen)])
         post = self._postprocessor(model)
-        for row, detection in enumerate(chosen):
+        for row, index in enumerate(chosen):
             results = post({k: v[row:row + 1] for k, v in outputs.items()}, None)
-            annotate(detection, self.cfg, model.name, results)
+            annotate(detections, index, self.cfg, model.name, results)
         return len(chosen)
 
     def _rows(self, model: ModelVersion, frame: np.ndarray) -> np.ndarray:
@@ -141,21 +139,20 @@ def crop(frame: np.ndarray, box: list[float], margin: float) -> np.ndarray:
     return frame[top:bottom, left:right]
 
 
-def annotate(detection: Detection, cfg: SecondaryConfig, model: str,
+def annotate(detections: Detections, index: int, cfg: SecondaryConfig, model: str,
              results: Mapping[str, Any]) -> None:
     if cfg.as_ == "sub_label":
         best = results["classes"][0]
-        detection["sub_label"] = best["label"]
-        detection["sub_label_score"] = round(float(best["score"]), 5)
+        detections.set_sub_label(index, best["label"], round(float(best["score"]), 5))
     else:
-        detection.setdefault("attributes", {})[model] = results
+        detections.add_attributes(index, model, published(results))
 
 
 def run_all(cascades: list[Cascade], frame: np.ndarray, results: Mapping[str, Any]) -> None:
     """Every cascade over one frame's detections. Raises the first cascade's EdgedError after
     the others have run (a detection keeps what the cascades that worked gave it)."""
     detections = results.get("detections")
-    if not detections:
+    if not isinstance(detections, Detections) or not detections:
         return
     failure: EdgedError | None = None
     for cascade in cascades:

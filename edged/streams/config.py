@@ -45,13 +45,15 @@ class SecondaryConfig:
 @dataclass(frozen=True)
 class StreamConfig:
     name: str = setting(help="stream name (used in topics)", check=check_name)
-    source: str = setting(help="file://, rtsp://, http(s)://, v4l2://, csi://, gst://, mqtt://")
+    source: str = setting(help="where frames come from: file://, rtsp://, http(s):// (MJPEG), "
+                               "v4l2://, csi:// and gst:// (GStreamer), mqtt://<topic> (sensors)")
     model: str = setting(help="model that processes the frames")
     fps: float | None = setting(None, "frame rate limit; null = as fast as the source",
                                 check=at_least(0.01))
     backpressure: Literal["drop_oldest", "drop_newest", "block"] = setting(
         "drop_oldest", "what to do with frames when the model is behind")
-    priority: int | None = setting(None, "scheduler priority of this stream's frames",
+    priority: int | None = setting(None, "scheduler priority of this stream's frames (1 = "
+                                         "highest); null = the model's default_priority",
                                    check=at_least(1))
     queue: int = setting(2, "frames held between capture and the model", check=at_least(1))
     in_flight: int = setting(2, "frames of this stream inside the model at once",

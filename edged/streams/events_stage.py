@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -25,8 +25,10 @@ from edged.events.discovery import DeviceInfo, stream_configs
 from edged.events.engine import Changes, StreamEvents
 from edged.events.publish import EventPublisher, Publish
 from edged.events.store import SnapshotStore
+from edged.processing.detections import Detections
 from edged.sources import worth_logging
 from edged.streams.config import StreamConfig
+from edged.streams.stats import EventsStats, Percentiles
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class EventsStage:
         self._closed = False
         self.failed = 0  # frames the stage failed on (a bug; logged)
 
-    def frame(self, frame_time: float, detections: Sequence[dict[str, Any]],
+    def frame(self, frame_time: float, detections: Detections,
               frame: np.ndarray | None) -> None:
         """A processed frame: its capture time, detections (with the cascades' sub_labels)
         and pixels (None: no snapshots from it)."""
@@ -92,7 +94,7 @@ class EventsStage:
         if idle and self.clock() - self._last > self.stall_s:
             self._last = self.clock()
             try:
-                self._report(self.engine.update(self.wall(), [], None))
+                self._report(self.engine.update(self.wall(), Detections.empty(), None))
             except Exception as exc:
                 self._failed(exc)
 
@@ -110,16 +112,11 @@ class EventsStage:
         """From any thread: publish the whole retained state when the loop next comes round."""
         self._republish.set()
 
-    def snapshot(self) -> dict[str, Any]:
-        """The events stage's counters for the stream's stats row."""
+    def read_stats(self) -> EventsStats:
+        """The events stage's counters for the stream's stats."""
         with self._lock:
-            times = np.array(self._times) if self._times else None
-        row: dict[str, Any] = {"events_published": self.publisher.messages,
-                               "events_failed": self.failed}
-        if times is not None:
-            row["events_ms"] = {"p50": round(float(np.percentile(times, 50)), 3),
-                                "p99": round(float(np.percentile(times, 99)), 3)}
-        return row
+            times = np.array(self._times, np.float64)
+        return EventsStats(self.publisher.messages, self.failed, Percentiles.of(times))
 
     def _failed(self, exc: Exception) -> None:
         with self._lock:

@@ -29,12 +29,14 @@ from edged.events.publish import compact
 from edged.inference.scheduler import Outputs, Scheduler
 from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelVersion
-from edged.processing.post import Postprocessor
+from edged.processing.detections import Detections
+from edged.processing.post import Postprocessor, published
 from edged.processing.pre import Geometry, preprocess
 from edged.sources import Frame, Source, worth_logging
 from edged.streams.cascade import Cascade, run_all
 from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsStage
+from edged.streams.stats import Percentiles, StreamStats
 
 logger = logging.getLogger(__name__)
 
@@ -187,8 +189,10 @@ class StreamPipeline:
         if self.cascades and item.geometry is not None:
             self._run_cascades(item.frame, results)
         frame = item.frame
+        found = results.get("detections")
         if self.events is not None:
-            self.events.frame(frame.captured, results.get("detections", ()),
+            self.events.frame(frame.captured, found if isinstance(found, Detections)
+                              else Detections.empty(),
                               frame.data if item.geometry is not None else None)
         now = self.clock()
         latency_ms = (now - frame.captured_mono) * 1000
@@ -198,7 +202,7 @@ class StreamPipeline:
             "version": item.model.version,
             "backend": backend,
             "latency_ms": round(latency_ms, 3), "inference_ms": round(inference_ms, 3),
-            "results": results}
+            "results": published(results)}
         if item.geometry is not None:
             message["frame"] = {"width": item.geometry.frame_size[0],
                                 "height": item.geometry.frame_size[1]}
@@ -259,21 +263,19 @@ class StreamPipeline:
         """When the loop last came round (it does at least every 0.2 s); None once stopped."""
         return f"stream {self.cfg.name}: processing loop", self._beat
 
-    def snapshot(self) -> dict[str, Any]:
-        """Counters for the stats message (rates are computed by whoever samples them)."""
+    def read_stats(self) -> StreamStats:
+        """Counters for the stats message, status and metrics (rates are computed by whoever
+        samples them)."""
         with self._lock:
-            latencies = np.array(self._latencies) if self._latencies else None
-            row: dict[str, Any] = {"processed": self.stats.processed,
-                                   "failed": self.stats.failed,
-                                   "secondary_failed": self.stats.secondary_failed,
-                                   "last_error": self.stats.last_error}
-        row.update(self.source.snapshot())
-        if self.events is not None:
-            row.update(self.events.snapshot())
-        if latencies is not None:
-            row["latency_ms"] = {"p50": round(float(np.percentile(latencies, 50)), 3),
-                                 "p99": round(float(np.percentile(latencies, 99)), 3)}
-        return row
+            latencies = np.array(self._latencies, np.float64)
+            counts = self.stats
+            processed, failed, secondary = counts.processed, counts.failed, \
+                counts.secondary_failed
+            frame_error = counts.last_error
+        latency = Percentiles.of(latencies)
+        source = self.source.read_stats()
+        events = self.events.read_stats() if self.events is not None else None
+        return StreamStats(processed, failed, secondary, frame_error, source, events, latency)
 
 
 def summarize(results: dict[str, Any]) -> str:
@@ -282,6 +284,7 @@ def summarize(results: dict[str, Any]) -> str:
         return ", ".join(f"{c['label']} {c['score']:.2f}" for c in results["classes"])
     if "detections" in results:
         found = results["detections"]
+        best = zip(found.labels[:3], found.scores[:3].tolist(), strict=True)
         return f"{len(found)} detections" + (
-            ": " + ", ".join(f"{d['label']} {d['score']:.2f}" for d in found[:3]) if found else "")
+            ": " + ", ".join(f"{label} {score:.2f}" for label, score in best) if found else "")
     return ", ".join(f"{name} {entry['shape']}" for name, entry in results["outputs"].items())

@@ -26,6 +26,7 @@ from edged.streams.cascade import Cascade
 from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsHub, EventsStage
 from edged.streams.pipeline import Publish, StreamPipeline
+from edged.streams.stats import StreamStats
 
 logger = logging.getLogger(__name__)
 
@@ -151,12 +152,12 @@ class StreamSet:
         """The threads the health tick watches: each stream's loop and capture thread."""
         return [part for p in self._pipelines for part in (p, p.source)]
 
-    def snapshots(self) -> dict[str, dict[str, Any]]:
+    def read_stats(self) -> dict[str, StreamStats]:
         """Each stream's counters by name (metrics)."""
-        return {p.cfg.name: p.snapshot() for p in self._pipelines}
+        return {p.cfg.name: p.read_stats() for p in self._pipelines}
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """Each stream's source, model, running time and counters (the status report)."""
         return {p.cfg.name: {"source": p.cfg.source, "model": p.cfg.model,
-                             "running_s": round(p.running_s(), 1), **p.snapshot()}
+                             "running_s": round(p.running_s(), 1), **p.read_stats().as_dict()}
                 for p in self._pipelines}

@@ -143,7 +143,7 @@ def test_stream_when_the_model_has_a_static_batch_of_one_classifies_every_frame(
         assert message["model"] == "colors_b1"
         assert message["results"]["classes"][0]["label"] == color_of((message["seq"] - 1) % 30,
                                                                      10)
-    snapshot = served.daemon.pipelines[0].snapshot()
+    snapshot = served.daemon.pipelines[0].read_stats().as_dict()
     assert snapshot["failed"] == 0 and snapshot["last_error"] is None
 
 

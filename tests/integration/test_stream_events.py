@@ -116,7 +116,7 @@ def test_detect_stream_when_squares_cross_publishes_each_object_life_counts_line
     picture = cv2.imdecode(np.frombuffer(red_snapshot, np.uint8), cv2.IMREAD_COLOR)
     b, g, r = picture[picture.shape[0] // 2, picture.shape[1] // 2]
     assert r > 200 and g < 60 and b < 60, "the snapshot shows the red square"
-    stats = served.daemon.pipelines[0].snapshot()
+    stats = served.daemon.pipelines[0].read_stats().as_dict()
     assert stats["events_ms"]["p50"] > 0 and stats["events_published"] > 0
 
     discovery = {m.topic: json.loads(m.payload) for m in got

@@ -58,7 +58,8 @@ def test_stream_when_a_video_plays_publishes_right_results_in_the_schema(
         assert message["backend"] == "onnxruntime:CPUExecutionProvider"
     seqs = [m["seq"] for m in results]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-    assert served.daemon.pipelines[0].snapshot()["dropped"] == 0  # `block` drops nothing
+    stats = served.daemon.pipelines[0].read_stats().as_dict()
+    assert stats["dropped"] == 0  # `block` drops nothing
 
 
 def test_stream_when_frames_flowed_metrics_and_the_stats_message_count_them(
@@ -183,7 +184,7 @@ def test_stream_when_the_camera_goes_away_reports_it_and_resumes_within_the_back
     assert pipeline.source.wait_state(SourceState.STREAMING, 15)
     camera.stop()
     assert pipeline.source.wait_state(SourceState.RECONNECTING, 15)
-    gone = pipeline.snapshot()
+    gone = pipeline.read_stats().as_dict()
     assert gone["reconnects"] >= 1 and gone["state"] in ("reconnecting", "connecting")
     processed = gone["processed"]
     camera.start()
@@ -191,8 +192,8 @@ def test_stream_when_the_camera_goes_away_reports_it_and_resumes_within_the_back
     assert pipeline.source.wait_state(SourceState.STREAMING, 15)
     # Back within one capped backoff (1 s) plus one open attempt (watchdog 2 s) and slack.
     assert time.monotonic() - returned < 1.0 + 2.0 + 5.0
-    wait_until(lambda: pipeline.snapshot()["processed"] > processed, timeout=10, interval=0.05,
-               what="frames processed again after the camera came back")
+    wait_until(lambda: pipeline.read_stats().as_dict()["processed"] > processed, timeout=10,
+               interval=0.05, what="frames processed again after the camera came back")
 
 
 def test_sensor_stream_when_payloads_are_malformed_rejects_counts_and_goes_on(
@@ -235,7 +236,7 @@ def test_sensor_stream_when_payloads_are_malformed_rejects_counts_and_goes_on(
             timeout=10, what="the result of the last payload")[-1].payload)
         jsonschema.validate(message, SCHEMA)
         assert message["results"]["outputs"]["out"]["shape"] == [4]
-        snapshot = pipeline.snapshot()
+        snapshot = pipeline.read_stats().as_dict()
         assert snapshot["rejected"] >= len(bad) and snapshot["processed"] >= 1
         assert "rejected payload" in caplog.text and "expected a JSON array" in caplog.text
     finally:
@@ -289,7 +290,7 @@ def test_stream_when_the_model_is_slower_than_the_camera_drops_and_keeps_memory_
     gate.gate.clear()  # the model now takes as long as the test wants
 
     def dropped(n: int) -> dict | None:
-        row = pipeline.snapshot()
+        row = pipeline.read_stats().as_dict()
         assert row["queue_depth"] <= 2
         return row if row["dropped"] >= n else None
 
@@ -301,7 +302,7 @@ def test_stream_when_the_model_is_slower_than_the_camera_drops_and_keeps_memory_
     assert grown < 50 * 1024 * 1024, f"RSS grew {grown / 2**20:.0f} MB over 200 dropped frames"
     processed = row["processed"]
     gate.gate.set()
-    wait_until(lambda: pipeline.snapshot()["processed"] > processed, timeout=10,
+    wait_until(lambda: pipeline.read_stats().as_dict()["processed"] > processed, timeout=10,
                what="frames processed again once the model was released")
 
 
@@ -326,12 +327,13 @@ def _broker_restart_mid_stream(broker: Broker, make_served: ServeFactory, tmp_pa
         broker.stop()
         wait_until(lambda: not link.stats()["connected"], timeout=10,
                    what="the link noticed the broker is gone")
-        outage_start = pipeline.snapshot()["processed"]
-        wait_until(lambda: pipeline.snapshot()["processed"] >= outage_start + 40, timeout=30,
-                   interval=0.05, what="40 frames while offline: the stream stalled while offline")
+        outage_start = pipeline.read_stats().as_dict()["processed"]
+        wait_until(lambda: pipeline.read_stats().as_dict()["processed"] >= outage_start + 40,
+                   timeout=30, interval=0.05,
+                   what="40 frames while offline: the stream stalled while offline")
         broker.start()
         assert link.wait_connected(40)  # paho's reconnect delay is capped at 30 s
-        end = pipeline.snapshot()["processed"] + 10
+        end = pipeline.read_stats().as_dict()["processed"] + 10
         last_stats: dict = {}
 
         def through_end(got: list[Received]) -> bool:

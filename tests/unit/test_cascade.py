@@ -16,6 +16,7 @@ from edged.config import DaemonConfig, parse_config
 from edged.core.errors import ConfigError, InvalidModel
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
+from edged.processing.detections import Detections
 from edged.streams.cascade import Cascade, crop, run_all
 from edged.streams.config import SecondaryConfig
 
@@ -65,20 +66,23 @@ def test_cascade_when_labels_and_scores_filter_crops_the_best_first(core: Core) 
     _, scheduler = core
     cascade = Cascade(SecondaryConfig("colors", ["car"], min_score=0.5, max_crops=2),
                       scheduler)
-    found = [detection("car", (0, 0, 8, 8), 0.6), detection("person", (0, 0, 8, 8), 0.99),
-             detection("car", (0, 0, 8, 8), 0.4), detection("car", (0, 0, 8, 8), 0.8),
-             detection("car", (0, 0, 8, 8), 0.7)]
-    assert [d["score"] for d in cascade.select(found)] == [0.8, 0.7]
+    found = Detections.from_rows([
+        detection("car", (0, 0, 8, 8), 0.6), detection("person", (0, 0, 8, 8), 0.99),
+        detection("car", (0, 0, 8, 8), 0.4), detection("car", (0, 0, 8, 8), 0.8),
+        detection("car", (0, 0, 8, 8), 0.7)])
+    assert [d["score"] for d in found.take(cascade.select(found)).rows()] == [0.8, 0.7]
 
 
 def test_cascade_when_run_puts_the_crops_top_label_on_the_chosen_detections_only(
         core: Core) -> None:
     _, scheduler = core
     frame = squares(red=(20, 20, 80, 80), green=(200, 100, 260, 160), blue=(120, 30, 170, 80))
-    found = [detection("car", (20, 20, 80, 80)), detection("car", (200, 100, 260, 160)),
-             detection("person", (120, 30, 170, 80))]
+    found = Detections.from_rows([
+        detection("car", (20, 20, 80, 80)), detection("car", (200, 100, 260, 160)),
+        detection("person", (120, 30, 170, 80))])
     cascade = Cascade(SecondaryConfig("colors", ["car"]), scheduler)
     assert cascade.run(frame, found) == 2
+    found = found.rows()
     assert [(d.get("sub_label"), d["label"]) for d in found] == [
         ("red", "car"), ("green", "car"), (None, "person")]
     assert all(0.9 < d["sub_label_score"] <= 1.0 for d in found[:2])
@@ -90,10 +94,11 @@ def test_cascade_when_crops_outnumber_the_batch_limit_splits_and_keeps_the_order
                                    "postprocess: {kind: classify, labels: labels.txt}\n")
     cache, scheduler = core
     boxes = {"red": (0, 0, 40, 40), "green": (50, 0, 90, 40), "blue": (100, 0, 140, 40)}
-    found = [detection("car", box) for box in boxes.values()]
+    found = Detections.from_rows(detection("car", box) for box in boxes.values())
     cache.load("colors")
     gate.reset()  # the warm-up is not a crop
     Cascade(SecondaryConfig("colors"), scheduler).run(squares(**boxes), found)
+    found = found.rows()
     assert [d["sub_label"] for d in found] == ["red", "green", "blue"]
     assert sorted(len(call["image"]) for call in gate.calls) == [1, 2]  # 3 crops, limit 2
 
@@ -101,9 +106,10 @@ def test_cascade_when_crops_outnumber_the_batch_limit_splits_and_keeps_the_order
 def test_cascade_when_as_attributes_keeps_the_models_results_under_its_name(
         core: Core) -> None:
     _, scheduler = core
-    found = [detection("car", (20, 20, 80, 80))]
+    detected = Detections.from_rows([detection("car", (20, 20, 80, 80))])
     cascade = Cascade(SecondaryConfig("colors", as_="attributes"), scheduler)
-    run_all([cascade], squares(blue=(20, 20, 80, 80)), {"detections": found})
+    run_all([cascade], squares(blue=(20, 20, 80, 80)), {"detections": detected})
+    found = detected.rows()
     (best,) = found[0]["attributes"]["colors"]["classes"]
     assert best["label"] == "blue" and "sub_label" not in found[0]
 

@@ -14,6 +14,7 @@ import numpy as np
 from support.events import T0, Box, det, frame, path, stream
 
 from edged.events.engine import Changes, StreamEvents
+from edged.processing.detections import Detections
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 FPS = 10.0
@@ -21,7 +22,8 @@ FPS = 10.0
 
 def run(events: StreamEvents, frames: list[list[dict[str, Any]]], *, start: int = 0,
         pictures: list[np.ndarray] | None = None) -> list[Changes]:
-    return [events.update(T0 + (start + i) / FPS, dets, pictures[i] if pictures else None)
+    return [events.update(T0 + (start + i) / FPS, Detections.from_rows(dets),
+                          pictures[i] if pictures else None)
             for i, dets in enumerate(frames)]
 
 
@@ -101,9 +103,10 @@ def test_events_when_labels_and_min_score_filter_only_those_become_objects() -> 
         min_score: 0.6
         track: {min_hits: 1}
     """))
+    # (A row without a box, or with a label that is no string, cannot be made a Detections:
+    # the type holds a box and a label for every detection.)
     frames = [[det((0, 0, 40, 80), "car"), det((100, 0, 140, 80), score=0.55),
-               det((200, 0, 240, 80), score=0.7), {"label": "person", "score": 0.9},
-               {"label": 7, "score": 0.9, "box": [0, 0, 9, 9]}, det((50, 50, 40, 90))]]
+               det((200, 0, 240, 80), score=0.7), det((50, 50, 40, 90))]]
     (changes,) = run(events, frames)
     assert [e["after"]["box"] for e in changes.events] == [[200.0, 0.0, 240.0, 80.0]]
 
@@ -134,9 +137,10 @@ def test_events_when_flushed_end_every_object_and_counts_go_to_zero() -> None:
 def test_events_when_the_capture_clock_goes_back_objects_still_age_out() -> None:
     events = StreamEvents("door", stream("track: {min_hits: 1, max_age_s: 0.5}"))
     box: Box = (100, 100, 140, 200)
-    events.update(T0, [det(box)])
-    events.update(T0 - 3600, [])  # NTP set the clock back an hour
-    ends = [e for i in range(1, 8) for e in events.update(T0 - 3600 + i / FPS, []).events]
+    events.update(T0, Detections.from_rows([det(box)]))
+    events.update(T0 - 3600, Detections.empty())  # NTP set the clock back an hour
+    ends = [e for i in range(1, 8)
+            for e in events.update(T0 - 3600 + i / FPS, Detections.empty()).events]
     assert [e["type"] for e in ends] == ["end"]
 
 

@@ -16,8 +16,10 @@ from support.events import T0, det, frame, path, stream
 
 from edged.events.config import Outputs, PublishConfig, outputs
 from edged.events.engine import StreamEvents
-from edged.events.publish import EventPublisher, topic_level
+from edged.events.publish import EventPublisher
 from edged.events.store import SnapshotStore, label_in, with_label
+from edged.mqtt.topics import topic_level
+from edged.processing.detections import Detections
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 FPS = 10.0
@@ -43,8 +45,8 @@ def crossing(events: StreamEvents, publisher: EventPublisher, frames: int = 20,
     boxes = path((200, 200, 260, 300), (20, 0), frames)
     for i, box in enumerate(boxes + [None] * gone):
         picture = frame(red=box) if box else frame()
-        publisher.changes(events.update(T0 + i / FPS, [det(box, "red")] if box else [],
-                                        picture))
+        found = Detections.from_rows([det(box, "red")] if box else [])
+        publisher.changes(events.update(T0 + i / FPS, found, picture))
 
 
 def settings(extra: str = "") -> Any:
@@ -104,7 +106,8 @@ def test_publisher_when_a_label_holds_mqtt_separators_makes_it_one_topic_level()
     sent = Recorder()
     publisher = EventPublisher("door", sent, None)
     events = StreamEvents("door", stream("track: {min_hits: 1}"))
-    publisher.changes(events.update(T0, [det((10, 10, 50, 50), "a/b+#")], None))
+    found = Detections.from_rows([det((10, 10, 50, 50), "a/b+#")])
+    publisher.changes(events.update(T0, found, None))
     assert sent.on("streams/door/a_b__") == [b"1"]
     assert topic_level("traffic light") == "traffic light"  # spaces are fine in topics
 

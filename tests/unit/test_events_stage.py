@@ -14,6 +14,7 @@ from support.events import T0, det, stream
 from edged.core.errors import ConfigError
 from edged.events.discovery import DeviceInfo, slug, stream_configs
 from edged.events.publish import EventPublisher
+from edged.processing.detections import Detections
 from edged.streams.events_stage import EventsHub, EventsStage
 
 DEVICE = DeviceInfo("edge-01", "edged/edge-01", "homeassistant", "1.0")
@@ -63,7 +64,8 @@ def staged(link: Link, clock: Clock) -> EventsStage:
 
 def see_someone(stage: EventsStage, clock: Clock, frames: int = 3) -> None:
     for i in range(frames):
-        stage.frame(T0 + clock.now - 100.0, [det((100 + 5 * i, 100, 140, 200))], None)
+        found = Detections.from_rows([det((100 + 5 * i, 100, 140, 200))])
+        stage.frame(T0 + clock.now - 100.0, found, None)
         clock.now += 0.1
 
 
@@ -80,7 +82,7 @@ def test_stage_when_the_source_stalls_ends_its_objects_after_max_age_and_not_bef
     stage.tick(idle=True)
     assert [e["type"] for e in link.events()] == ["new", "end"]
     assert link.on("streams/door/person")[-1] == b"0"
-    assert stage.snapshot()["events_ms"]["p50"] >= 0
+    assert stage.read_stats().as_dict()["events_ms"]["p50"] >= 0
 
 
 def test_stage_when_closed_ends_every_object_publishes_counts_of_zero_and_says_so() -> None:

@@ -166,7 +166,7 @@ def test_detect_when_an_end2end_row_comes_reads_its_class_and_score() -> None:
     # The row edged used to read as a YOLOv8 candidate: class 1 with score 5.0.
     rows = np.zeros((1, 300, 6), np.float32)
     rows[0, 0] = [10, 20, 50, 60, 0.9, 5]
-    found = detect({"output0": rows}, DETECT, None, [])
+    found = detect({"output0": rows}, DETECT, None, []).rows()
     assert found == [{"class": 5, "label": "5", "score": 0.9, "box": [10, 20, 50, 60]}]
 
 
@@ -246,5 +246,5 @@ def test_detect_when_a_box_falls_in_the_letterbox_bars_drops_it() -> None:
     rows = np.zeros((1, 300, 6), np.float32)
     rows[0, 0] = [10, 0, 50, 6, 0.9, 0]     # wholly in the top bar (8 px)
     rows[0, 1] = [10, 20, 50, 60, 0.8, 0]
-    found = detect({"output0": rows}, DETECT, Geometry(0.4, 0.4, 0, 8, (160, 120)), [])
+    found = detect({"output0": rows}, DETECT, Geometry(0.4, 0.4, 0, 8, (160, 120)), []).rows()
     assert [d["score"] for d in found] == [0.8]

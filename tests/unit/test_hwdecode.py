@@ -135,10 +135,10 @@ def test_camera_on_a_jetson_with_a_non_h264_file_streams_on_ffmpeg_and_logs_once
     machine.probe.codec_of = ffmpeg_codec  # the real file's codec
     source = CameraSource("cam", video.as_uri(), FrameQueue(4, "drop_oldest"),
                           backoff=Backoff(0.01, 0.02), probe=machine.probe, loop=True)
-    assert source.snapshot()["decoder"] is None  # not decided before it opens
+    assert vars(source.read_stats())["decoder"] is None  # not decided before it opens
     with caplog.at_level(logging.INFO, logger="edged.sources.camera"):
         stream_one_frame(source)
-    assert source.snapshot()["decoder"] == "ffmpeg"
+    assert vars(source.read_stats())["decoder"] == "ffmpeg"
     notes = [r.getMessage() for r in caplog.records if "decod" in r.getMessage()]
     assert notes == ["stream cam: v.avi is mjpg, not H.264/H.265: decoded by FFmpeg"]
 
@@ -162,7 +162,7 @@ def test_camera_when_the_hardware_pipeline_will_not_open_falls_back_to_ffmpeg(
                           backoff=Backoff(0.01, 0.02), probe=Machine(codec="h264").probe)
     with caplog.at_level(logging.WARNING, logger="edged.sources.camera"):
         stream_one_frame(source)
-    assert source.snapshot()["decoder"] == "ffmpeg"
+    assert vars(source.read_stats())["decoder"] == "ffmpeg"
     warnings = [r for r in caplog.records if getattr(r, "code", None) == "decoder_fallback"]
     assert len(warnings) == 1
 
@@ -171,4 +171,4 @@ def test_camera_when_the_hardware_pipeline_will_not_open_falls_back_to_ffmpeg(
                                              "v4l2"), ("csi://0", "nvarguscamerasrc")])
 def test_camera_names_the_decoder_of_other_schemes(uri: str, shown: str) -> None:
     source = CameraSource("cam", uri, FrameQueue(1, "drop_oldest"))
-    assert source.snapshot()["decoder"] == shown
+    assert vars(source.read_stats())["decoder"] == shown

@@ -8,11 +8,13 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from edged.core.states import ModelState
+from edged.core.states import ModelState, SourceState
 from edged.hardware.host import GpuStats
 from edged.inference.batching import InferenceCounters
 from edged.inference.modelstatus import ModelCounters, ModelStatus
 from edged.service.metrics import Metrics
+from edged.sources import SourceStats
+from edged.streams.stats import StreamStats
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -39,10 +41,13 @@ def models() -> list[ModelStatus]:
     return [ModelStatus("det", 2, ModelState.READY, nbytes=4096)]
 
 
-def stream(state: str, **counts: int) -> dict[str, Any]:
+def stream(state: str, **counts: int) -> StreamStats:
     row: dict[str, Any] = {"frames_in": 0, "processed": 0, "dropped": 0, "failed": 0,
                            "skipped": 0, "rejected": 0, "reconnects": 0, "queue_depth": 0}
-    return {**row, **counts, "state": state, "last_error": None}
+    row = {**row, **counts}
+    source = SourceStats(SourceState(state), row["frames_in"], row["dropped"], row["skipped"],
+                         row["rejected"], row["reconnects"], 0, None, row["queue_depth"])
+    return StreamStats(row["processed"], row["failed"], 0, None, source)
 
 
 def link_stats() -> dict[str, Any]:

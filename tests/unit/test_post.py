@@ -35,7 +35,7 @@ def test_detect_yolo_when_boxes_overlap_keeps_the_best_per_class_in_frame_pixels
     ] + [[0, 0, 1, 1, 0, 0]] * 4, np.float32)  # more candidates than columns, as real heads
     cfg = PostprocessConfig(kind="detect", format="yolo", score_threshold=0.25)
     for table in (rows[None], rows.T[None]):  # [1, N, 6] and YOLOv8's [1, 6, N]
-        found = detect({"out": table}, cfg, geometry, LABELS)
+        found = detect({"out": table}, cfg, geometry, LABELS).rows()
         assert [(d["label"], d["score"]) for d in found] == [("cat", 0.9), ("dog", 0.85)]
         assert found[0]["box"] == [80.0, 80.0, 120.0, 120.0]  # padding undone
 
@@ -46,7 +46,7 @@ def test_detect_ssd_with_normalised_yxyx_boxes_and_class_vector() -> None:
                "scores": np.array([[0.9, 0.2]], np.float32),
                "classes": np.array([[2, 1]], np.float32)}
     cfg = PostprocessConfig(kind="detect", format="ssd", box="yxyx", normalized=True)
-    found = detect(outputs, cfg, geometry, LABELS)
+    found = detect(outputs, cfg, geometry, LABELS).rows()
     assert found == [{"class": 2, "label": "car", "score": 0.9, "box": [0.0, 0.0, 100.0, 50.0]}]
 
 
@@ -65,7 +65,7 @@ def test_detect_when_the_head_is_not_what_the_format_says_names_it(
 def test_detect_yolo_when_transposed_is_said_does_not_guess() -> None:
     rows = np.array([[100, 100, 40, 40, 0.9, 0.0]], np.float32)  # one row: a guess would err
     cfg = PostprocessConfig(kind="detect", transposed=False)
-    assert detect({"out": rows[None]}, cfg, None, LABELS)[0]["box"] == [80, 80, 120, 120]
+    assert detect({"out": rows[None]}, cfg, None, LABELS).rows()[0]["box"] == [80, 80, 120, 120]
 
 
 def test_nms_only_suppresses_within_a_class() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 from edged.core.states import ModelState
 from edged.hardware.host import GpuStats
@@ -23,8 +22,8 @@ class FakePipeline:
         self.cfg = SimpleNamespace(name=name)
         self.counts = {"frames_in": 0, "processed": 0, "dropped": 0, **counts}
 
-    def snapshot(self) -> dict[str, Any]:
-        return dict(self.counts)
+    def read_stats(self) -> SimpleNamespace:  # a StreamStats as the reporter reads it
+        return SimpleNamespace(as_dict=lambda: dict(self.counts))
 
 
 def status() -> list[ModelStatus]:

@@ -142,7 +142,7 @@ def test_source_fps_limit_when_the_source_is_faster_keeps_the_configured_rate(
     times = [i / 30 + (jitter if i % 3 == 0 else 0.0) for i in range(1, 301)]  # 10 s at 30 fps
     for now in times:
         source._offer(np.zeros((2, 2, 3), np.uint8), now)
-    snapshot = source.snapshot()
+    snapshot = vars(source.read_stats())
     assert snapshot["frames_in"] in (99, 100, 101)  # 10 fps, not every fourth frame (7.5)
     assert snapshot["frames_in"] + snapshot["skipped"] == 300
 
@@ -151,4 +151,4 @@ def test_source_fps_limit_after_a_stall_starts_again_without_a_burst() -> None:
     source = CameraSource("s", "file:///x.avi", FrameQueue(1000, "drop_oldest"), fps=10)
     for now in [0.0, 5.0, 5.01, 5.02, 5.05, 5.1]:  # a 5 s gap, then frames 10-50 ms apart
         source._offer(np.zeros((2, 2, 3), np.uint8), now)
-    assert source.snapshot()["frames_in"] == 3  # at 0, 5.0 and 5.1: no catch-up burst
+    assert vars(source.read_stats())["frames_in"] == 3  # at 0, 5.0 and 5.1: no catch-up burst

@@ -19,7 +19,7 @@ from edged.api.describe import model_config
 from edged.core.errors import InvalidModel
 from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelRepository, ModelVersion
-from edged.processing.post import Postprocessor, Results
+from edged.processing.post import Postprocessor, Results, published
 from edged.processing.pre import Geometry, preprocess
 
 SQUARE = (60, 40, 100, 80)  # x1, y1, x2, y2 in the 160x120 frame
@@ -42,7 +42,7 @@ def serve(model: ModelVersion, frame: np.ndarray) -> tuple[Results, Geometry]:
     names = [o.name for o in session.get_outputs()]
     outputs = dict(zip(names, session.run(None, {model.inputs[0].name: tensor}), strict=True))
     post = Postprocessor(model.config.postprocess, model.dir.parent, model.head)
-    return post(outputs, geometry), geometry
+    return published(post(outputs, geometry)), geometry
 
 
 @pytest.fixture

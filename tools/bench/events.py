@@ -24,6 +24,7 @@ from edged.events.assign import cluster_assign, greedy_assign
 from edged.events.config import LineConfig, SnapshotsConfig, TrackConfig, ZoneConfig
 from edged.events.engine import StreamEvents
 from edged.events.track import Assign, Tracker
+from edged.processing.detections import Detections
 from tools.bench.scenes import Scene, crossing, walkers
 
 WARMUP = 30  # frames run before timing
@@ -163,7 +164,7 @@ def engine_row(n: int, frames: int, snapshots: bool) -> dict[str, Any]:
         ys, xs = np.mgrid[0:scene.height, 0:scene.width]
         picture = np.dstack([(xs * 7 + ys * 3) % 256, (xs ^ ys) % 256, (ys * 5) % 256]
                             ).astype(np.uint8)
-    detections = [[d for _i, d in frame] for frame in scene.frames]
+    detections = [Detections.from_rows(d for _i, d in frame) for frame in scene.frames]
     warm = StreamEvents("warm", engine_settings(scene.width, scene.height, snapshots))
     for f, dets in enumerate(detections[:WARMUP]):  # first calls pay for imports and caches
         warm.update(f / scene.fps, dets, picture)

@@ -25,6 +25,7 @@ from edged.hardware import host
 from edged.model.repository import ModelRepository
 from edged.mqtt.config import MqttConfig
 from edged.mqtt.link import MqttLink
+from edged.processing.detections import Detections
 from edged.sources import Frame
 from edged.streams.config import StreamConfig
 from edged.streams.pipeline import StreamPipeline, _InFlight
@@ -104,9 +105,9 @@ def measure(workdir: Path, *, frames: int) -> dict[str, Any]:
 
 
 def _detections(pipeline: StreamPipeline, model: Any, head: dict[str, np.ndarray],
-                image: np.ndarray) -> list[Any]:
+                image: np.ndarray) -> Detections:
     frame = Frame("cam", 0, time.time(), time.monotonic(), image)
     _, geometry, buffer = pipeline._inputs(frame, model)
     pipeline._release(buffer)
     post, _ = pipeline._per_version(model)
-    return list(post(head, geometry).get("detections", []))
+    return post(head, geometry).get("detections", Detections.empty())

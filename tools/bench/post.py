@@ -187,7 +187,7 @@ def yolov8_case(rng: np.random.Generator, scene: str, threshold: float, repeats:
                            and d["box"][3] > d["box"][1]][:cfg.max_detections])
         candidates.append(int((outputs["output0"][0][4:].max(axis=0) >= threshold).sum()))
         kept.append(len(references[-1]))
-    same = all(detect(o, uncapped, FRAME, LABELS, head) == r
+    same = all(detect(o, uncapped, FRAME, LABELS, head).rows() == r
                for o, r in zip(heads, references, strict=True))
     assert same, "the new path kept other detections than the numpy reference"
     cycle = iter(range(1 << 30))
@@ -198,7 +198,7 @@ def yolov8_case(rng: np.random.Generator, scene: str, threshold: float, repeats:
     def timed(top_k: int) -> dict[str, Any]:
         capped = replace(cfg, pre_nms_top_k=top_k)
         return {"ms": median_ms(lambda: detect(pick(), capped, FRAME, LABELS, head), repeats),
-                "same_kept": all(detect(o, capped, FRAME, LABELS, head) == r
+                "same_kept": all(detect(o, capped, FRAME, LABELS, head).rows() == r
                                  for o, r in zip(heads, references, strict=True))}
 
     before_ms = median_ms(lambda: numpy_detect(pick(), cfg, FRAME, LABELS), repeats)

@@ -28,6 +28,7 @@ import numpy as np
 
 from edged.events.config import SnapshotsConfig
 from edged.events.publish import EventPublisher
+from edged.processing.detections import Detections
 from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsStage
 from tools.bench.api import edged_config, run_edged
@@ -157,7 +158,7 @@ def stage_row(n: int, frames: int) -> dict[str, Any]:
     def publish(kind: str, suffix: str, payload: bytes, *, retain: bool = False) -> None:
         sent[0] += 1
 
-    detections = [[d for _i, d in frame] for frame in scene.frames]
+    detections = [Detections.from_rows(d for _i, d in frame) for frame in scene.frames]
     warm = EventsStage(cfg, EventPublisher("bench", publish, None))
     for f, dets in enumerate(detections[:WARMUP]):
         warm.frame(1_700_000_000 + f / scene.fps, dets, None)
@@ -167,9 +168,10 @@ def stage_row(n: int, frames: int) -> dict[str, Any]:
     for f, dets in enumerate(detections):
         stage.frame(1_700_000_000 + f / scene.fps, dets, None)
     cpu = time.process_time() - cpu_start
+    times = stage.read_stats().events_ms
     return {"objects": n, "frames": frames, "cpu_ms_per_frame": cpu / frames * 1e3,
             "messages_per_frame": sent[0] / frames,
-            "p50_ms": stage.snapshot()["events_ms"]["p50"]}
+            "p50_ms": times.p50 if times is not None else None}
 
 
 def run_events(workdir: Path, port: int, *, quick: bool) -> dict[str, Any]:

@@ -5,7 +5,7 @@ framework.
 Why not aiohttp: under Triton's perf_analyzer, aiohttp's request and response objects, its
 router and middleware cost ~80 µs of server CPU per request at concurrency 1 and ~48 at 8 on
 this 2-core box (a handler that answers fixed bytes); this server, the same handler, ~29 and
-~7 (`docs/design-notes.md`, "one lean HTTP stack"). On a Jetson the ARM cores run this code
+~7 (`docs/decisions/021-own-http-stack.md`). On a Jetson the ARM cores run this code
 while the GPU does the math, so that is throughput.
 
 What a connection gets:

@@ -1,0 +1,95 @@
+"""Every MQTT topic edged publishes or takes, in one place: suffixes under the device's prefix
+(`edged/<device_id>` by default; the link prepends it), and the filters OTA subscribes under
+each root it listens on (the device's prefix, the fleet's, its groups'). Pure strings: the
+events room and the OTA service name their topics here and never touch paho.
+
+| suffix | what |
+|---|---|
+| `status` | `online`/`offline` (retained; the last will) |
+| `stats` | the periodic stats message |
+| `warnings` | Jetson throttling warnings |
+| `models/<model>/state` | a model's state (retained) |
+| `streams/<stream>/results` | each frame's results |
+| `events` | tracked objects' new/update/end |
+| `streams/<stream>/<label>` | objects of the label tracked now (retained) |
+| `streams/<stream>/zones/<zone>/<label>` | of those, inside the zone now (retained) |
+| `streams/<stream>/lines/<line>` | line crossings since start (retained) |
+| `streams/<stream>/<label>/snapshot` | JPEG of the label's newest object (retained) |
+| `ota/<model>` (in) | an update's manifest |
+| `ota/<model>/chunk/<i>` (in) | an inline artifact's chunks |
+| `ota/<model>/command` (in) | a shadow rollout's promote/abort |
+| `ota/<model>/status` | an update's progress (final states retained) |
+| `ota/<model>/shadow` | a shadow rollout's progress (retained) |
+
+A label is a topic level as it is (spaces included), except the characters MQTT reserves
+(`/`, `+`, `#`, NUL), which become `_`.
+"""
+
+from __future__ import annotations
+
+STATUS = "status"
+STATS = "stats"
+WARNINGS = "warnings"
+EVENTS = "events"
+# What OTA takes under each root it listens on: manifests, inline chunks, shadow commands.
+OTA_FILTERS = ("ota/+", "ota/+/chunk/+", "ota/+/command")
+OTA = "/ota/"  # between a root and a model name in an inbound topic
+CHUNK = "/chunk/"
+
+_RESERVED = str.maketrans({"/": "_", "+": "_", "#": "_", "\0": "_"})
+
+
+def topic_level(name: str) -> str:
+    """A label as one topic level: MQTT's separators and wildcards replaced."""
+    return name.translate(_RESERVED) or "_"
+
+
+def model_state(model: str) -> str:
+    return f"models/{model}/state"
+
+
+def results(stream: str) -> str:
+    return f"streams/{stream}/results"
+
+
+def count(stream: str, label: str) -> str:
+    return f"streams/{stream}/{topic_level(label)}"
+
+
+def zone_count(stream: str, zone: str, label: str) -> str:
+    return f"streams/{stream}/zones/{zone}/{topic_level(label)}"
+
+
+def line_counts(stream: str, line: str) -> str:
+    return f"streams/{stream}/lines/{line}"
+
+
+def snapshot(stream: str, label: str) -> str:
+    return f"streams/{stream}/{topic_level(label)}/snapshot"
+
+
+def ota(model: str) -> str:
+    """Where a model's manifests are published (in)."""
+    return f"ota/{model}"
+
+
+def ota_command(model: str) -> str:
+    """A shadow rollout's promote/abort (in)."""
+    return f"ota/{model}/command"
+
+
+def ota_status(model: str) -> str:
+    return f"ota/{model}/status"
+
+
+def ota_shadow(model: str) -> str:
+    return f"ota/{model}/shadow"
+
+
+def ota_chunk(model: str, index: int) -> str:
+    return f"ota/{model}/chunk/{index}"
+
+
+def under(root: str, suffix: str) -> str:
+    """A suffix under another device's or the fleet's root (operator tools, discovery)."""
+    return f"{root}/{suffix}"
