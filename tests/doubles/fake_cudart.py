@@ -192,6 +192,14 @@ class FakeCudart:
             return err or cudaError_t.cudaErrorInvalidValue, None
         return err, self.props
 
+    def cudaRuntimeGetVersion(self) -> tuple[cudaError_t, int | None]:
+        err = self._enter("cudaRuntimeGetVersion", ())
+        return (err, None) if err else (err, 13000)
+
+    def cudaDriverGetVersion(self) -> tuple[cudaError_t, int | None]:
+        err = self._enter("cudaDriverGetVersion", ())
+        return (err, None) if err else (err, 13000 if self.props is not None else 0)
+
     def cudaHostAlloc(self, size: int, flags: int) -> tuple[cudaError_t, int | None]:
         err = self._enter("cudaHostAlloc", (size, flags))
         kind = "mapped" if flags & 2 else "pinned-host"

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_FILES = ["edged/hardware/gpu.py", "edged/hardware/memory.py", "edged/backends/*.py"]
 TRT_FILES = ["edged/backends/*.py"]
-TOOLS = ["tools/gpu_selftest.py"]
+TOOLS = ["tools/gpu_selftest.py", "tools/gpu_check/*.py", "tools/bench/gpu_copies.py"]
 
 
 def files(patterns: list[str]) -> list[Path]:

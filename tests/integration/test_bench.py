@@ -143,3 +143,22 @@ def test_bench_fleet_when_run_quick_rolls_out_to_every_simulated_device_and_coun
     assert (fleet["manifests"], fleet["statuses"]) == (1, 20 * 6)
     for case in (waves, fleet):  # every status went to the pusher that follows them
         assert case["publish_out"] >= case["statuses"]
+
+
+@pytest.mark.timeout(300)
+def test_bench_gpu_when_no_gpu_skips_the_gpu_cases_and_dry_runs_the_rest_on_the_cpu(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    assert bench(["gpu", "--quick", "--out", str(tmp_path)]) == 0
+    assert "DRY RUN on the CPU EP (no GPU numbers)" in capsys.readouterr().out
+    results = json.loads((tmp_path / "gpu.json").read_text())
+    assert results["dry_run"] and results["providers"] == ["cpu"]
+    assert "skipped" in results["copies"] and "skipped" in results["cuda_vs_cpu"]
+    assert [(r["model"], r["clients"]) for r in results["batching"]] == [
+        (m, c) for m in ("cls", "yolo") for c in (1, 8, 16)]
+    assert all(r["on_per_s"] > 0 and r["off_per_s"] > 0 for r in results["batching"])
+    assert [(r["model"], r["clients"]) for r in results["edged_vs_direct"]] == [
+        (m, c) for m in ("cls", "yolo") for c in (1, 8)]
+    (stream,) = results["pipeline"]  # the model on the CPU EP: one case, not two
+    assert stream["model_on"] == "CPUExecutionProvider" and stream["frames"] > 0

@@ -1,6 +1,6 @@
 """Run one benchmark from a source checkout and print its table:
 `python -m tools.bench {core,api,instances,streams,live,ota,quantize,post,events,soak,
-instructions,shmviews,fleet} [--quick]
+instructions,shmviews,fleet,gpu} [--quick]
 [--out DIR]` (`soak` also takes `--minutes N`).
 
 Benchmarks are the operator's and the developer's tool, not the device's: they need the
@@ -17,7 +17,8 @@ from pathlib import Path
 from tools.bench.assets import run_and_report
 
 SUITES = ("core", "api", "instances", "streams", "live", "ota", "quantize", "post", "events",
-          "soak", "instructions", "shmviews", "fleet")
+          "soak", "instructions", "shmviews", "fleet",
+          "gpu")
 
 
 def main(argv: list[str] | None = None) -> int:

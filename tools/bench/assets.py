@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -18,7 +19,11 @@ class AssetMissing(RuntimeError):
 
 
 def ppocr_model(filename: str) -> Path:
-    """Path of a PP-OCR model file shipped in the rapidocr-onnxruntime wheel."""
+    """Path of a PP-OCR model file shipped in the rapidocr-onnxruntime wheel, or in the folder
+    $EDGED_PPOCR_DIR names (a host without the wheel: the GPU kit carries the files)."""
+    carried = os.environ.get("EDGED_PPOCR_DIR")
+    if carried and (Path(carried) / filename).is_file():
+        return Path(carried) / filename
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.submodule_search_locations:
         raise AssetMissing("rapidocr-onnxruntime is not installed; `make setup` installs it "
@@ -58,7 +63,6 @@ def run_and_report(name: str, run: Callable[[Path], dict[str, Any]],
     """Run a bench in a short temporary directory (Unix socket paths are limited to 107
     bytes), add the machine, write `<out_dir>/<name>.json` and print the table."""
     import json
-    import os
     import platform
     import tempfile
 
