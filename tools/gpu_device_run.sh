@@ -13,8 +13,10 @@
 # DRY_RUN=1 (a machine without a GPU, to try all of this first): the Python environment at
 # hand instead of the kit's (PY, default .venv/bin/python), no --require-gpu; the carried
 # mosquitto and PP-OCR model are still what the steps use. STEPS=selftest,bench,pytest picks
-# steps (a rerun of one part). UNPACK_ONLY=1 unpacks the kit and stops (the first of two
-# chained calls, when the tree and the kit do not fit one: docs/gpu-device-run.md).
+# steps (a rerun of one part). UNPACK_ONLY=1 unpacks the kit and stops. A kit carried in two
+# halves (gpu_kit.sh splits it when the tree and the kit do not fit one call): the call with
+# the first half stores it under /tmp and stops; the call with the second runs
+# (docs/gpu-device-run.md).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
