@@ -50,7 +50,7 @@ if [ "$DRY" != 1 ]; then
             # The kit in two halves (tools/gpu_kit.sh splits it when the tree and the kit do
             # not fit one call): each call stores the half it carried under /tmp, which stays
             # on the warm machine; the call that has both joins them.
-            PARTS=/tmp/edged-gpu-parts
+            PARTS=${PARTS:-/tmp/edged-gpu-parts}
             mkdir -p "$PARTS"
             for part in "$KIT"/edged-gpukit-site.tar.xz.part*; do
                 [ -f "$part" ] && cp "$part" "$PARTS/"
@@ -61,8 +61,8 @@ if [ "$DRY" != 1 ]; then
                 exit 0
             fi
             cat "$PARTS"/edged-gpukit-site.tar.xz.part0 "$PARTS"/edged-gpukit-site.tar.xz.part1 \
-                > /tmp/edged-gpukit-site.tar.xz
-            archive=/tmp/edged-gpukit-site.tar.xz
+                > "$PARTS/edged-gpukit-site.tar.xz"
+            archive="$PARTS/edged-gpukit-site.tar.xz"
         fi
         unpack "$archive" "$SITE" || { echo "unpacking the kit failed"; exit 2; }
         touch "$SITE/.unpacked"

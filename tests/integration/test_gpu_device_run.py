@@ -61,3 +61,34 @@ def test_gpu_device_run_when_dry_run_records_every_step_and_passes(tmp_path: Pat
     assert rows["daemon ota swap"]["status"] == "pass"
     assert "passed" in doc["pytest_gpu"] or "skipped" in doc["pytest_gpu"]
     assert "## Device check" in (out / "summary.md").read_text()
+
+
+def test_gpu_device_run_when_the_kit_comes_in_two_halves_joins_them_on_the_second_call(
+        tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "module.py").write_bytes(os.urandom(200_000))  # incompressible: two real halves
+    whole = tmp_path / "whole.tar.xz"
+    with tarfile.open(whole, "w:xz") as tar:
+        tar.add(source / "module.py", arcname="module.py")
+    data = whole.read_bytes()
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    half = (len(data) + 1) // 2
+    env = {**os.environ, "KIT": str(kit), "SITE": str(tmp_path / "site"),
+           "OUT": str(tmp_path / "out"), "PARTS": str(tmp_path / "parts"), "UNPACK_ONLY": "1"}
+
+    def call(name: str, part: bytes) -> str:
+        for old in kit.iterdir():  # a call carries only what it is given
+            old.unlink()
+        (kit / name).write_bytes(part)
+        done = subprocess.run(["bash", "tools/gpu_device_run.sh"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    first = call("edged-gpukit-site.tar.xz.part0", data[:half])
+    assert "call again with the other half" in first
+    assert not (tmp_path / "site" / "module.py").exists()
+    call("edged-gpukit-site.tar.xz.part1", data[half:])
+    assert (tmp_path / "site" / "module.py").read_bytes() == (source / "module.py").read_bytes()
