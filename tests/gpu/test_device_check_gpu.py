@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gpu_selftest
 import pytest
 
 from edged.hardware import gpu, host
+from tools import gpu_selftest
 
 SECTIONS = "env,memory,ort-cuda,chain,iobind,daemon-pool,int8"
 

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
-import make_test_models
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -25,6 +24,7 @@ from edged.api.http import listeners
 from edged.api.protocol import RequestedOutput, ShmRef
 from edged.cli import main
 from edged.ops.client import SharedRegion
+from tools.assets import models as test_models
 
 
 def cls_input(seed: int = 0, rows: int = 1) -> np.ndarray:
@@ -316,7 +316,7 @@ def test_cli_when_inferring_an_image_on_a_classifier_prints_its_labels_and_raw_o
 def test_cli_when_inferring_an_image_on_a_stock_detector_prints_boxes_and_draws_them(
         make_served: ServeFactory, repo_dir: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    make_test_models.write_repository(repo_dir, names=["det_yolov8"])  # no model.yaml
+    test_models.write_repository(repo_dir, names=["det_yolov8"])  # no model.yaml
     served = make_served(cache="preload: [det_yolov8]")
     frame = np.zeros((120, 160, 3), np.uint8)
     frame[40:80, 60:100] = (0, 255, 0)  # a lit square: class 1 of the model's metadata

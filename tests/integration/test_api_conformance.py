@@ -3,7 +3,7 @@ protocol, wherever edged claims the feature: driven by `tritonclient[http]` on t
 listener, and by raw HTTP where that client cannot say the request (a raw binary body,
 `binary_data_output` beside named outputs, a malformed framing).
 
-The models are Triton's identity models as ONNX (tools/make_test_models.py): INPUT0
+The models are Triton's identity models as ONNX (tools/test_models.py): INPUT0
 [batch, n] → OUTPUT0, one of strings (BYTES) and one of FP32."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -33,6 +32,7 @@ from tritonclient.utils import (
 
 from edged.api import kserve as kserve_module
 from edged.api.protocol import HEADER_LENGTH
+from tools.assets import models as test_models
 
 IDENTITIES = ["identity_bytes", "identity_bytes_1", "identity_fp32"]
 TEXT = np.array([[b"hello", b"", "héllo".encode()]], dtype=np.object_)
@@ -40,7 +40,7 @@ TEXT = np.array([[b"hello", b"", "héllo".encode()]], dtype=np.object_)
 
 @pytest.fixture
 def identities(make_served: ServeFactory, repo_dir: Path) -> Served:
-    make_test_models.write_repository(repo_dir, names=IDENTITIES)
+    test_models.write_repository(repo_dir, names=IDENTITIES)
     return make_served(cache=f"preload: [tiny_cls, {', '.join(IDENTITIES)}]")
 
 
@@ -214,7 +214,7 @@ def test_raw_binary_request_when_a_large_bytes_element_comes_copies_it_off_the_l
 def test_raw_binary_request_when_the_shape_cannot_be_told_answers_400(
         make_served: ServeFactory, repo_dir: Path, model: str, body: bytes,
         match: str) -> None:
-    make_test_models.write_repository(repo_dir, names=["identity_fp32"])
+    test_models.write_repository(repo_dir, names=["identity_fp32"])
     served = make_served(cache="")
     status, headers, raw = post(served, f"/v2/models/{model}/infer", body,
                                 {HEADER_LENGTH: "0"})

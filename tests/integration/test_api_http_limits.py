@@ -10,12 +10,12 @@ import re
 import socket
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 import pytest
 from support.daemon import Served, ServeFactory
 
 from edged.api.http import framing
+from tools.assets import models as test_models
 
 
 def exchange(served: Served, request: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -84,7 +84,7 @@ def chunked_infer(body: bytes, size: int, *, headers: bytes = b"") -> bytes:
 
 @pytest.fixture
 def identities(make_served: ServeFactory, repo_dir: Path) -> Served:
-    make_test_models.write_repository(repo_dir, names=["identity_fp32"])
+    test_models.write_repository(repo_dir, names=["identity_fp32"])
     return make_served(cache="preload: [tiny_cls, identity_fp32]")
 
 
@@ -113,7 +113,7 @@ def test_api_when_a_chunked_body_has_more_chunks_than_triton_allows_answers_400(
 
 def test_api_when_a_chunked_body_exceeds_max_request_mb_answers_413(
         make_served: ServeFactory, repo_dir: Path) -> None:
-    make_test_models.write_repository(repo_dir, names=["identity_fp32"])
+    test_models.write_repository(repo_dir, names=["identity_fp32"])
     served = make_served(api="max_request_mb: 1", cache="preload: [identity_fp32]")
     values = np.zeros((1 << 20) // 4 + 1024, np.float32)
     status, _, body = exchange(served, chunked_infer(values.tobytes(), 1 << 16))

@@ -39,6 +39,7 @@ def test_bench_api_when_run_quick_measures_every_path(
     assert "intra-op threads, as edged chose them" in table
 
 
+@pytest.mark.timeout(300)  # four stream cases and the live views, each run for real
 def test_bench_streams_when_run_quick_measures_every_case_at_a_real_subscriber(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("mosquitto") is None:

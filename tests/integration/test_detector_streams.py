@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import cv2
-import make_test_models
 import numpy as np
 import pytest
 from support.backends import options
@@ -23,6 +22,7 @@ from edged.model.repository import ModelRepository
 from edged.sources import SensorLink, open_source
 from edged.streams.config import StreamConfig
 from edged.streams.pipeline import StreamPipeline
+from tools.assets import models as test_models
 
 SQUARE = (60, 40, 100, 80)  # x1, y1, x2, y2
 DARK_FRAMES, LIT_FRAMES = 2, 4
@@ -47,7 +47,7 @@ def write_square_video(path: Path) -> Path:
 @pytest.fixture
 def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
     names = ["det_yolov8", "det_yolov5", "det_end2end", "det_ssd_background", "det_detr_pair"]
-    root = make_test_models.write_repository(tmp_path / "models", names=names)
+    root = test_models.write_repository(tmp_path / "models", names=names)
     cache = ModelCache(ModelRepository(root), budget_bytes=1 << 30, options=options(tmp_path))
     scheduler = Scheduler(cache)
     try:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gpu_selftest
 import pytest
 from doubles import fake_cudart
 from doubles.fake_cudart import FakeCudart
 
+from tools import gpu_selftest
 from tools.gpu_check.daemon_e2e import E2E
 from tools.gpu_check.report import CUDA_EP, Report
 

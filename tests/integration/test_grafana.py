@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import make_grafana
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.broker import Broker
@@ -26,6 +25,7 @@ from edged.hardware import host
 from edged.hardware.tegra import Tegra
 from edged.ota.install import Event
 from tests.support.jetson_sysfs import orin_root
+from tools import make_grafana
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "edged.json"
 # PromQL words that are not metric names: functions, aggregations and their modifiers.
@@ -95,9 +95,9 @@ def orin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_dashboard_when_a_daemon_runs_queries_only_metrics_and_labels_it_exports(
         orin: Path, broker: Broker, make_served: ServeFactory, repo_dir: Path,
         tmp_path: Path) -> None:
-    import make_test_models
+    from tools.assets import models as test_models
 
-    make_test_models.write_repository(repo_dir, names=["colors", "grid_det"])
+    test_models.write_repository(repo_dir, names=["colors", "grid_det"])
     served = make_served(cache="preload: [colors, grid_det]",
                          mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: t/grafana",
                          streams=json.dumps(demo_streams(tmp_path)))

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import make_test_models
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -24,6 +23,7 @@ from support.ota import X, expected, tiny_cls_bytes
 from support.polling import wait_until
 
 from edged.cli import main as edged
+from tools.assets import models as test_models
 
 pytestmark = pytest.mark.slow
 
@@ -183,7 +183,7 @@ def test_mender_install_then_rollback_of_a_new_model_removes_it(
         device: tuple[Served, Mender], keys: dict[str, Path], tmp_path: Path) -> None:
     served, mender = device
     before = on_disk(served)
-    artifact = build(tmp_path, keys, 1, make_test_models.make_tiny_cls(3).SerializeToString(),
+    artifact = build(tmp_path, keys, 1, test_models.make_tiny_cls(3).SerializeToString(),
                      model="fresh_cls")
     assert mender.install(artifact).returncode == 0
     with served.client() as client:

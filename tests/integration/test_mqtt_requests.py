@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from make_demo import write_color_video
 from support.broker import Broker
 from support.daemon import Served, ServeFactory
 from support.mqtt_requests import HEADER_LENGTH, Requester, tensor_request
 from support.ota import X
 from support.polling import wait_until
+
+from tools.assets.demo import write_color_video
 
 TESTS = Path(__file__).parents[1]
 

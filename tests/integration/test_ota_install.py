@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import make_test_models
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -34,6 +33,7 @@ from edged.ota.manifest import (
     parse_manifest,
     sign_document,
 )
+from tools.assets import models as test_models
 
 X = np.random.default_rng(0).random((1, 3, 8, 8), dtype=np.float32)
 
@@ -42,7 +42,7 @@ class Rig:
     def __init__(self, root: Path, server: ArtifactServer, key: Ed25519PrivateKey,
                  **ota: Any) -> None:
         self.root, self.server, self.key = root, server, key
-        make_test_models.write_repository(root / "models", names=["tiny_cls", "tiny_cnn"])
+        test_models.write_repository(root / "models", names=["tiny_cls", "tiny_cnn"])
         self.repo = ModelRepository(root / "models")
         self.cache = ModelCache(self.repo, budget_bytes=1 << 30, options=options(root))
         self.events: list[Event] = []
@@ -94,13 +94,13 @@ def rig(tmp_path: Path, artifacts: ArtifactServer) -> Iterator[Rig]:
 
 
 def v2_bytes() -> bytes:
-    return make_test_models.make_tiny_cls(1).SerializeToString()
+    return test_models.make_tiny_cls(1).SerializeToString()
 
 
 def expected(seed: int) -> np.ndarray:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(make_test_models.make_tiny_cls(seed).SerializeToString(),
+    session = ort.InferenceSession(test_models.make_tiny_cls(seed).SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     return session.run(None, {"x": X})[0]
 
@@ -124,7 +124,7 @@ def test_update_when_signed_and_good_goes_live_and_reports_each_step(rig: Rig) -
 def test_update_when_repeated_past_keep_versions_prunes_the_oldest(rig: Rig) -> None:
     rig.updater.cfg = OtaConfig(keep_versions=2)
     for version in (2, 3, 4):
-        data = make_test_models.make_tiny_cls(version).SerializeToString()
+        data = test_models.make_tiny_cls(version).SerializeToString()
         rig.apply(rig.manifest(data, version=version))
     assert rig.repo.versions_on_disk("tiny_cls") == [3, 4]
     assert rig.cache.default_version("tiny_cls") == 4
@@ -260,11 +260,11 @@ def test_update_when_rejected_changes_nothing(rig: Rig, case: str, reason: str) 
     elif case == "downgrade":
         rig.apply(rig.manifest(good))
         before = rig.snapshot()
-        manifest = rig.manifest(make_test_models.make_tiny_cls(5).SerializeToString(), version=1)
+        manifest = rig.manifest(test_models.make_tiny_cls(5).SerializeToString(), version=1)
     elif case == "same_version":
         manifest = rig.manifest(v2_bytes(), version=1)
     elif case == "io":
-        manifest = rig.manifest(make_test_models.make_tiny_cnn(0).SerializeToString())
+        manifest = rig.manifest(test_models.make_tiny_cnn(0).SerializeToString())
     elif case == "io_manifest":
         manifest = rig.manifest(good, io={"inputs": [{"name": "x", "dtype": "float32",
                                                       "shape": [3, 16, 16]}], "outputs": []})
@@ -295,7 +295,7 @@ def test_update_when_rejected_changes_nothing(rig: Rig, case: str, reason: str) 
 
 def test_update_when_forced_may_downgrade(rig: Rig) -> None:
     rig.apply(rig.manifest(v2_bytes(), version=3))
-    rig.apply(rig.manifest(make_test_models.make_tiny_cls(4).SerializeToString(), version=2,
+    rig.apply(rig.manifest(test_models.make_tiny_cls(4).SerializeToString(), version=2,
                            force=True))
     assert rig.cache.default_version("tiny_cls") == 2
 
@@ -417,5 +417,5 @@ def test_claim_when_an_artifact_was_cut_by_restarts_twice_refuses_it(rig: Rig) -
     with pytest.raises(Rejected) as info:
         rig.updater.claim(manifest)
     assert info.value.reason == "crash_loop"
-    assert rig.updater.claim(rig.manifest(make_test_models.make_tiny_cls(7)
+    assert rig.updater.claim(rig.manifest(test_models.make_tiny_cls(7)
                                           .SerializeToString(), version=3))  # another: tried

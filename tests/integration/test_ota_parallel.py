@@ -10,7 +10,6 @@ import json
 import queue
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.artifacts import ArtifactServer, TricklingServer
@@ -20,6 +19,7 @@ from support.ota import fresh, statuses, tiny_cls_bytes
 from support.polling import wait_until
 
 from edged.ota.manifest import sign_document
+from tools.assets import models as test_models
 
 
 def manifest(private: Ed25519PrivateKey, prefix: str, model: str, version: int, data: bytes,
@@ -60,7 +60,7 @@ def test_ota_when_one_models_download_trickles_another_models_update_goes_live(
                    "received")
         assert statuses(cls_sub, cls_status, "downloading")[-1]["progress"] == 0.0
 
-        cnn = make_test_models.make_tiny_cnn(1).SerializeToString()
+        cnn = test_models.make_tiny_cnn(1).SerializeToString()
         (artifacts.root / "cnn-2").write_bytes(cnn)
         push_until(cnn_sub, f"{prefix}/ota/tiny_cnn", cnn_status,
                    manifest(private, prefix, "tiny_cnn", 2, cnn, artifacts.url("cnn-2")),

@@ -12,11 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import make_test_models
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from make_demo import color_of, write_color_video
 from onnx import numpy_helper
 from support.artifacts import ArtifactServer
 from support.broker import Broker, Subscriber
@@ -25,6 +23,8 @@ from support.ota import Pusher, fresh, statuses, tiny_cls_bytes
 from support.shadow import nudged_cls_bytes, traffic
 
 from edged.ota.manifest import sign_document
+from tools.assets import models as test_models
+from tools.assets.demo import color_of, write_color_video
 
 
 def shadow(min_samples: int, **extra: Any) -> dict[str, Any]:
@@ -165,7 +165,7 @@ def test_shadow_when_both_versions_do_not_fit_the_cache_budget_is_refused_before
 def swapped_colors_bytes() -> bytes:
     """The colors classifier with red and green swapped: it disagrees on those frames and
     agrees on blue ones."""
-    model = make_test_models.make_colors()
+    model = test_models.make_colors()
     for init in model.graph.initializer:
         if init.name == "sharpen":
             swapped = numpy_helper.to_array(init)[:, [1, 0, 2]]

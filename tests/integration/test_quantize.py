@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import cv2
-import make_test_models
 import numpy as np
 import pytest
 from support.backends import options
@@ -20,6 +19,7 @@ from edged.inference.cache import ModelCache
 from edged.inference.precision import int8_variant
 from edged.model.int8_report import ACCEPTED_FILE, REFUSED_FILE, read_report
 from edged.model.repository import ModelRepository
+from tools.assets import models as test_models
 from tools.bench.textlines import PPOCR_CLS_PREPROCESS, write_set
 
 
@@ -61,7 +61,7 @@ def test_quantize_when_ppocr_cls_calibrated_on_rendered_lines_reports_accuracy_a
 def test_quantize_when_the_gate_cannot_pass_exits_1_and_keeps_int8_disabled(
         repo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # INT8 outputs never equal FP32's exactly: a zero error bound refuses every variant.
-    write_yaml(repo_dir, "tiny_cnn", make_test_models.MODEL_YAML["tiny_cnn"] +
+    write_yaml(repo_dir, "tiny_cnn", test_models.MODEL_YAML["tiny_cnn"] +
                "precision: int8\nquantization: {max_mean_abs_error: 0}\n")
     rng = np.random.default_rng(0)
     np.save(tmp_path / "samples.npy", rng.standard_normal((24, 3, 8, 8)).astype(np.float32))
@@ -87,7 +87,7 @@ def test_quantize_when_the_gate_cannot_pass_exits_1_and_keeps_int8_disabled(
         cache.close()
 
     # Looser thresholds: the same command accepts, and the refused file goes.
-    write_yaml(repo_dir, "tiny_cnn", make_test_models.MODEL_YAML["tiny_cnn"] +
+    write_yaml(repo_dir, "tiny_cnn", test_models.MODEL_YAML["tiny_cnn"] +
                "quantization: {min_top1_agreement: 0.5}\n")
     assert main(["quantize", "tiny_cnn", "--models-dir", str(repo_dir), "--calibration",
                  str(tmp_path / "samples.npy")]) == 0

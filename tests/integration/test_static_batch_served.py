@@ -10,12 +10,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as triton
-from make_demo import color_of, write_color_video
 from support.broker import Broker, Subscriber
 from support.daemon import Served, ServeFactory
 
@@ -23,11 +21,13 @@ from edged.api.protocol import RequestedOutput, ShmRef
 from edged.cli import main
 from edged.model.int8_report import read_report
 from edged.ops.client import SharedRegion
+from tools.assets import models as test_models
+from tools.assets.demo import color_of, write_color_video
 
 
 @pytest.fixture
 def static_served(repo_dir: Path, make_served: ServeFactory) -> Served:
-    make_test_models.write_repository(repo_dir, names=["colors_b1", "tiny_cnn_b4"])
+    test_models.write_repository(repo_dir, names=["colors_b1", "tiny_cnn_b4"])
     return make_served(cache="preload: [colors_b1]")
 
 
@@ -125,7 +125,7 @@ def test_cli_when_inferring_an_npy_without_the_batch_dim_adds_it(
 
 def test_stream_when_the_model_has_a_static_batch_of_one_classifies_every_frame(
         broker: Broker, repo_dir: Path, make_served: ServeFactory, tmp_path: Path) -> None:
-    make_test_models.write_repository(repo_dir, names=["colors_b1"])
+    test_models.write_repository(repo_dir, names=["colors_b1"])
     video = write_color_video(tmp_path / "colors.avi", fps=60, frames_per_color=10)
     topic = "t/static/streams/cam/results"
     sub = Subscriber(broker, topic)
@@ -149,7 +149,7 @@ def test_stream_when_the_model_has_a_static_batch_of_one_classifies_every_frame(
 
 def test_quantize_when_the_graph_has_a_static_batch_of_four_calibrates_and_gates_it(
         repo_dir: Path, tmp_path: Path) -> None:
-    make_test_models.write_repository(repo_dir, names=["tiny_cnn_b4"])
+    test_models.write_repository(repo_dir, names=["tiny_cnn_b4"])
     rng = np.random.default_rng(0)
     np.save(tmp_path / "samples.npy", rng.standard_normal((24, 3, 8, 8)).astype(np.float32))
     # One sample at a time, each filling the graph's four rows: the run gets to the gate.

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import cv2
 import jsonschema
-import make_test_models
 import numpy as np
 import pytest
 from support.broker import Broker, Subscriber
 from support.daemon import ServeFactory
+
+from tools.assets import models as test_models
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "schemas" /
                      "stream-result.schema.json").read_text())
@@ -38,7 +39,7 @@ def write_squares_video(path: Path, frames: int = 30) -> Path:
 
 def test_stream_with_a_secondary_model_publishes_sub_labels_for_the_chosen_labels_only(
         broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> None:
-    make_test_models.write_repository(repo_dir, names=["grid_det"])
+    test_models.write_repository(repo_dir, names=["grid_det"])
     video = write_squares_video(tmp_path / "squares.avi")
     topic = "t/cascade/streams/door/results"
     sub = Subscriber(broker, topic)
@@ -68,7 +69,7 @@ def test_stream_with_a_secondary_model_publishes_sub_labels_for_the_chosen_label
 def test_stream_whose_secondary_model_cannot_take_crops_is_not_started_and_says_why(
         make_served: ServeFactory, repo_dir: Path, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
-    make_test_models.write_repository(repo_dir, names=["grid_det"])
+    test_models.write_repository(repo_dir, names=["grid_det"])
     video = write_squares_video(tmp_path / "squares.avi", frames=3)
     served = make_served(
         cache="preload: [grid_det]",

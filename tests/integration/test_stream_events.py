@@ -16,15 +16,15 @@ from typing import Any
 
 import cv2
 import jsonschema
-import make_test_models
 import numpy as np
 import pytest
-from make_demo import Pass, write_crossing_video
 from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
 from support.polling import wait_until
 
 from edged.config import DaemonConfig
+from tools.assets import models as test_models
+from tools.assets.demo import Pass, write_crossing_video
 
 SCHEMAS = Path(__file__).parents[2] / "docs" / "schemas"
 EVENT, COUNT, LINES, RESULT = (json.loads((SCHEMAS / name).read_text()) for name in (
@@ -51,7 +51,7 @@ def mqtt(broker: Broker, prefix: str) -> str:
 
 @pytest.fixture
 def video(repo_dir: Path, tmp_path: Path) -> Path:
-    make_test_models.write_repository(repo_dir, names=["grid_det"])
+    test_models.write_repository(repo_dir, names=["grid_det"])
     return write_crossing_video(tmp_path / "crossing.avi", PASSES, fps=FPS, gap_frames=8)
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from make_demo import COLORS_BGR, color_of, write_color_video
 from prometheus_client.parser import text_string_to_metric_families
 from support.backends import GateBackend
 from support.broker import Broker, Received, Subscriber
@@ -26,6 +25,7 @@ from support.daemon import ServeFactory
 from support.polling import wait_until
 
 from edged.sources import SourceState
+from tools.assets.demo import COLORS_BGR, color_of, write_color_video
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "schemas" /
                      "stream-result.schema.json").read_text())

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from make_demo import write_color_video
 from support.daemon import ServeFactory
 from support.notify import NotifyReceiver, has
 from support.polling import wait_until
 
 from edged.ops.client import EdgedClient
 from edged.service.systemd import Notifier
+from tools.assets.demo import write_color_video
 
 X = np.zeros((1, 3, 8, 8), np.float32)
 

@@ -1,6 +1,6 @@
 """The demo as `make run` runs it, served in-process: deploy/edged.yaml's streams (`demo`: the
 colour classifier; `crossing`: squares through grid_det, its zone and its line) on videos
-tools/make_demo.py writes, with the loopback HTTP listener; and plain HTTP helpers for it."""
+tools/assets/demo.py writes, with the loopback HTTP listener; and plain HTTP helpers for it."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import cv2
-import make_test_models
 import numpy as np
 import pytest
 import yaml
-from make_demo import write_color_video, write_crossing_video
 
 from support.daemon import Served, ServeFactory
+from tools.assets import models as test_models
+from tools.assets.demo import write_color_video, write_crossing_video
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "edged.yaml"
 
@@ -33,7 +33,7 @@ def demo_streams(tmp_path: Path) -> list[dict[str, Any]]:
 
 def serve_demo(make_served: ServeFactory, tmp_path: Path, api: str = "") -> Served:
     """The demo's models (only they, as `make run` has) and streams, device edge-01."""
-    models = make_test_models.write_repository(tmp_path / "demo-models",
+    models = test_models.write_repository(tmp_path / "demo-models",
                                                names=["colors", "grid_det"])
     streams = json.dumps(demo_streams(tmp_path))  # JSON is YAML
     served = make_served(cache="preload: [colors, grid_det]", streams=streams, api=api,

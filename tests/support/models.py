@@ -1,4 +1,4 @@
-"""Test models beside the generated repository (tools/make_test_models.py): a model's
+"""Test models beside the generated repository (tools/test_models.py): a model's
 `model.yaml` written in place, a tiny_cls input that names its request, and a bare Q/DQ pair
 for the INT8 checks."""
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import make_test_models
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -21,13 +20,14 @@ from edged.ota.manifest import sign_document
 from support.artifacts import ArtifactServer
 from support.broker import Subscriber
 from support.polling import wait_until
+from tools.assets import models as test_models
 
 X = np.random.default_rng(0).random((1, 3, 8, 8), dtype=np.float32)
 
 
 def tiny_cls_bytes(seed: int) -> bytes:
     """Version `seed + 1` of tiny_cls, as the repository fixture numbers them (seed 0 = v1)."""
-    return make_test_models.make_tiny_cls(seed).SerializeToString()
+    return test_models.make_tiny_cls(seed).SerializeToString()
 
 
 def expected(seed: int, x: np.ndarray = X) -> np.ndarray:

@@ -8,19 +8,19 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import make_test_models
 import numpy as np
 from onnx import numpy_helper
 
 from support.daemon import Served
 from support.ota import expected
+from tools.assets import models as test_models
 
 INPUTS = np.random.default_rng(7).random((16, 1, 3, 8, 8), dtype=np.float32)
 
 
 def nudged_cls_bytes(seed: int, scale: float = 1.02) -> bytes:
     """tiny_cls(seed) with its weights scaled a little: other bytes, the same top-1 answers."""
-    model = make_test_models.make_tiny_cls(seed)
+    model = test_models.make_tiny_cls(seed)
     for init in model.graph.initializer:
         if init.name == "W":
             init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * scale, "W"))

@@ -35,10 +35,10 @@ def ppocr_model(filename: str) -> Path:
 
 
 def tiny_model_tools() -> ModuleType:
-    """The tiny-model generator beside the benchmarks (tools/make_test_models.py)."""
-    from tools import make_test_models
+    """The tiny-model generator (tools/assets/models.py)."""
+    from tools.assets import models
 
-    return make_test_models
+    return models
 
 
 def cpu_model() -> str:

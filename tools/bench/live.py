@@ -123,13 +123,13 @@ def window(address: str, pid: int, viewers: int, seconds: float, settle_s: float
 
 
 def run_live(workdir: Path, *, quick: bool) -> dict[str, Any]:
-    from tools import make_demo
+    from tools.assets import demo as demo_assets
 
     workdir.mkdir(parents=True, exist_ok=True)
     tiny_model_tools().write_repository(workdir / "models", names=["grid_det"])
-    passes = [make_demo.Pass(colour, row, leftwards=row % 2 == 1)
+    passes = [demo_assets.Pass(colour, row, leftwards=row % 2 == 1)
               for row in range(4) for colour in ("red", "green", "blue")]
-    video = make_demo.write_crossing_video(workdir / "crossing.avi", passes, fps=VIDEO_FPS,
+    video = demo_assets.write_crossing_video(workdir / "crossing.avi", passes, fps=VIDEO_FPS,
                                            cell=CELL, gap_frames=2)
     address = f"127.0.0.1:{free_port()}"
     side = 4 * CELL

@@ -276,12 +276,12 @@ def _layout(workdir: Path) -> Path:
     tools = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(tools))
     try:
-        import make_demo
+        from tools.assets import demo as demo_assets
     finally:
         sys.path.remove(str(tools))
     tiny_model_tools().write_repository(workdir / "models", names=["colors", "grid_det"])
-    make_demo.write_color_video(workdir / "colors.avi")
-    make_demo.write_crossing_video(workdir / "crossing.avi")
+    demo_assets.write_color_video(workdir / "colors.avi")
+    demo_assets.write_crossing_video(workdir / "crossing.avi")
     source = ppocr_model(PPOCR_CLS)
     (workdir / "models" / "cls" / "1").mkdir(parents=True)
     shutil.copyfile(source, workdir / "models" / "cls" / "1" / "model.onnx")

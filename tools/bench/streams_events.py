@@ -31,11 +31,11 @@ from edged.events.publish import EventPublisher
 from edged.processing.detections import Detections
 from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsStage
+from tools.assets.demo import COLORS_BGR, DEMO_PASSES, write_crossing_video
 from tools.bench.api import edged_config, run_edged
 from tools.bench.assets import tiny_model_tools
 from tools.bench.events import WARMUP, engine_settings
 from tools.bench.scenes import walkers
-from tools.make_demo import COLORS_BGR, DEMO_PASSES, write_crossing_video
 
 STREAMS, FPS = 4, 10.0
 SIDE = 256  # grid_det's 4x4 cells of 64 px

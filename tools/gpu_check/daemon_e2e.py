@@ -2,7 +2,7 @@
 provider chain TensorRT EP → CUDA EP → CPU EP and the default memory strategy, serving the
 `grid_det` detector to
 
-  stream events  a video of coloured squares crossing the frame (tools/make_demo.py), whose
+  stream events  a video of coloured squares crossing the frame (tools/assets/demo.py), whose
                  objects' lives, counts and line crossings reach a real mosquitto;
   shm requests   socket clients on four threads whose inputs and outputs stay in POSIX shared
                  memory (KServe v2 system shared memory), each answer against the CPU EP;
@@ -107,17 +107,17 @@ logging: {{level: info}}
 def section_daemon(report: Report, work: Path, *, require_cuda: bool, memory: str = "auto",
                    log_copy: Path | None = None) -> None:
     """Every row of the end-to-end check (see the module's docstring)."""
-    import make_demo
-    import make_test_models
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+    from tools.assets import demo as demo_assets
+    from tools.assets import models as test_models
     from tools.bench.api import run_edged
     from tools.bench.broker import loopback_broker
 
     work.mkdir(parents=True, exist_ok=True)
-    make_test_models.write_repository(work / "models", names=[MODEL])
-    video = make_demo.write_crossing_video(work / "crossing.avi", fps=FPS, gap_frames=GAP)
+    test_models.write_repository(work / "models", names=[MODEL])
+    video = demo_assets.write_crossing_video(work / "crossing.avi", fps=FPS, gap_frames=GAP)
     key = Ed25519PrivateKey.generate()
     (work / "ota.pub").write_bytes(key.public_key().public_bytes(
         Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))

@@ -32,6 +32,7 @@ from edged.inference.loadspec import load_spec
 from edged.inference.precision import choose_precision
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository, ModelVersion
+from tools.assets.models import MODEL_YAML
 from tools.gpu_check.basics import cuda_ep_missing
 from tools.gpu_check.report import (
     CUDA_EP,
@@ -42,7 +43,6 @@ from tools.gpu_check.report import (
     sample,
 )
 from tools.gpu_check.trt import int8_file
-from tools.make_test_models import MODEL_YAML
 
 CHAIN_MODELS = ("tiny_cls", "tiny_cnn", "tiny_two_input")
 STRATEGIES = ("auto", "pinned", "mapped", "managed", "host")

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from edged.api.protocol import HEADER_LENGTH, decode_response, encode_request
-from tools import make_test_models
+from tools.assets import models as test_models
 from tools.bench import floor
 from tools.bench.broker import free_port
 from tools.bench.load import Target, http_request, one
@@ -28,7 +28,7 @@ STATS = {"model_stats": [{"name": "tiny_cls", "version": "1", "last_inference": 
 
 @pytest.fixture
 def served(tmp_path: Path) -> tuple[int, Path]:
-    models = make_test_models.write_repository(tmp_path / "models", names=["tiny_cls"])
+    models = test_models.write_repository(tmp_path / "models", names=["tiny_cls"])
     path = models / "tiny_cls" / "1" / "model.onnx"
     replies = {"/v2": json.dumps({"name": "edged"}),
                "/v2/models/tiny_cls/stats": json.dumps(STATS)}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import make_test_models
 import pytest
 
 from edged.api import config as config_module
@@ -15,8 +14,9 @@ from edged.config import DaemonConfig, load_config, parse_config, with_overrides
 from edged.core.errors import ConfigError
 from edged.core.schema import parse
 from edged.model.config import BatchingConfig, ModelConfig
+from tools.assets import models as test_models
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def errors_of(text: str) -> list[str]:
@@ -196,7 +196,7 @@ def test_check_config_when_streams_name_models_not_in_the_repository_says_each(
 
 def test_check_config_when_a_detect_stream_names_labels_its_model_lacks_says_each(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], repo_dir: Path) -> None:
-    make_test_models.write_repository(repo_dir, names=["grid_det"])
+    test_models.write_repository(repo_dir, names=["grid_det"])
     config = tmp_path / "edged.yaml"
     config.write_text(f"models_dir: {repo_dir}\n"
                       "streams:\n"

@@ -16,7 +16,7 @@ from support.events import T0, Box, det, frame, path, stream
 from edged.events.engine import Changes, StreamEvents
 from edged.processing.detections import Detections
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[3] / "docs" / "schemas"
 FPS = 10.0
 
 

@@ -8,7 +8,6 @@ import json
 import shutil
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 import pytest
 from support.backends import options
@@ -35,6 +34,7 @@ from edged.model.int8_report import (
     write_report,
 )
 from edged.model.repository import ModelRepository, ModelVersion
+from tools.assets import models as test_models
 
 
 def make_variant(model: ModelVersion, *, accepted: bool = True,
@@ -95,7 +95,7 @@ def test_choose_when_auto_and_int8_is_slower_keeps_fp32(
 
 def test_choose_when_int8_gain_is_below_auto_min_speedup_keeps_fp32(
         repo: ModelRepository, ort: OrtBackend, tmp_path: Path) -> None:
-    write_yaml(repo.root, "tiny_cls", make_test_models.MODEL_YAML["tiny_cls"] +
+    write_yaml(repo.root, "tiny_cls", test_models.MODEL_YAML["tiny_cls"] +
                "quantization: {auto_min_speedup: 1.2}\n")
     model = repo.resolve("tiny_cls")
     make_variant(model)
@@ -122,7 +122,7 @@ def test_choose_when_the_model_changes_measures_again(
         repo: ModelRepository, ort: OrtBackend, tmp_path: Path) -> None:
     make_variant(repo.resolve("tiny_cls"))
     choose_precision(repo.resolve("tiny_cls"), ort, options(tmp_path), measure=Timings(2, 1))
-    make_test_models.write_model(make_test_models.make_tiny_cls(seed=5),
+    test_models.write_model(test_models.make_tiny_cls(seed=5),
                                  repo.root / "tiny_cls" / "1" / "model.onnx")
     changed = repo.resolve("tiny_cls")
     make_variant(changed)  # quantized again for the new bytes
@@ -204,7 +204,7 @@ def test_choose_when_fp32_or_fp16_asked_ignores_the_variant(
         repo: ModelRepository, ort: OrtBackend, tmp_path: Path) -> None:
     make_variant(repo.resolve("tiny_cls"))
     for wanted in ("fp32", "fp16"):
-        write_yaml(repo.root, "tiny_cls", make_test_models.MODEL_YAML["tiny_cls"] +
+        write_yaml(repo.root, "tiny_cls", test_models.MODEL_YAML["tiny_cls"] +
                    f"precision: {wanted}\n")
         choice = choose_precision(repo.resolve("tiny_cls"), ort, options(tmp_path),
                                   measure=Timings(9, 1))
@@ -213,7 +213,7 @@ def test_choose_when_fp32_or_fp16_asked_ignores_the_variant(
 
 def test_choose_when_int8_forced_and_refused_raises_naming_the_report(
         repo: ModelRepository, ort: OrtBackend, tmp_path: Path) -> None:
-    write_yaml(repo.root, "tiny_cls", make_test_models.MODEL_YAML["tiny_cls"] +
+    write_yaml(repo.root, "tiny_cls", test_models.MODEL_YAML["tiny_cls"] +
                "precision: int8\n")
     model = repo.resolve("tiny_cls")
     with pytest.raises(ModelLoadError, match="edged quantize tiny_cls"):
@@ -255,7 +255,7 @@ def test_measure_sessions_times_both_files_on_real_sessions(
 
 def test_cache_when_int8_asked_loads_the_variant_and_reports_its_precision(
         repo: ModelRepository, tmp_path: Path) -> None:
-    write_yaml(repo.root, "tiny_cls", make_test_models.MODEL_YAML["tiny_cls"] +
+    write_yaml(repo.root, "tiny_cls", test_models.MODEL_YAML["tiny_cls"] +
                "precision: int8\n")
     variant = make_variant(repo.resolve("tiny_cls"))
     cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))
@@ -270,7 +270,7 @@ def test_cache_when_int8_asked_loads_the_variant_and_reports_its_precision(
 
 def test_cache_when_int8_asked_but_refused_fails_the_load_naming_the_report(
         repo: ModelRepository, tmp_path: Path) -> None:
-    write_yaml(repo.root, "tiny_cls", make_test_models.MODEL_YAML["tiny_cls"] +
+    write_yaml(repo.root, "tiny_cls", test_models.MODEL_YAML["tiny_cls"] +
                "precision: int8\n")
     make_variant(repo.resolve("tiny_cls"), accepted=False)
     cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))

@@ -11,13 +11,13 @@ import os
 import sys
 from pathlib import Path
 
-import gpu_selftest
 import pytest
 from doubles import fake_cudart, fake_tensorrt
 from doubles.fake_cudart import DISCRETE, FakeCudart
 
 from edged import backends
 from edged.hardware import host
+from tools import gpu_selftest
 from tools.gpu_check.report import NOT_ON_PYPI
 
 # The daemon end to end has a test of its own (tests/integration/test_gpu_check.py).

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 import pytest
 from support.backends import GateBackend, hold_worker, options
@@ -20,6 +19,7 @@ from edged.core.errors import InvalidInput, ModelLoadError, ShuttingDown, Timeou
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
+from tools.assets import models as test_models
 
 Core = tuple[ModelCache, Scheduler]
 
@@ -156,8 +156,8 @@ def test_batcher_when_cache_raises_unexpected_error_fails_queued_and_keeps_servi
 
 def test_batcher_when_swap_changes_the_signature_fails_only_queued_misfits_and_says_who_ran(
         tmp_path: Path, gate: GateBackend) -> None:
-    root = make_test_models.write_repository(tmp_path / "m", names=["tiny_cls"])
-    make_test_models.write_model(make_test_models.make_tiny_cnn(), root / "tiny_cls" / "2" /
+    root = test_models.write_repository(tmp_path / "m", names=["tiny_cls"])
+    test_models.write_model(test_models.make_tiny_cnn(), root / "tiny_cls" / "2" /
                                  "model.onnx")
     (root / "tiny_cls" / "model.yaml").unlink()  # each version's signature from its ONNX file
     (root / "tiny_cls" / "2" / "model.yaml").write_text("warmup: {enabled: false}\n")
@@ -214,7 +214,7 @@ def test_cache_load_when_over_budget_keeps_the_model_it_just_loaded(
 
 def test_cache_swap_when_old_version_is_still_loading_unloads_it_once_used(
         tmp_path: Path, gate: GateBackend) -> None:
-    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    root = test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
     repo = ModelRepository(root)
     repo.set_active("tiny_cls", 1)
     cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))
@@ -235,7 +235,7 @@ def test_cache_swap_when_old_version_is_still_loading_unloads_it_once_used(
 
 
 def test_cache_swap_when_swapped_back_while_draining_keeps_it_loaded(tmp_path: Path) -> None:
-    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    root = test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
     write_yaml(root, "tiny_cls", "version_policy: {all: true}\n")
     repo = ModelRepository(root)
     repo.set_active("tiny_cls", 1)

@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import make_test_models
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -28,6 +27,7 @@ from edged.inference.loadspec import backend_options, engine_hints, load_spec, w
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
 from edged.model.tensor import TensorSpec
+from tools.assets import models as test_models
 
 Core = tuple[ModelCache, Scheduler]
 TRT, CPU = "TensorrtExecutionProvider", "CPUExecutionProvider"
@@ -36,7 +36,7 @@ TRT, CPU = "TensorrtExecutionProvider", "CPUExecutionProvider"
 @pytest.fixture
 def static_dir(repo_dir: Path) -> Path:
     """The test repository plus colors_b1 ([1, 3, 64, 64]) and tiny_cnn_b4 ([4, 3, H, W])."""
-    make_test_models.write_repository(repo_dir, names=["colors_b1", "tiny_cnn_b4"])
+    test_models.write_repository(repo_dir, names=["colors_b1", "tiny_cnn_b4"])
     return repo_dir
 
 
@@ -115,9 +115,9 @@ def test_repository_when_yaml_max_batch_is_below_the_fixed_batch_keeps_both(
 
 def test_repository_when_only_some_first_dims_are_fixed_infers_no_batch_dim(
         repo_dir: Path) -> None:
-    model = make_test_models.make_tiny_cls()
-    make_test_models.fix_first_dim(model.graph.input, 1)  # output stays [batch, 4]
-    make_test_models.write_model(model, repo_dir / "tiny_cls" / "1" / "model.onnx")
+    model = test_models.make_tiny_cls()
+    test_models.fix_first_dim(model.graph.input, 1)  # output stays [batch, 4]
+    test_models.write_model(model, repo_dir / "tiny_cls" / "1" / "model.onnx")
     (repo_dir / "tiny_cls" / "model.yaml").unlink()
     assert ModelRepository(repo_dir).resolve("tiny_cls").max_batch_size == 0
     write_yaml(repo_dir, "tiny_cls", "max_batch_size: 1\n")

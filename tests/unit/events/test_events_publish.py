@@ -21,7 +21,7 @@ from edged.events.store import SnapshotStore, label_in, with_label
 from edged.mqtt.topics import topic_level
 from edged.processing.detections import Detections
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[3] / "docs" / "schemas"
 FPS = 10.0
 Sent = tuple[str, str, bytes, bool]
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 import pytest
 from support.models import write_yaml
 
 from edged.core.errors import InvalidModel, ModelNotFound
 from edged.model.repository import ModelRepository
+from tools.assets import models as test_models
 
 
 def test_repository_when_listing_skips_hidden_staging_and_bad_names(repo_dir: Path) -> None:
@@ -106,7 +106,7 @@ def test_repository_when_file_changes_rereads_it(repo_dir: Path) -> None:
 
 
 def test_repository_version_policy_when_latest_specific_or_all(tmp_path: Path) -> None:
-    root = make_test_models.write_repository(tmp_path / "m", versions=3, names=["tiny_cls"])
+    root = test_models.write_repository(tmp_path / "m", versions=3, names=["tiny_cls"])
     repo = ModelRepository(root)
     assert repo.served_versions("tiny_cls") == [3]
     write_yaml(root, "tiny_cls", "version_policy: {latest: 2}\n")
@@ -121,7 +121,7 @@ def test_repository_version_policy_when_latest_specific_or_all(tmp_path: Path) -
 
 
 def test_repository_when_active_pointer_set_it_is_the_default_and_served(tmp_path: Path) -> None:
-    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    root = test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
     repo = ModelRepository(root)
     repo.set_active("tiny_cls", 1)
     assert (root / "tiny_cls" / "active").read_text() == "1\n"
@@ -133,7 +133,7 @@ def test_repository_when_active_pointer_set_it_is_the_default_and_served(tmp_pat
 
 def test_repository_install_when_valid_appears_whole(repo: ModelRepository,
                                                      tmp_path: Path) -> None:
-    source = make_test_models.write_model(make_test_models.make_tiny_cls(seed=5),
+    source = test_models.write_model(test_models.make_tiny_cls(seed=5),
                                           tmp_path / "new.onnx")
     model = repo.install("tiny_cls", 2, {"model.onnx": source, "labels.txt": b"a\nb\nc\nd\n"})
     assert model.version == 2 and (model.dir / "labels.txt").read_bytes() == b"a\nb\nc\nd\n"
@@ -171,14 +171,14 @@ def test_repository_clean_staging_when_leftovers_removes_them(repo: ModelReposit
 
 
 def test_repository_remove_version_when_present_deletes_it(tmp_path: Path) -> None:
-    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    root = test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
     repo = ModelRepository(root)
     repo.remove_version("tiny_cls", 1)
     assert repo.versions_on_disk("tiny_cls") == [2]
 
 
 def test_repository_when_versions_differ_reads_each_own_file(tmp_path: Path) -> None:
-    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    root = test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
     repo = ModelRepository(root)
     assert repo.get("tiny_cls", 1).onnx_path != repo.get("tiny_cls", 2).onnx_path
     assert repo.get("tiny_cls", 1).sha256() != repo.get("tiny_cls", 2).sha256()

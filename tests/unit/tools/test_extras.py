@@ -14,7 +14,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 
 def extra(name: str) -> dict[str, Requirement]:

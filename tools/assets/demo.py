@@ -103,13 +103,13 @@ def write_ota_update(out_dir: Path) -> Path:
     each push is a new version. Returns the manifest's path."""
     import json
 
-    import make_test_models
+    from tools.assets import models as test_models
 
     versions = [int(p.name) for p in (out_dir / "models" / "colors").iterdir()
                 if p.name.isdigit()]
     version = max(versions, default=0) + 1
     folder = out_dir / "ota"
-    make_test_models.write_model(make_test_models.make_colors(), folder / "model.onnx")
+    test_models.write_model(test_models.make_colors(), folder / "model.onnx")
     manifest = {"model": "colors", "version": version, "format": "onnx", "artifact": {},
                 "note": "the demo classifier, published again as a new version"}
     path = folder / "manifest.json"
@@ -128,9 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ota_update:
         print(write_ota_update(args.out_dir))
         return 0
-    import make_test_models
+    from tools.assets import models as test_models
 
-    make_test_models.write_repository(args.out_dir / "models", names=["colors", "grid_det"])
+    test_models.write_repository(args.out_dir / "models", names=["colors", "grid_det"])
     print(write_color_video(args.out_dir / "colors.avi"))
     print(write_crossing_video(args.out_dir / "crossing.avi"))
     return 0

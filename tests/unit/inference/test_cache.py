@@ -7,7 +7,6 @@ import threading
 from itertools import pairwise
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 import pytest
 from support.backends import GateBackend, options
@@ -17,6 +16,7 @@ from edged.core.errors import InvalidModel, ModelNotFound, Timeout
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
+from tools.assets import models as test_models
 
 X = np.linspace(0, 1, 3 * 8 * 8, dtype=np.float32).reshape(1, 3, 8, 8)
 
@@ -189,7 +189,7 @@ def test_cache_unload_when_lease_held_waits_for_it(core: tuple[ModelCache, Sched
 
 def test_cache_swap_when_eight_clients_call_no_request_fails_and_each_switches_once(
         tmp_path: Path) -> None:
-    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    root = test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
     repo = ModelRepository(root)
     repo.set_active("tiny_cls", 1)
     cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))

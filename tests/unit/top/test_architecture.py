@@ -9,7 +9,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "edged"
+PACKAGE = Path(__file__).resolve().parents[3] / "edged"
 
 # Lowest first: a room may import only rooms before it in this list (and itself).
 ROOMS = ["core", "mqtt", "model", "hardware", "backends", "inference", "processing", "events",

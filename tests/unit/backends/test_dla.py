@@ -22,7 +22,7 @@ from edged.service.metrics import Metrics
 from tests.doubles import fake_cudart, fake_tensorrt
 from tests.doubles.fake_cudart import FakeCudart
 from tests.doubles.fake_tensorrt import Knobs
-from tests.unit.test_tensorrt_backend import DISCRETE, built
+from tests.unit.backends.test_tensorrt_backend import DISCRETE, built
 
 
 @pytest.fixture

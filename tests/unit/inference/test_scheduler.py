@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -25,6 +24,7 @@ from edged.core.errors import (
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
+from tools.assets import models as test_models
 
 Core = tuple[ModelCache, Scheduler]
 
@@ -266,9 +266,9 @@ def test_scheduler_when_model_unknown_raises_not_found(core: Core) -> None:
 
 
 def test_scheduler_when_version_named_uses_it(tmp_path: Path) -> None:
-    import make_test_models
+    from tools.assets import models as test_models
 
-    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    root = test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
     write_yaml(root, "tiny_cls", "version_policy: {all: true}\n")
     cache = ModelCache(ModelRepository(root), budget_bytes=1 << 30, options=options(tmp_path))
     scheduler = Scheduler(cache)
@@ -327,7 +327,7 @@ def test_scheduler_with_real_ppocr_cls_when_batched_matches_single_runs(ppocr_cl
 
 def test_scheduler_when_a_named_version_leaves_the_disk_retires_its_batcher(
         tmp_path: Path) -> None:
-    root = make_test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
+    root = test_models.write_repository(tmp_path / "m", versions=2, names=["tiny_cls"])
     repo = ModelRepository(root)
     write_yaml(root, "tiny_cls", "version_policy: {all: true}\n")
     cache = ModelCache(repo, budget_bytes=1 << 30, options=options(tmp_path))

@@ -10,7 +10,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import make_test_models
 import numpy as np
 import pytest
 from support.backends import GateBackend, hold_worker, options
@@ -25,15 +24,16 @@ from edged.ota.manifest import Artifact, Manifest, Rejected, parse_manifest
 from edged.ota.rollout import Rollout, bounds_for, judge, parse_rollout
 from edged.ota.shadow import Shadow
 from edged.processing.agreement import Agreement, compare, match_boxes
+from tools.assets import models as test_models
 
 
 @pytest.fixture
 def two_versions(repo_dir: Path, tmp_path: Path) -> tuple[ModelCache, Scheduler]:
     """tiny_cls 1 serving (the active pointer) and 2 (another seed) loaded beside it; grid_det
     1 serving and 2, the same model again."""
-    make_test_models.write_model(make_test_models.make_tiny_cls(1),
+    test_models.write_model(test_models.make_tiny_cls(1),
                                  repo_dir / "tiny_cls" / "2" / "model.onnx")
-    make_test_models.write_repository(repo_dir, versions=2, names=["grid_det"])
+    test_models.write_repository(repo_dir, versions=2, names=["grid_det"])
     repo = ModelRepository(repo_dir)
     repo.set_active("tiny_cls", 1)
     repo.set_active("grid_det", 1)

@@ -207,11 +207,11 @@ def test_load_when_engine_file_cut_short_rebuilds_it(
 
 def test_load_when_model_changes_builds_a_new_engine(
         trt: Knobs, repo: ModelRepository, tmp_path: Path) -> None:
-    import make_test_models
+    from tools.assets import models as test_models
 
     backend, spec, options = TensorRTBackend(), spec_of(repo, "tiny_cls"), opts(tmp_path)
     built(backend, spec, options).close()
-    make_test_models.write_model(make_test_models.make_tiny_cls(seed=7), spec.path)
+    test_models.write_model(test_models.make_tiny_cls(seed=7), spec.path)
     built(backend, spec, options).close()
     assert len(trt.builds) == 2
     assert len(list((tmp_path / "cache" / "tensorrt" / "tiny_cls" / "1").glob("*.engine"))) == 1

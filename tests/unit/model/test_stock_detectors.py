@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import make_test_models
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -21,6 +20,7 @@ from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelRepository, ModelVersion
 from edged.processing.post import Postprocessor, Results, published
 from edged.processing.pre import Geometry, preprocess
+from tools.assets import models as test_models
 
 SQUARE = (60, 40, 100, 80)  # x1, y1, x2, y2 in the 160x120 frame
 HEADS = ["det_yolov8", "det_yolov5", "det_end2end", "det_ssd", "det_ssd_background",
@@ -47,8 +47,8 @@ def serve(model: ModelVersion, frame: np.ndarray) -> tuple[Results, Geometry]:
 
 @pytest.fixture
 def detectors(tmp_path: Path) -> Path:
-    return make_test_models.write_repository(tmp_path / "models",
-                                             names=list(make_test_models.DETECTORS))
+    return test_models.write_repository(tmp_path / "models",
+                                             names=list(test_models.DETECTORS))
 
 
 @pytest.mark.parametrize("name", HEADS)
@@ -149,7 +149,7 @@ def test_model_config_api_shows_the_head_labels_and_why(detectors: Path) -> None
     described = model_config(model)["edged"]
     assert described["head"]["format"] == "detr"
     assert "RT-DETR" in described["head"]["reason"]
-    assert described["postprocess"]["names"] == list(make_test_models.DETECT_NAMES)
+    assert described["postprocess"]["names"] == list(test_models.DETECT_NAMES)
     assert described["preprocess"]["pad_value"] == 114.0
     assert "Ultralytics export" in described["reasons"]["preprocess"]
     assert PreprocessConfig(**described["preprocess"]).keep_ratio  # what `edged infer` rebuilds

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from edged.ota import manifest
 from edged.ota.manifest import MAX_MANIFEST_BYTES, Rejected, parse_manifest, sign_document
 
-SCHEMA_PATH = Path(__file__).parents[2] / "docs" / "schemas" / "ota-manifest.schema.json"
+SCHEMA_PATH = Path(__file__).parents[3] / "docs" / "schemas" / "ota-manifest.schema.json"
 SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 SHA = "ab" * 32

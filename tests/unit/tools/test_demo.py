@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from make_demo import write_ota_update
-
 from edged.ops.keys import keygen
 from edged.ops.push import prepare
 from edged.ota.manifest import parse_manifest
+from tools.assets.demo import write_ota_update
 
 
 def test_ota_update_when_the_demo_has_version_1_writes_version_2_that_signs_clean(
