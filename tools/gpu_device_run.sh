@@ -123,7 +123,9 @@ if [[ $STEPS == *,bench,* ]]; then
 fi
 if [[ $STEPS == *,pytest,* ]]; then
     log "3. pytest tests/gpu"
+    # The kit has no pytest-xdist or pytest-cov: the project's addopts (-n auto) are replaced.
     PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout -k 10 80 "$PY" -m pytest -p pytest_timeout \
+        -o addopts="--strict-markers -ra" \
         -p no:cacheprovider -q -rs tests/gpu --deselect \
         tests/gpu/test_device_check_gpu.py::test_device_check_when_gpu_present_every_gpu_section_passes \
         > "$OUT/pytest-gpu.txt" 2>&1

@@ -19,7 +19,7 @@ Sections, each skipped with the reason when its library or device is missing (th
   timing       p50 of TensorRT, ORT-CUDA and ORT-CPU at batch 1 and at the tuned batch size
 
 TensorRT's rows say "not runnable here: TensorRT libraries are not on PyPI" on hosts that
-install from PyPI alone. Models: the tiny test models (tools/make_test_models.py) and PP-OCR
+install from PyPI alone. Models: the tiny test models (tools/test_models.py) and PP-OCR
 cls/det (the rapidocr-onnxruntime wheel, or $EDGED_PPOCR_DIR). Prints a table, writes JSON
 (--out; by default bench-results/gpu-selftest.json in the repository, which git ignores),
 exits 1 on any failure (0 when everything ran or was skipped; --require-gpu makes a missing
@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tools"), str(ROOT)]
-
-import make_test_models  # noqa: E402
+sys.path[:0] = [str(ROOT)]  # run as a script: `python tools/gpu_selftest.py`
 
 from edged.model.repository import ModelRepository, ModelVersion  # noqa: E402
-from tools.gpu_check import basics, daemon_e2e, ort_paths, trt  # noqa: E402
+from tools.assets import models as test_models  # noqa: E402
+from tools.gpu_check import basics, daemon_e2e, ort_paths  # noqa: E402
+from tools.gpu_check import trt as trt_checks  # noqa: E402  (not `trt`: that names TensorRT)
 from tools.gpu_check.report import (  # noqa: E402, F401  (the names other tools import)
     CUDA_EP,
     TOLERANCES,
@@ -57,7 +57,7 @@ RESULTS = ROOT / "bench-results" / "gpu-selftest.json"
 SECTIONS = ("env", "memory", "ort-cuda", "chain", "iobind", "daemon-pool", "int8", "tensorrt",
             "pool", "daemon", "timing")
 TINY = ["tiny_cls", "tiny_cnn", "tiny_two_input", "colors"]
-TINY_YAML = {"tiny_cnn": make_test_models.MODEL_YAML["tiny_cnn"] + (
+TINY_YAML = {"tiny_cnn": test_models.MODEL_YAML["tiny_cnn"] + (
     "warmup: {shapes: {image: [3, 32, 32]}}\n"
     "tensorrt: {shapes: {image: {min: [3, 16, 16], opt: [3, 32, 32], max: [3, 64, 64]}}}\n")}
 PPOCR_YAML = {
@@ -74,10 +74,10 @@ QUANTIZE_YAML = "quantization: {activation_type: int8}\n"  # TensorRT takes sign
 def make_repository(root: Path, which: list[str], report: Report) -> list[ModelVersion]:
     names = []
     if "tiny" in which:
-        make_test_models.write_repository(root, names=TINY)
+        test_models.write_repository(root, names=TINY)
         for name in TINY:
             (root / name / "model.yaml").write_text(TINY_YAML.get(
-                name, make_test_models.MODEL_YAML[name]) + QUANTIZE_YAML)
+                name, test_models.MODEL_YAML[name]) + QUANTIZE_YAML)
         names += TINY
     if "ppocr" in which:
         from tools.bench.assets import PPOCR_CLS, PPOCR_DET, AssetMissing, ppocr_model
@@ -150,9 +150,9 @@ def run(args: argparse.Namespace, report: Report, tmp: Path) -> Any:
             ort_paths.section_int8(report, by_name, device, tmp, args.samples)
     engines: dict[str, Any] = {}
     if "tensorrt" in wanted:
-        trt.section_tensorrt(report, listed, device, args, engines)
+        trt_checks.section_tensorrt(report, listed, device, args, engines)
     if "pool" in wanted:
-        trt.section_pool(report, listed, device, args)
+        trt_checks.section_pool(report, listed, device, args)
     if "daemon" in wanted:
         daemon_e2e.section_daemon(report, tmp / "daemon", require_cuda=args.require_gpu,
                                   memory=args.memory, log_copy=args.daemon_log)
