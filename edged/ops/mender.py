@@ -21,7 +21,13 @@ from typing import Any
 
 from edged.core.errors import ToolError
 from edged.model.repository import check_model_name
-from edged.ops.keys import DEFAULT_TTL_S, describe_artifact, freshness, load_private_key
+from edged.ops.keys import (
+    DEFAULT_TTL_S,
+    describe_artifact,
+    freshness,
+    load_private_key,
+    read_manifest,
+)
 from edged.ota.freshness import LOCAL_ROOT
 from edged.ota.manifest import Rejected, parse_manifest, sign_document
 
@@ -121,12 +127,7 @@ def build_manifest(model: str, version: int, artifact: Path, fmt: str, *, key: P
 def _extra(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
-    try:
-        given = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ToolError(f"--manifest {path}: {exc}") from None
-    if not isinstance(given, dict):
-        raise ToolError(f"--manifest {path}: a JSON object")
+    given = read_manifest(path)
     unknown = sorted(set(given) - set(EXTRA_FIELDS))
     if unknown:
         raise ToolError(f"--manifest {path}: this command writes {', '.join(unknown)} itself "

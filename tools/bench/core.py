@@ -179,11 +179,11 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     variants = ("cls", "cls_delay", "cls_nobatch")
     for name in variants:  # warm the threads and the batchers
         closed_loop(partial(scheduler.infer, name, {"x": x1}), clients=16, seconds=0.2)
-    before = {name: _stats(scheduler, name) for name in variants}
+    before = {name: batch_counts(scheduler, name) for name in variants}
     rates = rotating_rates({"direct_batch16": direct_batch16,
                             **{name: edged(name) for name in variants}}, rounds=rounds)
     for name in variants:
-        after = _stats(scheduler, name)
+        after = batch_counts(scheduler, name)
         rows, execs = after[0] - before[name][0], after[1] - before[name][1]
         results["throughput"][name] = {"images_per_s": rates[name],
                                        "mean_batch": rows / max(1, execs)}
@@ -197,7 +197,8 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     return results
 
 
-def _stats(scheduler: Scheduler, name: str) -> tuple[int, int]:
+def batch_counts(scheduler: Scheduler, name: str) -> tuple[int, int]:
+    """(rows run, batches run) by the batcher of `name` that serves its active version."""
     for b in scheduler.batchers():
         if b.name == name and b.version is None:
             return b.stats.inference_count, b.stats.exec_count

@@ -37,7 +37,7 @@ from edged.inference.loadspec import load_spec
 from edged.inference.precision import time_sessions
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
-from tools.bench.core import closed_loop, ort_session_of, rotating_rates
+from tools.bench.core import batch_counts, closed_loop, ort_session_of, rotating_rates
 from tools.bench.gpu_models import write_models
 
 CUDA_EP = "CUDAExecutionProvider"
@@ -135,14 +135,14 @@ def batching(workdir: Path, providers: tuple[str, ...],
             for clients in CLIENTS:
                 closed_loop(partial(scheduler.infer, name, x1), clients=min(clients, 4),
                             seconds=0.2)  # warm the threads and the batcher
-                before = _stats(scheduler, name)
+                before = batch_counts(scheduler, name)
                 runs: dict[str, Callable[[], tuple[int, float]]] = {
                     "on": partial(_edged, scheduler, name, x1, clients, window),
                     "off": partial(_edged, scheduler, f"{name}_nobatch", x1, clients, window)}
                 if clients == max(CLIENTS):
                     runs["direct_b16"] = partial(_direct, session, x16, window)
                 rates = rotating_rates(runs, rounds)
-                after = _stats(scheduler, name)
+                after = batch_counts(scheduler, name)
                 batches = max(1, after[1] - before[1])
                 rows.append({"model": name, "clients": clients, "on_per_s": rates["on"],
                              "off_per_s": rates["off"], "gain": rates["on"] / rates["off"],
@@ -164,13 +164,6 @@ def _direct(session: Any, x: dict[str, np.ndarray], window: float) -> tuple[int,
     """Back-to-back batches on the very session edged runs: (images, seconds)."""
     calls, elapsed = closed_loop(partial(session.run, None, x), clients=1, seconds=window)
     return calls * len(next(iter(x.values()))), elapsed
-
-
-def _stats(scheduler: Scheduler, name: str) -> tuple[int, int]:
-    for b in scheduler.batchers():
-        if b.name == name and b.version is None:
-            return b.stats.inference_count, b.stats.exec_count
-    return 0, 0
 
 
 def format_table(r: dict[str, Any]) -> str:
