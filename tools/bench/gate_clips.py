@@ -79,6 +79,13 @@ def read_clip(path: Path) -> tuple[list[np.ndarray], float]:
     return frames, fps
 
 
+def read_image(path: Path) -> np.ndarray:
+    image = cv2.imread(str(path))
+    if image is None:
+        raise RuntimeError(f"cannot read {path}")
+    return np.asarray(image)
+
+
 @dataclass(frozen=True)
 class Scene:
     """A clip made by `write_door`: where it is, its frame rate, its frames, and which of them
@@ -110,9 +117,9 @@ def door_timeline(hold: int = HOLD, idle: int = IDLE) -> list[tuple[int | None, 
 def write_door(corpus: Path, path: Path, *, hold: int = HOLD, seed: int = 0) -> Scene:
     """The `door` clip (module doc), MJPG at FPS, into `path`."""
     car, _fps = read_clip(corpus / "carphone.mp4")
-    ground = cv2.resize(cv2.imread(str(corpus / "gravel.png")), (WIDTH, HEIGHT),
+    ground = cv2.resize(read_image(corpus / "gravel.png"), (WIDTH, HEIGHT),
                         interpolation=cv2.INTER_AREA)
-    head = cv2.imread(str(corpus / "astronaut.png"))[0:230, 110:350]
+    head = read_image(corpus / "astronaut.png")[0:230, 110:350]
     head = cv2.resize(head, (FACE_SIZE * 240 // 230, FACE_SIZE), interpolation=cv2.INTER_AREA)
     ground[4:4 + FACE_SIZE, WIDTH - 4 - head.shape[1]:WIDTH - 4] = head
     rng = np.random.default_rng(seed)
