@@ -57,7 +57,7 @@ class GateConfig:
                                        "for a frame to go to the model (0.0005: 6 pixels of "
                                        "133x100; 0 = any changed pixel)",
                                check=between(0, 1))
-    pixel_threshold: int = setting(15, "grey levels (of 255) by which a thumbnail pixel must "
+    pixel_threshold: int = setting(12, "grey levels (of 255) by which a thumbnail pixel must "
                                        "differ from the last inferred frame's to count as "
                                        "changed: above the camera's noise",
                                    check=between(1, 254))

@@ -27,6 +27,7 @@ import itertools
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from edged.streams.config import GateConfig, StreamConfig
 from edged.streams.events_stage import EventsStage
 from edged.streams.gate import ChangeGate
 from edged.streams.pipeline import StreamPipeline
+from edged.streams.stats import StreamStats
 
 START = 1_700_000_000.0  # the clips' wall clock at their first frame (ids and times compare)
 WIDTH, HEIGHT = 512, 288
@@ -101,17 +103,26 @@ class Scene:
         return 1 - len(self.moving) / self.frames
 
 
-def door_timeline(hold: int = HOLD, idle: int = IDLE) -> list[tuple[int | None, bool]]:
-    """Per frame: the tile's left edge (None: no tile) and whether it moved into this frame."""
+def timeline(passes: Sequence[Sequence[int]], *, speed: int, hold: int, idle: int,
+             width: int, tile: int) -> list[tuple[int | None, bool]]:
+    """Per frame: the tile's left edge (None: out of the frame) and whether it moved into
+    this frame. Each pass goes from stop to stop at `speed` pixels a frame and holds `hold`
+    frames at each stop; `idle` frames with no tile come first and after each pass (a pass
+    starts and ends out of the frame, `tile` pixels wide in a frame `width` wide)."""
     out: list[tuple[int | None, bool]] = [(None, False)] * idle
-    for stops in (PASS_RIGHT, PASS_LEFT):
+    for stops in passes:
         for i, (a, b) in enumerate(itertools.pairwise(stops)):
-            steps = max(1, round(abs(b - a) / SPEED))
+            steps = max(1, round(abs(b - a) / speed))
             out += [(round(a + (b - a) * (s + 1) / steps), True) for s in range(steps)]
             last = i == len(stops) - 2
             out += [(None if last else b, False)] * (idle if last else hold)
-    return [(None if x is not None and (x <= -176 or x >= WIDTH) else x, moved)
+    return [(None if x is not None and (x <= -tile or x >= width) else x, moved)
             for x, moved in out]
+
+
+def door_timeline(hold: int = HOLD) -> list[tuple[int | None, bool]]:
+    return timeline((PASS_RIGHT, PASS_LEFT), speed=SPEED, hold=hold, idle=IDLE, width=WIDTH,
+                    tile=176)
 
 
 def write_door(corpus: Path, path: Path, *, hold: int = HOLD, seed: int = 0) -> Scene:
@@ -221,6 +232,7 @@ class Run:
     compute_ms: float
     wall_s: float
     messages: list[tuple[float, str, bytes]]
+    stats: StreamStats  # the stream's, at the end
 
 
 def stream_config(model: str, clip: Path, gate: bool, **events: Any) -> StreamConfig:
@@ -255,7 +267,7 @@ def play(scheduler: Scheduler, cfg: StreamConfig, clip: Path, *,
     calls = after[0] - before[0]
     return Run(stats.source.frames_in, calls, stats.gated, stats.source.dropped,
                (after[1] - before[1]) / 1e6 / max(1, after[2] - before[2]), wall,
-               recorder.messages)
+               recorder.messages, stats)
 
 
 def _done(pipeline: StreamPipeline) -> bool:
