@@ -147,7 +147,7 @@ def write_door(corpus: Path, path: Path, *, hold: int = HOLD, seed: int = 0) -> 
                 tile = car[played % len(car)]
                 left, right = max(0, x), min(WIDTH, x + tile.shape[1])
                 frame[TILE_Y:TILE_Y + tile.shape[0], left:right] = tile[:, left - x:right - x]
-            noisy = frame + rng.normal(0.0, NOISE, frame.shape)
+            noisy = frame + rng.standard_normal(frame.shape, np.float32) * NOISE
             writer.write(np.clip(noisy, 0, 255).astype(np.uint8))
     finally:
         writer.release()
@@ -223,7 +223,7 @@ class RecordingStage(EventsStage):
 @dataclass
 class Run:
     """One play of a clip: frames, model calls (the scheduler's own count), frames the gate
-    held back, the model's compute per call, wall time, and what was published."""
+    held back, the model's compute per frame it ran, wall time, and what was published."""
 
     frames: int
     calls: int
@@ -277,10 +277,11 @@ def _done(pipeline: StreamPipeline) -> bool:
 
 
 def _counts(scheduler: Scheduler, model: str) -> tuple[int, int, int]:
-    """(requests answered or failed, compute ns, batch executions) of the model so far."""
+    """(requests answered or failed, compute ns, frames computed) of the model so far (a
+    batch execution's compute is shared by the frames it ran)."""
     rows = [c for c in scheduler.counters() if c.model == model]
     return (sum(c.success + c.failure for c in rows), sum(c.compute_ns for c in rows),
-            sum(c.exec_count for c in rows))
+            sum(c.inference_count for c in rows))
 
 
 # -- what a run published, side by side ------------------------------------------------------
