@@ -8,9 +8,11 @@ message, with the frame each message came from."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import cv2
 import make_test_models
@@ -19,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.backends import options
 
+from edged.core.errors import InferenceFailed
 from edged.events.config import LineConfig, ZoneConfig
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
@@ -163,3 +166,37 @@ def test_stream_set_when_a_detect_stream_tracks_gates_it_unless_frames_were_aske
     finally:
         streams.stop()
     assert gates == {"auto": True, "frames": False, "cls": False, "cls_on": True}
+
+
+class FailingOnce:
+    """The real scheduler, but the first frame submitted fails (a backend error)."""
+
+    def __init__(self, real: Scheduler) -> None:
+        self.real = real
+        self.submitted = 0
+
+    def submit(self, model: str, inputs: Mapping[str, np.ndarray], **kw: Any) -> Future[Any]:
+        self.submitted += 1
+        if self.submitted == 1:
+            failed: Future[Any] = Future()
+            failed.set_exception(InferenceFailed("the backend failed"))
+            return failed
+        return self.real.submit(model, inputs, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_gated_stream_when_a_frame_fails_in_the_model_looks_again_at_the_next(
+        scheduler: Scheduler, clip: tuple[Path, list[int]]) -> None:
+    """The model never saw the failed frame's picture: the gate must not hold the frames after
+    it against that picture (the scene starts empty and still, so it would have, for 60 s)."""
+    path, moving = clip
+    flaky = FailingOnce(scheduler)
+    cfg = stream_config("det_yolov8", path, True, zones=[ZONE], lines=[LINE])
+    cfg = cfg.__class__(**{**cfg.__dict__, "gate": GateConfig(enabled=True, max_skip_s=60.0)})
+    gated = play(flaky, cfg, path, timeout_s=60)  # type: ignore[arg-type]
+    assert gated.stats.failed == 1
+    assert flaky.submitted == 2 + len(moving)  # the failed look, a second one, every move
+    assert gated.stats.processed == 1 + len(moving)
+    assert outcome(gated).events["new"] == 2  # the objects came all the same
