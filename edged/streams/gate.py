@@ -44,7 +44,8 @@ def wanted(cfg: GateConfig, *, tracking: bool, frames: bool, pictures: bool) -> 
 
 def thumbnail(frame: np.ndarray, height: int) -> np.ndarray:
     """A grey, slightly blurred copy of the frame at most `height` rows high (the frame's
-    aspect kept): the gate's only copies of a frame are this and its 2x sample (a few kB)."""
+    aspect kept). The gate's only copies of a frame are this (13 kB at 133x100) and the
+    colour sample at twice its size (160 kB), whatever the camera's resolution."""
     h, w = frame.shape[:2]
     rows = min(height, h)
     cols = max(1, round(w * rows / h))
