@@ -17,7 +17,7 @@ from edged.inference.config import CacheConfig
 from edged.mqtt.config import MqttConfig, check_requests
 from edged.ota.config import OtaConfig
 from edged.service.config import HealthConfig, LoggingConfig
-from edged.streams.config import STREAM_SCHEMES, StreamConfig
+from edged.streams.config import STREAM_SCHEMES, StreamConfig, check_stream_gate
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")  # what `edged run` reads without --config
 
@@ -42,8 +42,9 @@ class DaemonConfig:
 
 
 def check_streams(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
-    """Stream names are unique, each source has a scheme edged can read, and zone and line
-    names are unique within their stream."""
+    """Stream names are unique, each source has a scheme edged can read, zone and line names
+    are unique within their stream, and a change gate is asked for only where there are
+    pictures."""
     issues = []
     seen: set[str] = set()
     for i, stream in enumerate(parsed.value.streams):
@@ -57,6 +58,7 @@ def check_streams(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
         elif scheme not in STREAM_SCHEMES:
             issues.append(parsed.issue(f"{at}.source", f"unsupported scheme {scheme!r}"))
         issues += check_stream_events(parsed, at, stream)
+        issues += check_stream_gate(parsed, at, stream)
     return issues
 
 

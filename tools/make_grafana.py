@@ -83,9 +83,11 @@ PANELS: list[tuple[str, str, str, list[dict[str, str]], int, int]] = [
         {"expr": f"sum by (model) (increase(edged_model_evictions_total{{{M}}}[{R}]))",
          "legend": "{{model}} evictions"}], 12, 8),
     ("Streams", "row", "", [], WIDTH, 1),
-    ("Frames processed / s", "timeseries", "fps", [
+    ("Frames through the model, and held back by the change gate / s", "timeseries", "fps", [
         {"expr": f"sum by (stream) (rate(edged_stream_frames_processed_total{{{S}}}[{R}]))",
-         "legend": "{{stream}}"}], 12, 8),
+         "legend": "{{stream}} processed"},
+        {"expr": f"sum by (stream) (rate(edged_stream_frames_gated_total{{{S}}}[{R}]))",
+         "legend": "{{stream}} gated (picture unchanged)"}], 12, 8),
     ("Capture to result latency", "timeseries", "s", [
         {"expr": f'edged_stream_latency_seconds{{{S}, quantile="0.5"}}',
          "legend": "{{stream}} p50"},

@@ -29,10 +29,11 @@ def render(report: dict[str, Any]) -> str:
     streams = report.get("streams", {})
     lines.append("")
     if streams:
-        lines += _table(["STREAM", "STATE", "MODEL", "DECODER", "IN", "DONE", "DROPPED",
-                         "RECONN", "LAST ERROR"], [
+        lines += _table(["STREAM", "STATE", "MODEL", "DECODER", "IN", "DONE", "GATED",
+                         "DROPPED", "RECONN", "LAST ERROR"], [
             (name, s["state"], s["model"], s.get("decoder") or "-", str(s["frames_in"]),
-             str(s["processed"]), str(s["dropped"]), str(s["reconnects"]),
+             str(s["processed"]), str(s.get("gated", 0)), str(s["dropped"]),
+             str(s["reconnects"]),
              _short(s.get("last_error") or ""))
             for name, s in sorted(streams.items())])
     else:

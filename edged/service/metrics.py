@@ -127,6 +127,8 @@ _STREAM_COUNTERS = (
     ("edged_stream_frames_processed", "frames through the model and post-processing",
      "processed"),
     ("edged_stream_frames_dropped", "frames the full queue dropped or refused", "dropped"),
+    ("edged_stream_frames_gated", "frames the change gate kept from the model: their picture "
+                                  "had not changed (the last answer held)", "gated"),
     ("edged_stream_frames_failed", "frames that failed on the way through the model", "failed"),
     ("edged_stream_frames_skipped", "frames read but not offered: over the stream's fps limit",
      "skipped"),
@@ -146,7 +148,7 @@ class StreamCollector(Collector):
         for family, help_text, key in _STREAM_COUNTERS:
             metric = CounterMetricFamily(family, help_text, labels=["stream"])
             for name, stats in rows:
-                owner = stats if key in ("processed", "failed") else stats.source
+                owner = stats if key in ("processed", "failed", "gated") else stats.source
                 metric.add_metric([name], getattr(owner, key))
             yield metric
         latency = GaugeMetricFamily("edged_stream_latency_seconds", "capture to result, over "

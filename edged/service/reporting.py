@@ -1,5 +1,5 @@
 """What the daemon tells the fleet besides results: the periodic `stats` message (per stream
-fps in/processed/dropped, latency percentiles, queue depth, reconnects; per model its state,
+fps in/processed/dropped/gated, latency percentiles, queue depth, reconnects; per model its state,
 last load time, loads and evictions; requests by outcome, refused and timed out included; the
 MQTT link's own counters; the process's memory and uptime; GPUs when NVML sees any, or a
 Jetson's integrated one with its sysfs telemetry under `jetson`) and each model's retained
@@ -21,7 +21,8 @@ from edged.inference.batching import InferenceCounters
 from edged.inference.modelstatus import ModelCounters, ModelStatus
 from edged.streams.pipeline import StreamPipeline
 
-RATES = {"fps_in": "frames_in", "fps_processed": "processed", "fps_dropped": "dropped"}
+RATES = {"fps_in": "frames_in", "fps_processed": "processed", "fps_dropped": "dropped",
+         "fps_gated": "gated"}
 
 
 class Reporter:

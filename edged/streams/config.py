@@ -4,9 +4,10 @@ back-pressure, cascades, and what its detections become (the events room's setti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from edged.core.schema import at_least, between, check_name, setting
+from edged.core.errors import ConfigIssue
+from edged.core.schema import Parsed, at_least, between, check_name, setting
 from edged.events.config import (
     LineConfig,
     PublishConfig,
@@ -40,6 +41,31 @@ class SecondaryConfig:
                                  check=between(0, 1))
     max_crops: int = setting(8, "crops per frame at most: the best-scoring detections",
                              check=at_least(1))
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Change gating (`edged/streams/gate.py`): a frame goes to the model only when its picture
+    changed since the frame the model last saw, and at least every `max_skip_s`; between, the
+    last answer holds (tracked objects stay where they were)."""
+
+    enabled: Literal["auto", True, False] = setting(
+        "auto", "auto = on for a detect stream that tracks objects and publishes no per-frame "
+        "results (the default detect stream), off for the others; true on any camera stream "
+        "(gated frames then publish no result); false = every frame goes to the model")
+    threshold: float = setting(0.0005, "share of the thumbnail's pixels that must have changed "
+                                       "for a frame to go to the model (0.0005: 6 pixels of "
+                                       "133x100; 0 = any changed pixel)",
+                               check=between(0, 1))
+    pixel_threshold: int = setting(12, "grey levels (of 255) by which a thumbnail pixel must "
+                                       "differ from the last inferred frame's to count as "
+                                       "changed: above the camera's noise",
+                                   check=between(1, 254))
+    max_skip_s: float = setting(2.0, "a frame goes to the model at least this often (seconds "
+                                     "of capture time), changed or not", check=at_least(0))
+    height: int = setting(100, "the thumbnail's height in pixels (its width keeps the frame's "
+                               "aspect): the change is measured at this resolution",
+                          check=between(8, 2160))
 
 
 @dataclass(frozen=True)
@@ -89,3 +115,14 @@ class StreamConfig:
     snapshots: SnapshotsConfig = setting(factory=SnapshotsConfig,
                                          help="each object's best frame as a JPEG")
     publish: PublishConfig = setting(factory=PublishConfig, help="what the stream publishes")
+    gate: GateConfig = setting(factory=GateConfig, help="change gating: frames whose picture "
+                                                        "did not change skip the model")
+
+
+def check_stream_gate(parsed: Parsed[Any], path: str, stream: StreamConfig) -> list[ConfigIssue]:
+    """A gate measures pictures: `gate.enabled: true` on a sensor stream is refused (`path`:
+    the stream's key path, e.g. `streams[0]`)."""
+    if stream.gate.enabled is True and stream.source.startswith("mqtt://"):
+        return [parsed.issue(f"{path}.gate.enabled", "a change gate measures pictures; "
+                                                     "mqtt:// sensor streams have none")]
+    return []

@@ -7,7 +7,9 @@ each in an input buffer of the stream's own small pool, so pre-processing the ne
 overlaps inference of the last and memory stays flat whatever the model's speed. Publishing
 hands a message to the MQTT link, which never blocks either. A detect stream's events stage
 (`edged/streams/events_stage.py`) sees each frame's detections after the cascades added their
-sub_labels, on this same thread and outside the stats lock.
+sub_labels, on this same thread and outside the stats lock. A stream with a change gate
+(`edged/streams/gate.py`) sends a frame to the model only when its picture changed; the frames
+it holds back take their place in the window and get the last answer (`_hold`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from edged.sources import Frame, Source, worth_logging
 from edged.streams.cascade import Cascade, run_all
 from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsStage
+from edged.streams.gate import ChangeGate
 from edged.streams.live import LiveView, answer_of
 from edged.streams.stats import Percentiles, StreamStats
 
@@ -50,7 +53,7 @@ LATENCY_WINDOW = 1024
 class _InFlight:
     frame: Frame
     geometry: Geometry | None
-    future: Future[Outputs]
+    future: Future[Outputs] | None  # None: the gate held the frame back (the last answer holds)
     buffer: np.ndarray | None
     model: ModelVersion
     submitted: float
@@ -61,6 +64,7 @@ class PipelineStats:
     processed: int = 0
     failed: int = 0
     secondary_failed: int = 0  # frames published without what a secondary model would add
+    gated: int = 0  # frames the change gate kept from the model (their scene had not changed)
     last_error: str | None = None
 
 
@@ -68,10 +72,11 @@ class StreamPipeline:
     def __init__(self, cfg: StreamConfig, source: Source, scheduler: Scheduler,
                  publish: Publish | None, *, backend_of: Callable[[str, int], str] | None = None,
                  cascades: Sequence[Cascade] = (), events: EventsStage | None = None,
-                 live: LiveView | None = None,
+                 live: LiveView | None = None, gate: ChangeGate | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`publish` takes each frame's results (None: the stream publishes none); `events`
-        tracks a detect stream's detections; `live` keeps the latest frame for pictures."""
+        tracks a detect stream's detections; `live` keeps the latest frame for pictures;
+        `gate` keeps frames whose picture did not change from the model."""
         self.cfg = cfg
         self.events = events
         self.live = live
@@ -79,6 +84,7 @@ class StreamPipeline:
         self.source = source
         self.scheduler = scheduler
         self.publish = publish
+        self.gate = gate
         self.backend_of = backend_of or (lambda name, version: "unknown")
         self.clock = clock
         self.stats = PipelineStats()
@@ -88,6 +94,7 @@ class StreamPipeline:
         self._thread: threading.Thread | None = None
         self._free: list[np.ndarray] = []
         self._version: tuple[ModelVersion, Postprocessor, str] | None = None
+        self._answer: tuple[dict[str, Any], Geometry | None] | None = None  # the last one
         self._beat: float | None = None  # each time round the loop (the health tick reads it)
         self.started_at: float | None = None
 
@@ -148,8 +155,12 @@ class StreamPipeline:
                     window.append(item)
             if not window:
                 continue
+            future = window[0].future
+            if future is None:  # held back by the gate: its turn comes after the frames before
+                self._hold(window.popleft())
+                continue
             try:
-                outputs = window[0].future.result(timeout=0.2)
+                outputs = future.result(timeout=0.2)
             except FutureTimeout:
                 continue
             except EdgedError as exc:
@@ -162,6 +173,9 @@ class StreamPipeline:
         buffer = None
         try:
             model = self.scheduler.model(self.cfg.model)
+            if self.gate is not None and not self.gate.admit(
+                    frame.data, frame.captured_mono, (model.name, model.version)):
+                return _InFlight(frame, None, None, None, model, self.clock())
             inputs, geometry, buffer = self._inputs(frame, model)
             future = self.scheduler.submit(self.cfg.model, inputs, priority=self.cfg.priority)
         except EdgedError as exc:  # model missing or failing to load, frame not an input
@@ -195,6 +209,8 @@ class StreamPipeline:
             return
         if self.cascades and item.geometry is not None:
             self._run_cascades(item.frame, results)
+        if self.gate is not None:
+            self._answer = (results, item.geometry)
         frame = item.frame
         found = results.get("detections")
         if self.events is not None:
@@ -229,6 +245,25 @@ class StreamPipeline:
         if self.publish is not None:
             self.publish(self.cfg.name, compact(message))
 
+    def _hold(self, item: _InFlight) -> None:
+        """A frame the gate kept from the model: its picture is the one the model last saw,
+        so that answer holds. The events stage gets the answer's detections again at this
+        frame's time (objects stay alive where they were; no snapshot from an unseen frame),
+        the live view gets the frame; nothing is published for it, and no latency counted."""
+        with self._lock:
+            self.stats.gated += 1
+        if self._answer is None:  # nothing answered yet (the model failed so far)
+            return
+        results, geometry = self._answer
+        frame = item.frame
+        if self.events is not None:
+            found = results.get("detections")
+            self.events.frame(frame.captured, found if isinstance(found, Detections)
+                              else Detections.empty(), None)
+        if self.live is not None and geometry is not None:
+            self.live.record(frame.seq, frame.captured, frame.data, results,
+                             self.events.visible if self.events is not None else None)
+
     def _run_cascades(self, frame: Frame, results: dict[str, Any]) -> None:
         """Secondary models on this frame's detections. A failure is counted and logged; the
         frame is still published with what the primary model found."""
@@ -259,6 +294,8 @@ class StreamPipeline:
 
     def _failed(self, frame: Frame, buffer: np.ndarray | None, error: EdgedError) -> None:
         self._release(buffer)
+        if self.gate is not None:  # the model has not seen this picture: the next frame goes
+            self.gate.reset()
         with self._lock:
             self.stats.failed += 1
             self.stats.last_error = str(error)
@@ -283,11 +320,12 @@ class StreamPipeline:
             counts = self.stats
             processed, failed, secondary = counts.processed, counts.failed, \
                 counts.secondary_failed
-            frame_error = counts.last_error
+            frame_error, gated = counts.last_error, counts.gated
         latency = Percentiles.of(latencies)
         source = self.source.read_stats()
         events = self.events.read_stats() if self.events is not None else None
-        return StreamStats(processed, failed, secondary, frame_error, source, events, latency)
+        return StreamStats(processed, failed, secondary, frame_error, source, events, latency,
+                           gated)
 
     def view(self) -> dict[str, Any]:
         """What a person looks at (the status report, the page, the terminal): fps now, the

@@ -46,7 +46,8 @@ class StreamStats:
     """One stream: frames through the model (`processed`), failed on the way (`failed`), or
     published without what a secondary model would add (`secondary_failed`); the last frame
     error; its source's counters and state; its events stage's; the latency from capture to
-    publish over the last frames."""
+    publish over the last frames; frames the change gate kept from the model (`gated`: their
+    picture had not changed; apart from the source's back-pressure `dropped`)."""
 
     processed: int
     failed: int
@@ -55,10 +56,13 @@ class StreamStats:
     source: SourceStats
     events: EventsStats | None = None
     latency_ms: Percentiles | None = None
+    gated: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The published row (stats message, status report). Its `last_error` is the
-        source's: the row has one key for both, and the source's is what it has shown."""
+        source's: the row has one key for both, and the source's is what it has shown.
+        `gated` came later than the other keys and is the row's last (their bytes are as
+        they were)."""
         row: dict[str, Any] = {"processed": self.processed, "failed": self.failed,
                                "secondary_failed": self.secondary_failed, "last_error": None}
         row.update(_flat(self.source))  # its last_error takes the key's place
@@ -66,6 +70,7 @@ class StreamStats:
             row.update(_flat(self.events))
         if self.latency_ms is not None:
             row["latency_ms"] = dataclasses.asdict(self.latency_ms)
+        row["gated"] = self.gated
         return row
 
 

@@ -2,8 +2,9 @@
 stopped in order (captures first, then the frames in the model), and restarted by name on a
 reload while the others keep flowing. What a stream publishes is settled when it starts, by
 its model's kind: a detect stream gets an events stage (and then, by default, publishes no
-per-frame results), the others publish every frame's results. Status, metrics, stats and the
-health tick read it through immutable snapshots, never through a list they could change."""
+per-frame results, and a change gate), the others publish every frame's results. Status,
+metrics, stats and the health tick read it through immutable snapshots, never through a list
+they could change."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from edged.sources.sensor import Subscribe
 from edged.streams.cascade import Cascade
 from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsHub, EventsStage
+from edged.streams.gate import ChangeGate, wanted
 from edged.streams.live import LiveView
 from edged.streams.pipeline import Publish, StreamPipeline
 from edged.streams.stats import StreamStats
@@ -120,10 +122,17 @@ class StreamSet:
             return None
         live = None if source.kind == "sensor" else \
             LiveView(cfg, state=lambda: str(source.state), max_viewers=self.live_viewers)
+        gate = None
+        if wanted(cfg.gate, tracking=events is not None, frames=output.frames,
+                  pictures=source.kind != "sensor"):
+            gate = ChangeGate(cfg.gate)
+            logger.info("stream %s: change gate on (frames go to the model when over %g of "
+                        "the picture changed, at least every %g s)", cfg.name,
+                        cfg.gate.threshold, cfg.gate.max_skip_s, extra={"stream": cfg.name})
         pipeline = StreamPipeline(cfg, source, self.scheduler,
                                   self.publish if output.frames else None,
                                   backend_of=self.backend_of, cascades=cascades, events=events,
-                                  live=live)
+                                  live=live, gate=gate)
         pipeline.start()
         return pipeline
 

@@ -163,3 +163,22 @@ def test_bench_gpu_when_no_gpu_skips_the_gpu_cases_and_dry_runs_the_rest_on_the_
         (m, c) for m in ("cls", "yolo") for c in (1, 8)]
     (stream,) = results["pipeline"]  # the model on the CPU EP: one case, not two
     assert stream["model_on"] == "CPUExecutionProvider" and stream["frames"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_gate_when_run_quick_plays_each_real_clip_gated_and_not(
+        real_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["gate", "--quick", "--out", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "gated / ungated" in table and "what subscribers learnt" in table
+    results = json.loads((tmp_path / "gate.json").read_text())
+    assert set(results["clips"]) == {"door", "carphone"}
+    for clip in results["clips"].values():
+        ungated, gated = clip["runs"]["ungated"], clip["runs"]["gated"]
+        assert ungated["calls"] == ungated["frames"] == gated["frames"]  # every frame counted
+        assert gated["calls"] + gated["gated"] == gated["frames"]
+        assert clip["max_lag_frames"] is not None  # both runs told the same story to compare
+    assert results["clips"]["door"]["runs"]["gated"]["gated"] > 0
+    assert len(results["gate_cost"]) == 4 and results["model_compute_ms"] > 0
+    assert all(c["p50_us"] > 0 for c in results["gate_cost"].values())

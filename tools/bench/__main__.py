@@ -1,6 +1,6 @@
 """Run one benchmark from a source checkout and print its table:
-`python -m tools.bench {core,api,instances,streams,live,ota,quantize,post,events,soak,
-instructions,shmviews,fleet,gpu} [--quick]
+`python -m tools.bench {core,api,instances,streams,gate,live,ota,quantize,post,events,
+soak,instructions,shmviews,fleet,gpu} [--quick]
 [--out DIR]` (`soak` also takes `--minutes N`).
 
 Benchmarks are the operator's and the developer's tool, not the device's: they need the
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tools.bench.assets import run_and_report
 
-SUITES = ("core", "api", "instances", "streams", "live", "ota", "quantize", "post", "events",
-          "soak", "instructions", "shmviews", "fleet",
+SUITES = ("core", "api", "instances", "streams", "gate", "live", "ota", "quantize", "post",
+          "events", "soak", "instructions", "shmviews", "fleet",
           "gpu")
 
 

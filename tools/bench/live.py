@@ -136,7 +136,10 @@ def run_live(workdir: Path, *, quick: bool) -> dict[str, Any]:
     stream = (f"[{{name: cam, source: 'file://{video}', model: grid_det, loop: true, "
               f"labels: [red, green, blue], zones: [{{name: right, polygon: [[{side // 2}, 0], "
               f"[{side}, 0], [{side}, {side}], [{side // 2}, {side}]]}}], lines: [{{name: "
-              f"middle, points: [[{side // 2}, {side}], [{side // 2}, 0]]}}]}}]")
+              f"middle, points: [[{side // 2}, {side}], [{side // 2}, 0]]}}], "
+              # every frame through the model, as before the change gate: CPU per frame
+              # compares across runs (`tools.bench gate` measures the gate)
+              f"gate: {{enabled: false}}}}]")
     config = edged_config(workdir, preload=["grid_det"], http=address, streams=stream)
     config = config.replace("api: {", f"api: {{live_fps: {LIVE_FPS}, ", 1)
     rounds, seconds, settle = (1, 3.0, 1.0) if quick else (3, 8.0, 1.5)

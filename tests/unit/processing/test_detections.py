@@ -54,12 +54,15 @@ def test_detections_when_empty_publish_an_empty_list() -> None:
 def test_stream_stats_when_published_keep_the_rows_keys_in_order() -> None:
     source = CameraStats(SourceState.STREAMING, 10, 1, 2, 0, 0, 1, "timeout", 1, "ffmpeg")
     stats = StreamStats(9, 1, 0, "frame 3 failed", source,
-                        EventsStats(5, 0, Percentiles(0.25, 1.5)), Percentiles(12.0, 30.5))
+                        EventsStats(5, 0, Percentiles(0.25, 1.5)), Percentiles(12.0, 30.5),
+                        gated=4)
     row = stats.as_dict()
+    # `gated` (issue 38) is the last key: every key before it keeps its place and bytes.
     assert list(row) == ["processed", "failed", "secondary_failed", "last_error", "state",
                          "frames_in", "dropped", "skipped", "rejected", "reconnects", "errors",
                          "queue_depth", "decoder", "events_published", "events_failed",
-                         "events_ms", "latency_ms"]
+                         "events_ms", "latency_ms", "gated"]
+    assert row["gated"] == 4
     assert row["last_error"] == "timeout"  # the source's: the one key the row has for both
     assert row["events_ms"] == {"p50": 0.25, "p99": 1.5}
 

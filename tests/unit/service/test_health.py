@@ -140,7 +140,7 @@ def test_status_render_when_stuck_shows_health_first_and_every_part() -> None:
                     "providers": [], "load_seconds": None, "reason": "bad file"}],
         "queues": {"m": {"queued": 1, "pending": 2, "batches": 9}},
         "streams": {"cam": {"state": "reconnecting", "model": "m", "frames_in": 10,
-                            "processed": 9, "dropped": 1, "reconnects": 3,
+                            "processed": 9, "gated": 6, "dropped": 1, "reconnects": 3,
                             "last_error": "no frames for 10 s", "decoder": "nvv4l2decoder"}},
         "mqtt": {"connected": False, "published": 5, "buffered": 2, "dropped": 0},
         "process": {"rss_bytes": 200 * 2**20},
@@ -158,7 +158,8 @@ def test_status_render_when_stuck_shows_health_first_and_every_part() -> None:
     assert "d:1    READY        tensorrt     dla0  42.0s  TensorRT 10.3.0 fp16 DLA0+GPU" in text
     assert "n:1    UNAVAILABLE  -            -     -      bad file" in text
     assert "m      1        1         9" in text
-    assert ("cam     reconnecting  m      nvv4l2decoder  10  9     1        3       "
+    assert "STREAM  STATE         MODEL  DECODER        IN  DONE  GATED  DROPPED" in text
+    assert ("cam     reconnecting  m      nvv4l2decoder  10  9     6      1        3       "
             "no frames for 10 s") in text
     assert "mqtt: NOT connected, published 5, buffered while offline 2, dropped 0" in text
     assert "process: rss 200 MiB" in text

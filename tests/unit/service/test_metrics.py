@@ -47,7 +47,8 @@ def stream(state: str, **counts: int) -> StreamStats:
     row = {**row, **counts}
     source = SourceStats(SourceState(state), row["frames_in"], row["dropped"], row["skipped"],
                          row["rejected"], row["reconnects"], 0, None, row["queue_depth"])
-    return StreamStats(row["processed"], row["failed"], 0, None, source)
+    return StreamStats(row["processed"], row["failed"], 0, None, source,
+                       gated=row.get("gated", 0))
 
 
 def link_stats() -> dict[str, Any]:
@@ -62,8 +63,8 @@ def test_metrics_when_every_source_is_given_exposes_each_family_with_its_labels(
         inference, models,
         loads=lambda: [ModelCounters("det", loads=3, failed_loads=1, evictions=2,
                                      load_seconds={1: 0.25, 2: 1.5})],
-        streams=lambda: {"door": stream("streaming", frames_in=300, processed=290, dropped=7,
-                                        failed=3, reconnects=1, queue_depth=2),
+        streams=lambda: {"door": stream("streaming", frames_in=300, processed=40, gated=250,
+                                        dropped=7, failed=3, reconnects=1, queue_depth=2),
                          "yard": stream("reconnecting", reconnects=4)},
         link=link_stats,
         gpus=lambda: [GpuStats(0, "H100", 3 << 30, 80 << 30, 42),
@@ -75,7 +76,7 @@ def test_metrics_when_every_source_is_given_exposes_each_family_with_its_labels(
     assert value(found, "edged_model_loads_total", model="det", outcome="ok") == 3
     assert value(found, "edged_model_loads_total", model="det", outcome="failed") == 1
     assert value(found, "edged_model_evictions_total", model="det") == 2
-    for name, expected in [("frames_in", 300), ("frames_processed", 290),
+    for name, expected in [("frames_in", 300), ("frames_processed", 40), ("frames_gated", 250),
                            ("frames_dropped", 7), ("frames_failed", 3), ("reconnects", 1)]:
         assert value(found, f"edged_stream_{name}_total", stream="door") == expected
     assert value(found, "edged_stream_reconnects_total", stream="yard") == 4

@@ -20,7 +20,7 @@ from tests.support.jetson_sysfs import orin_root
 class FakePipeline:
     def __init__(self, name: str, **counts: int) -> None:
         self.cfg = SimpleNamespace(name=name)
-        self.counts = {"frames_in": 0, "processed": 0, "dropped": 0, **counts}
+        self.counts = {"frames_in": 0, "processed": 0, "dropped": 0, "gated": 0, **counts}
 
     def read_stats(self) -> SimpleNamespace:  # a StreamStats as the reporter reads it
         return SimpleNamespace(as_dict=lambda: dict(self.counts))
@@ -77,6 +77,18 @@ def test_stats_when_a_stream_is_replaced_under_its_name_starts_its_rates_afresh(
     pipelines[0].counts.update(frames_in=160, processed=150, dropped=3)
     row = reporter.stats()["streams"]["cam"]
     assert (row["fps_in"], row["fps_processed"], row["fps_dropped"]) == (30.0, 30.0, 3.0)
+
+
+def test_stats_when_a_gate_held_frames_back_reports_their_rate_apart_from_drops() -> None:
+    now = [0.0]
+    pipelines = [FakePipeline("door", frames_in=100, processed=20, gated=80)]
+    reporter = Reporter(lambda: pipelines, None, list, lambda: now[0], gpus=list)
+    reporter.stats()
+    now[0] += 2
+    pipelines[0].counts.update(frames_in=120, processed=24, gated=96)
+    row = reporter.stats()["streams"]["door"]
+    assert (row["fps_processed"], row["fps_gated"], row["fps_dropped"]) == (2.0, 8.0, 0.0)
+    assert list(row)[-4:] == ["fps_in", "fps_processed", "fps_dropped", "fps_gated"]
 
 
 def test_stats_when_requests_were_refused_or_timed_out_reports_them_per_model_version() -> None:
