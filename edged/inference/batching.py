@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edged.core.errors import InvalidInput
+from edged.inference.responses import Miss
 from edged.model.config import BatchingConfig
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec
@@ -59,6 +60,21 @@ class Request:
     deadline: float | None
     enqueued: float
     future: Pending = field(default_factory=Pending)
+    miss: Miss | None = None  # not in the response cache: its answer goes in under this
+    checked: Checked | None = None  # what its check came to (None: made by hand, unchecked)
+
+
+@dataclass(frozen=True, eq=False)
+class Checked:
+    """What checking a request's inputs against one model version came to: a request whose
+    inputs are known to be the same (same names, dtypes and shapes: the API's request plans)
+    may reuse it while that version is served."""
+
+    model: ModelVersion
+    rows: int
+    shape_key: ShapeKey
+    priority: int  # resolved: the model's default where the request named none
+    timeout_s: float | None  # resolved likewise; None: no timeout
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,27 @@ class BatchPolicy:
         """Triton sends without waiting out the delay when the batch cannot usefully grow."""
         return (blocked or rows >= self.max_batch
                 or (bool(self.preferred) and rows >= self.preferred[-1]))
+
+    def together(self, requests: list[Request], row_ns: int,
+                 max_ns: int = TOGETHER_MAX_NS) -> list[Request]:
+        """Of requests that arrived together, those from the first that make one batch to
+        run now on the caller's thread: none if it would not be cheap (`row_ns`, a row's
+        moving cost, times its rows over `max_ns`), or the model batches not, or waits for
+        more."""
+        if not self.batching or self.max_delay_s > 0 or not row_ns:
+            return []
+        batch: list[Request] = []
+        rows = 0
+        for request in requests:
+            if request.shape_key == requests[0].shape_key \
+                    and rows + request.rows <= self.max_batch:
+                batch.append(request)
+                rows += request.rows
+        while batch and self.trim(rows) < rows:  # a preferred size, as a worker cuts
+            rows -= batch.pop().rows
+        if row_ns * rows > max_ns:
+            return []
+        return batch
 
     def trim(self, rows: int) -> int:
         """The row count to send: the largest preferred size that fits, else all of them."""
@@ -296,6 +333,13 @@ class BatcherStats:
     request_ns: int = 0  # per request: its queue wait + its batch's compute
     success_ns: int = 0  # request_ns of the requests that succeeded
     fail_ns: int = 0  # request_ns of the requests whose batch failed
+    # Response cache (Triton's meanings): hits are in `success` (and their lookup in
+    # success_ns and request_ns) but ran no batch; a miss's lookup and insert add to its
+    # request's time.
+    cache_hits: int = 0
+    cache_hit_ns: int = 0
+    cache_misses: int = 0
+    cache_miss_ns: int = 0
     last_exec: float = 0.0  # clock time the last batch finished (the health tick reads it)
     last_inference_ms: int = 0  # wall clock (ms since the epoch) of the same, for clients
     # rows in a batch -> (batches of that size, their compute ns): Triton's batch_stats
@@ -321,6 +365,22 @@ class BatcherStats:
         else:
             self.success += requests
             self.success_ns += spent
+
+    def record_hit(self, ns: int) -> None:
+        """A request answered from the response cache in `ns` (as Triton: a success, no
+        queue time, no execution)."""
+        self.success += 1
+        self.success_ns += ns
+        self.request_ns += ns
+        self.cache_hits += 1
+        self.cache_hit_ns += ns
+
+    def record_miss(self, ns: int) -> None:
+        """A request not in the response cache whose answer went in; `ns`: lookup + insert."""
+        self.cache_misses += 1
+        self.cache_miss_ns += ns
+        self.success_ns += ns
+        self.request_ns += ns
 
     def __add__(self, other: BatcherStats) -> BatcherStats:
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
@@ -356,10 +416,15 @@ class InferenceCounters:
     pending: int  # requests queued now
     rejected: int = 0  # refused at submit: the queue was full (not in `failure`)
     timeouts: int = 0  # expired while queued, never run (also in `failure`)
+    cache_hits: int = 0  # answered from the response cache (also in `success`)
+    cache_hit_ns: int = 0
+    cache_misses: int = 0
+    cache_miss_ns: int = 0
 
     @classmethod
     def of(cls, model: str, version: int, stats: BatcherStats, pending: int
            ) -> InferenceCounters:
         return cls(model, version, stats.success, stats.failure, stats.inference_count,
                    stats.exec_count, stats.request_ns, stats.queue_ns, stats.compute_ns,
-                   pending, stats.rejected, stats.timeouts)
+                   pending, stats.rejected, stats.timeouts, stats.cache_hits,
+                   stats.cache_hit_ns, stats.cache_misses, stats.cache_miss_ns)

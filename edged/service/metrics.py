@@ -42,6 +42,14 @@ _COUNTERS = (
      "queue_ns", 1e-3),
     ("edged_inference_compute_infer_duration_us", "cumulative time in the model",
      "compute_ns", 1e-3),
+    ("edged_cache_num_hits_per_model", "requests answered from the response cache (also in "
+     "request_success)", "cache_hits", 1),
+    ("edged_cache_hit_duration_per_model", "cumulative microseconds looking up and reading out "
+     "response cache hits", "cache_hit_ns", 1e-3),
+    ("edged_cache_num_misses_per_model", "requests not in the response cache whose answers "
+     "went in", "cache_misses", 1),
+    ("edged_cache_miss_duration_per_model", "cumulative microseconds looking up and inserting "
+     "response cache misses", "cache_miss_ns", 1e-3),
 )
 
 
@@ -81,6 +89,26 @@ class InferenceCollector(Collector):
         yield ready
         yield size
         yield device
+
+
+class ResponseCacheCollector(Collector):
+    """The response cache as a whole (ResponseCache.snapshot): what it holds against its
+    budget, and what it let go to stay within it."""
+
+    def __init__(self, snapshot: Callable[[], Mapping[str, int]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._snapshot()
+        yield GaugeMetricFamily("edged_response_cache_bytes", "bytes the cached answers hold "
+                                "(arrays, keys, overhead)", value=now["bytes"])
+        yield GaugeMetricFamily("edged_response_cache_budget_bytes", "the response cache's "
+                                "budget (cache.responses_mb)", value=now["budget_bytes"])
+        yield GaugeMetricFamily("edged_response_cache_entries", "answers held",
+                                value=now["entries"])
+        yield CounterMetricFamily("edged_response_cache_evictions", "answers dropped, least "
+                                  "recently used first, to stay within the budget",
+                                  value=now["evictions"])
 
 
 class LoadCollector(Collector):
@@ -252,12 +280,14 @@ class Metrics:
                  loads: Callable[[], Iterable[ModelCounters]] | None = None,
                  streams: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
                  link: Callable[[], Mapping[str, Any] | None] | None = None,
+                 responses: Callable[[], Mapping[str, int]] | None = None,
                  gpus: Callable[[], Iterable[host.GpuStats]] = host.gpus,
                  jetson: Callable[[], TegraStats | None] = host.jetson) -> None:
         """`counters`: Scheduler.counters; `models`: ModelCache.status; `loads`:
         ModelCache.counters; `streams`: stream name -> StreamPipeline.snapshot(); `link`:
-        MqttLink.stats, or None while MQTT is off; `gpus`: host.gpus (NVML, or a Jetson's
-        sysfs); `jetson`: host.jetson (None off a Jetson)."""
+        MqttLink.stats, or None while MQTT is off; `responses`: ResponseCache.snapshot;
+        `gpus`: host.gpus (NVML, or a Jetson's sysfs); `jetson`: host.jetson (None off a
+        Jetson)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(InferenceCollector(counters, models))
         if loads is not None:
@@ -266,6 +296,8 @@ class Metrics:
             self.registry.register(StreamCollector(streams))
         if link is not None:
             self.registry.register(LinkCollector(link))
+        if responses is not None:
+            self.registry.register(ResponseCacheCollector(responses))
         self.registry.register(GpuCollector(gpus))
         self.registry.register(JetsonCollector(jetson))
         ProcessCollector(registry=self.registry)
