@@ -21,6 +21,7 @@ from edged.api.config import ApiConfig
 from edged.api.http.bodies import json_body
 from edged.api.http.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
 from edged.api.http.messages import Handler, Request, Response, json_response
+from edged.api.plans import MAX_HEADER_BYTES, PlanTable
 from edged.api.protocol import HEADER_LENGTH, InferRequest, decode_request, encode_response
 from edged.api.rawbinary import copies_body, decode_raw
 from edged.api.shm import Lease, ShmRegistry
@@ -31,7 +32,7 @@ from edged.core.states import ModelState
 from edged.inference.cache import ModelCache
 from edged.inference.instances import instance_count
 from edged.inference.loadspec import options_for
-from edged.inference.scheduler import Scheduler
+from edged.inference.scheduler import Admitted, Scheduler
 from edged.model.repository import ModelVersion
 
 DECODE_ON_THREAD_BYTES = 256 * 1024
@@ -55,6 +56,7 @@ class KServeRoutes:
         self.bodies = bodies
         self.handling = handling
         self.turns = Turns(scheduler)
+        self.plans = PlanTable()
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         model = "/v2/models/{model}"
@@ -146,58 +148,49 @@ class KServeRoutes:
         json_length = _json_length(request)
         body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
                                json_length)
-        head = len(body) if json_length is None else min(max(json_length, 0), len(body))
-        charge.add(head * (JSON_WEIGHT - 1))  # what parsing it will make of it, before it does
-        reader, charger = lease.read, charge.add
-        # The text hint where the decode may run on the loop (a large body is decoded on a
-        # thread, which may look the peer up itself): scanning it would copy it here.
-        names_shm = len(body) <= DECODE_ON_THREAD_BYTES and _names_shared_memory(body, head)
-        if names_shm:
-            await asker.resolve()  # off the loop over TCP; the decode below may run on it
-        if json_length == 0:  # a raw binary request: the body is the one input's bytes
-            model = self.scheduler.model(name, version)
-            if len(body) > DECODE_ON_THREAD_BYTES and copies_body(model):  # not on the loop
-                parsed = await asyncio.to_thread(decode_raw, model, body, charger)
-            else:
-                parsed = decode_raw(model, body, charger)
-        elif _slow_to_decode(body, names_shm, lease):  # not on the loop
-            parsed = await asyncio.to_thread(decode_request, body, json_length, read_shm=reader,
-                                             charge=charger)
+        scheduler = self.scheduler
+        # A header seen before for this model version: what checking it came to is reused
+        # (`edged.api.plans`); it names no shared memory, and parsing it is not charged for
+        # as it is not done.
+        plan = self.plans.find(name, version, body, json_length,
+                               lambda: scheduler.model(name, version)) \
+            if json_length != 0 else None
+        plannable = False
+        if plan is not None:
+            parsed = plan.request(body)
         else:
-            parsed = decode_request(body, json_length, read_shm=reader, charge=charger)
+            parsed, plannable = await self._decode(name, version, body, json_length, charge,
+                                                   lease, asker)
+        in_shm = False
         if parsed.outputs:  # most requests name none: every output comes back
-            _check_outputs(self.scheduler.model(name, version), parsed)
-            if any(out.shm is not None for out in parsed.outputs):
+            in_shm = any(out.shm is not None for out in parsed.outputs)
+            if in_shm:
                 await asker.resolve()  # before holding them here, on the loop
             for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
                 if out.shm is not None:
                     lease.hold(out.shm)
-        # Alone: no other request is being handled or arrived in this turn of the loop. A quick
-        # model then runs right here, with no hop to a worker thread and back (tiny_cls at c=1
-        # cost ~20% less server CPU per request, and the answer comes sooner). Requests that
-        # overlap for a model whose rows are cheap batch here at the end of the turn
-        # (`Turns`); for any other they go to the workers, where they batch and run beside
-        # each other while the loop keeps reading and answering.
-        scheduler = self.scheduler
-        if self.handling() == 1 and scheduler.quick(name, version):
-            future = scheduler.submit_or_run(name, parsed.inputs, version=version,
-                                             priority=parsed.priority,
-                                             timeout_s=parsed.timeout_s)
-        elif scheduler.cheap(name, version):
-            admitted = scheduler.admit(name, parsed.inputs, version=version,
-                                       priority=parsed.priority, timeout_s=parsed.timeout_s)
-            await self.turns.join(admitted)
-            future = admitted.future
-        else:
-            future = scheduler.submit(name, parsed.inputs, version=version,
-                                      priority=parsed.priority, timeout_s=parsed.timeout_s)
+        # The response cache (for models that opt in) never answers a request whose outputs
+        # go to shared memory.
+        admitted = scheduler.admit(
+            name, parsed.inputs, version=version, priority=parsed.priority,
+            timeout_s=parsed.timeout_s, checked=plan.checked if plan is not None else None,
+            cached=None if in_shm else tuple(out.name for out in parsed.outputs))
+        if plannable and not in_shm and admitted.request.checked is not None:
+            self.plans.learn(name, version, body, json_length, parsed,
+                             admitted.request.checked)
+        future = admitted.future
+        if not future.done():  # else answered from the response cache
+            await self._run(admitted, name, version)
         parsed.inputs = {}  # the batch owns them now; nothing here needs them
         outputs = future.result() if future.done() else await asyncio.wrap_future(future)
         served = future.version if future.version is not None else \
             self.cache.default_version(name)
-        parts, json_length = encode_response(name, served, parsed.id, outputs, parsed.outputs,
-                                             parsed.binary_default,
-                                             write_shm=lease.write)
+        if plan is not None:
+            parts, json_length = plan.encode(name, served, outputs)
+        else:
+            parts, json_length = encode_response(name, served, parsed.id, outputs,
+                                                 parsed.outputs, parsed.binary_default,
+                                                 write_shm=lease.write)
         if json_length is None:
             return Response(parts[0], content_type="application/json")
         headers = {HEADER_LENGTH: str(json_length)}
@@ -205,6 +198,54 @@ class KServeRoutes:
             return Response(b"".join(parts), headers=headers)
         # Large tensor bytes go out as they are: joining them to the JSON would copy them again.
         return Response(parts=list(parts), headers=headers)
+
+    async def _decode(self, name: str, version: int | None, body: memoryview,
+                      json_length: int | None, charge: Charge, lease: Lease,
+                      asker: Asker) -> tuple[InferRequest, bool]:
+        """The full path: parse and check the request (JSON, or a raw binary body), charging
+        what parsing makes before it does; a large body is decoded off the loop. Also
+        whether a plan may be learned from it: a JSON header small enough, that names no
+        shared memory (the text hint: a key spelled with escapes is taken to name it)."""
+        head = len(body) if json_length is None else min(max(json_length, 0), len(body))
+        charge.add(head * (JSON_WEIGHT - 1))  # what parsing it will make of it, before it does
+        reader, charger = lease.read, charge.add
+        # The text hint where the decode may run on the loop (a large body is decoded on a
+        # thread, which may look the peer up itself): scanning it would copy it here.
+        small = len(body) <= DECODE_ON_THREAD_BYTES
+        names_shm = small and _names_shared_memory(body, head)
+        plannable = json_length != 0 and head <= MAX_HEADER_BYTES and not (
+            names_shm if small else _names_shared_memory(body, head))
+        if names_shm:
+            await asker.resolve()  # off the loop over TCP; the decode below may run on it
+        if json_length == 0:  # a raw binary request: the body is the one input's bytes
+            model = self.scheduler.model(name, version)
+            if len(body) > DECODE_ON_THREAD_BYTES and copies_body(model):  # not on the loop
+                return await asyncio.to_thread(decode_raw, model, body, charger), False
+            return decode_raw(model, body, charger), False
+        if _slow_to_decode(body, names_shm, lease):  # not on the loop
+            parsed = await asyncio.to_thread(decode_request, body, json_length,
+                                             read_shm=reader, charge=charger)
+        else:
+            parsed = decode_request(body, json_length, read_shm=reader, charge=charger)
+        if parsed.outputs:
+            _check_outputs(self.scheduler.model(name, version), parsed)
+        return parsed, plannable
+
+    async def _run(self, admitted: Admitted, name: str, version: int | None) -> None:
+        """Run or queue an admitted request. Alone (no other request is being handled or
+        arrived in this turn of the loop), a quick model runs right here, with no hop to a
+        worker thread and back (tiny_cls at c=1 cost ~20% less server CPU per request, and
+        the answer comes sooner). Requests that overlap for a model whose rows are cheap
+        batch here at the end of the turn (`Turns`); for any other they go to the workers,
+        where they batch and run beside each other while the loop keeps reading and
+        answering."""
+        scheduler = self.scheduler
+        if self.handling() == 1 and scheduler.quick(name, version):
+            scheduler.run_or_queue(admitted)
+        elif scheduler.cheap(name, version):
+            await self.turns.join(admitted)
+        else:
+            scheduler.queue(admitted)
 
     # -- repository --------------------------------------------------------------------------
     async def repository_index(self, request: Request) -> Response:

@@ -1,0 +1,186 @@
+"""Request plans: an infer request whose header was seen before (the same JSON bytes, the same
+binary sizes, for the same model version) reuses what checking it came to, instead of parsing
+and checking it again. perf_analyzer, tritonclient loops and cameras send one header thousands
+of times; parsing and checking it was most of what edged did per request beyond the floor
+(`docs/decisions/0038-responses-and-plans.md`).
+
+A plan is learned only from a request that passed today's full path: the header parsed and
+checked (`protocol.decode_request`), the requested outputs checked against the model, the
+inputs checked against the model's signature and the request's priority against its policy
+(`Checked`). It holds that path's results: where each binary input lies in the body (its
+dtype, count, shape and offset), the JSON inputs' arrays (the header holds their values), the
+request's id, outputs, priority and timeout, and the answer's JSON header for outputs of a
+given dtype and shape. A request with any other header byte, another body length, or for
+another model version (a swap, a config change) takes the full path, and may leave a plan of
+its own. So nothing checked there goes unchecked here: the header is the same bytes, checked
+against the same model version; what is left to vary is the binary bytes, which no check
+reads for the dtypes planned (BYTES inputs, whose elements are checked one by one, and
+requests that name shared memory, whose regions may change between requests, are never
+planned).
+
+The table is small and bounded (MAX_PLANS, each header at most MAX_HEADER_BYTES); it lives on
+the event loop's thread, so it takes no lock."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edged.api.protocol import InferRequest, Parts, RequestedOutput, encode_response
+from edged.inference.batching import Checked
+from edged.model.repository import ModelVersion
+
+MAX_PLANS = 256
+MAX_HEADER_BYTES = 8 * 1024
+MAX_TEMPLATES = 4  # answer headers kept per plan (output dtypes and shapes rarely vary)
+Key = tuple[str, "int | None", "int | None", int, bytes]
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str
+    dtype: np.dtype
+    count: int
+    shape: tuple[int, ...]
+    offset: int  # of its bytes in the body; -1: a JSON input, `constant` its array
+    constant: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class Plan:
+    """What the full path made of one header, for one model version."""
+
+    checked: Checked
+    inputs: tuple[_Input, ...]
+    request_id: str | None
+    outputs: list[RequestedOutput]
+    binary_default: bool
+    priority: int | None
+    timeout_s: float | None
+    # (version, each wanted output's dtype and shape) -> the answer's JSON header
+    templates: dict[tuple[object, ...], bytes] = field(default_factory=dict)
+
+    @property
+    def model(self) -> ModelVersion:
+        return self.checked.model
+
+    def request(self, body: memoryview) -> InferRequest:
+        """The request the body is: its binary inputs views of it (no copy), as the full
+        path would decode it."""
+        inputs = {}
+        for spec in self.inputs:
+            if spec.constant is not None:
+                inputs[spec.name] = spec.constant
+            else:
+                inputs[spec.name] = np.frombuffer(body, spec.dtype, spec.count,
+                                                  spec.offset).reshape(spec.shape)
+        return InferRequest(self.request_id, inputs, self.outputs, self.binary_default,
+                            self.priority, self.timeout_s)
+
+    def encode(self, model: str, version: int, outputs: Mapping[str, np.ndarray]
+               ) -> tuple[Parts, int | None]:
+        """The answer, as `encode_response` makes it: its JSON header from a template when
+        every output asked for goes out as binary data in native little-endian, C-ordered
+        arrays of a dtype and shape seen before; else (JSON outputs, BYTES) in full."""
+        wanted = self.outputs or [RequestedOutput(name, self.binary_default)
+                                  for name in outputs]
+        blobs: Parts = []
+        signature: list[object] = [version]
+        for out in wanted:
+            array = outputs.get(out.name)
+            if array is None or not out.binary or not _sendable(array):
+                return encode_response(model, version, self.request_id, outputs, self.outputs,
+                                       self.binary_default)
+            signature += (array.dtype, array.shape)
+            blobs.append(array.data.cast("B"))
+        key = tuple(signature)
+        head = self.templates.get(key)
+        if head is None:
+            parts, length = encode_response(model, version, self.request_id, outputs,
+                                            self.outputs, self.binary_default)
+            if len(self.templates) < MAX_TEMPLATES:
+                self.templates[key] = bytes(parts[0])
+            return parts, length
+        return [head, *blobs], len(head)
+
+
+class PlanTable:
+    """The plans of the headers seen last (least recently used out first)."""
+
+    def __init__(self, max_plans: int = MAX_PLANS) -> None:
+        self.max_plans = max_plans
+        self._plans: OrderedDict[Key, Plan] = OrderedDict()
+        self.hits = 0
+        self.learned = 0
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def find(self, name: str, version: int | None, body: memoryview, json_length: int | None,
+             model: Callable[[], ModelVersion]) -> Plan | None:
+        """The plan of this header for the model version served now (`model()`), or None."""
+        head = len(body) if json_length is None else json_length
+        if head > MAX_HEADER_BYTES or not self._plans:
+            return None
+        key = (name, version, json_length, len(body), bytes(body[:head]))
+        plan = self._plans.get(key)
+        if plan is None:
+            return None
+        if plan.model is not model():  # another version now: checked afresh
+            del self._plans[key]
+            return None
+        self._plans.move_to_end(key)
+        self.hits += 1
+        return plan
+
+    def learn(self, name: str, version: int | None, body: memoryview, json_length: int | None,
+              parsed: InferRequest, checked: Checked) -> None:
+        """Keep the plan of a request that passed the full path (`parsed`, `checked`), where
+        one can be made: a JSON header no larger than MAX_HEADER_BYTES, no BYTES input, no
+        empty input, no shared memory (the caller leaves those out)."""
+        head = len(body) if json_length is None else json_length
+        if not 0 < head <= MAX_HEADER_BYTES:
+            return
+        inputs = _layout(body, head, parsed.inputs)
+        if inputs is None:
+            return
+        key = (name, version, json_length, len(body), bytes(body[:head]))
+        self._plans[key] = Plan(checked, inputs, parsed.id, parsed.outputs,
+                                parsed.binary_default, parsed.priority, parsed.timeout_s)
+        self._plans.move_to_end(key)
+        self.learned += 1
+        while len(self._plans) > self.max_plans:
+            self._plans.popitem(last=False)
+
+
+def _layout(body: memoryview, head: int, inputs: Mapping[str, np.ndarray]
+            ) -> tuple[_Input, ...] | None:
+    """Where the decoded inputs came from: a binary input is a view of the body after the
+    JSON (its offset read off its address), any other was built from the JSON's values, which
+    the same header always holds (kept, read-only). None when an input cannot be planned."""
+    base = np.frombuffer(body, np.uint8).ctypes.data
+    start, end = base + head, base + len(body)
+    planned = []
+    for name, array in inputs.items():
+        if array.dtype == np.object_ or array.size == 0 or not array.flags.c_contiguous:
+            return None
+        address = array.ctypes.data
+        if start <= address and address + array.nbytes <= end:
+            planned.append(_Input(name, array.dtype, array.size, array.shape, address - base))
+        elif address + array.nbytes <= base or address >= end:  # built from the JSON
+            constant = array.copy()
+            constant.flags.writeable = False
+            planned.append(_Input(name, array.dtype, array.size, array.shape, -1, constant))
+        else:
+            return None
+    return tuple(planned)
+
+
+def _sendable(array: np.ndarray) -> bool:
+    """Whether an output's bytes go out as they are (what `encode_response` would send)."""
+    dtype = array.dtype
+    return (dtype != np.object_ and dtype.byteorder in "=<|" and array.flags.c_contiguous
+            and array.size > 0 and np.little_endian)
