@@ -58,19 +58,24 @@ def look_up(request: Request, responses: ResponseCache, outputs: tuple[str, ...]
     return miss
 
 
-def keep_answers(batch: list[Request], responses: ResponseCache, version: int) -> list[int]:
-    """Put the answers of a batch's missed requests (their futures done) in the response
-    cache: only the outputs each asked for, and none run by another version than the one
-    looked up. Returns how long each miss took (lookup and insert) where it counts."""
+def keep_answers(batch: list[Request], outputs: Mapping[str, np.ndarray],
+                 responses: ResponseCache, version: int) -> list[int]:
+    """Put the answers of a batch's missed requests in the response cache before they are
+    handed out (as Triton inserts before it responds: the same request sent again once
+    answered finds it): each request's rows of `outputs`, only the outputs it asked for,
+    and none run by another version than the one looked up. Returns how long each miss
+    took (lookup and insert) where it counts."""
     counted = []
+    offset = 0
     for request in batch:
+        end = offset + request.rows
         miss = request.miss
-        if miss is None or miss.version != version or request.future.exception() is not None:
-            continue
-        answer = request.future.result()
-        wanted = miss.outputs
-        ns = responses.insert(miss, {k: answer[k] for k in wanted if k in answer}
-                              if wanted else answer)
-        if ns is not None:
-            counted.append(ns)
+        if miss is not None and miss.version == version:
+            names = miss.outputs or outputs.keys()
+            mine = {k: outputs[k] if len(batch) == 1 else outputs[k][offset:end]
+                    for k in names if k in outputs}
+            ns = responses.insert(miss, mine)
+            if ns is not None:
+                counted.append(ns)
+        offset = end
     return counted

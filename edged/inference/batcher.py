@@ -424,13 +424,13 @@ class Batcher:
         return partial(deliver, batch, ran.outputs, model.version)
 
     def _deliver(self, batch: list[Request], outputs: Outputs, version: int) -> None:
-        """Hand the outputs out, then keep the missed answers in the response cache."""
-        split(batch, outputs, version)
+        """Keep the missed answers in the response cache, then hand the outputs out."""
         assert self.responses is not None
-        counted = keep_answers(batch, self.responses, version)
+        counted = keep_answers(batch, outputs, self.responses, version)
         with self._lock:
             for ns in counted:
                 self._counters(version).record_miss(ns)
+        split(batch, outputs, version)
 
     def _fail(self, requests: list[Request], error: EdgedError) -> None:
         with self._lock:

@@ -264,3 +264,32 @@ def test_metrics_when_a_model_hit_the_cache_exposes_tritons_cache_families() -> 
     assert found["edged_response_cache_entries"] == 1
     assert 0 < found["edged_response_cache_bytes"] <= found["edged_response_cache_budget_bytes"]
     assert found["edged_response_cache_evictions_total"] == 0
+
+
+def test_scheduler_when_an_answer_is_handed_out_it_is_already_cached(
+        cached: Core, gate: GateBackend) -> None:
+    """As Triton inserts before it responds: a client that sends the same request again as
+    soon as it has its answer finds it (whichever thread ran the batch)."""
+    cache, scheduler, responses = cached
+    cache.load("tiny_cls")
+    seen: list[int] = []
+    admitted = scheduler.admit("tiny_cls", {"x": cls_input(1.0)}, cached=())
+    admitted.future.add_done_callback(lambda _: seen.append(len(responses)))
+    scheduler.queue(admitted)  # a worker runs it
+    admitted.future.result(10)
+    assert seen == [1]
+
+
+def test_scheduler_when_requests_ran_as_one_batch_keeps_each_its_own_rows(
+        cached: Core, gate: GateBackend) -> None:
+    cache, scheduler, responses = cached
+    cache.load("tiny_cls")
+    inputs = [cls_input(1.0), cls_input(2.0, rows=2)]
+    admitted = [scheduler.admit("tiny_cls", {"x": x}, cached=("prob",)) for x in inputs]
+    scheduler.run_together(admitted)
+    answers = [a.future.result(10)["prob"] for a in admitted]
+    assert len(responses) == 2
+    for x, answer in zip(inputs, answers, strict=True):
+        again = scheduler.admit("tiny_cls", {"x": x}, cached=("prob",))
+        assert again.future.done()
+        np.testing.assert_array_equal(again.future.result()["prob"], answer)
