@@ -402,7 +402,9 @@ class Batcher:
                  model: ModelVersion) -> Delivery:
         """Run one batch on `model`'s session (`execution.run_batch`); return the call that
         hands its results (or error) to the callers."""
-        queued_s = sum(self._clock() - r.enqueued for r in batch)  # each first: never below 0
+        now = self._clock()
+        queued_s = now - batch[0].enqueued if len(batch) == 1 else \
+            sum(now - r.enqueued for r in batch)  # each term first: never below 0
         ran = run_batch(self.label, batch, session, pool, model.fixed_batch)
         for request in batch:
             # Inputs may be views of a caller's buffer (a shared memory region): let go of them
