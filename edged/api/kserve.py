@@ -21,8 +21,14 @@ from edged.api.config import ApiConfig
 from edged.api.http.bodies import json_body
 from edged.api.http.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
 from edged.api.http.messages import Handler, Request, Response, json_response
-from edged.api.plans import MAX_HEADER_BYTES, PlanTable
-from edged.api.protocol import HEADER_LENGTH, InferRequest, decode_request, encode_response
+from edged.api.plans import MAX_HEADER_BYTES, Plan, PlanTable
+from edged.api.protocol import (
+    HEADER_LENGTH,
+    InferRequest,
+    Parts,
+    decode_request,
+    encode_response,
+)
 from edged.api.rawbinary import copies_body, decode_raw
 from edged.api.shm import Lease, ShmRegistry
 from edged.api.shm_routes import Asker
@@ -32,7 +38,7 @@ from edged.core.states import ModelState
 from edged.inference.cache import ModelCache
 from edged.inference.instances import instance_count
 from edged.inference.loadspec import options_for
-from edged.inference.scheduler import Admitted, Scheduler
+from edged.inference.scheduler import Admitted, Outputs, Scheduler
 from edged.model.repository import ModelVersion
 
 DECODE_ON_THREAD_BYTES = 256 * 1024
@@ -134,33 +140,34 @@ class KServeRoutes:
         if not self.scheduler.has_batcher(name, version):  # an unknown model: 404, body unread
             await asyncio.to_thread(self.scheduler.prepare, name, version)
         charge = self.bodies.charge()
-        # The asking peer is looked up at a first region; inputs copied in are charged.
-        asker = Asker(request)
-        lease = self.shm.lease(asker, charge.add)
         try:
-            return await self._infer(request, name, version, charge, lease, asker)
+            json_length = _json_length(request)
+            body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
+                                   json_length)
+            # A header seen before for this model version: what checking it came to is
+            # reused (`edged.api.plans`); it names no shared memory.
+            plan = self.plans.find(name, version, body, json_length,
+                                   self.scheduler.model(name, version)) \
+                if json_length != 0 else None
+            if plan is not None:
+                return await self._planned(plan, body, name, version)
+            # The asking peer is looked up at a first region; inputs copied in are charged.
+            asker = Asker(request)
+            lease = self.shm.lease(asker, charge.add)
+            try:
+                return await self._infer(name, version, body, json_length, charge, lease,
+                                         asker)
+            finally:
+                lease.release()
         finally:
-            lease.release()
             charge.release()  # answered (or failed): its body is no longer held
 
-    async def _infer(self, request: Request, name: str, version: int | None,
-                     charge: Charge, lease: Lease, asker: Asker) -> Response:
-        json_length = _json_length(request)
-        body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
-                               json_length)
-        scheduler = self.scheduler
-        # A header seen before for this model version: what checking it came to is reused
-        # (`edged.api.plans`); it names no shared memory, and parsing it is not charged for
-        # as it is not done.
-        plan = self.plans.find(name, version, body, json_length,
-                               lambda: scheduler.model(name, version)) \
-            if json_length != 0 else None
-        plannable = False
-        if plan is not None:
-            parsed = plan.request(body)
-        else:
-            parsed, plannable = await self._decode(name, version, body, json_length, charge,
-                                                   lease, asker)
+    async def _infer(self, name: str, version: int | None, body: memoryview,
+                     json_length: int | None, charge: Charge, lease: Lease,
+                     asker: Asker) -> Response:
+        """The full path: the request parsed and checked, then run."""
+        parsed, plannable = await self._decode(name, version, body, json_length, charge,
+                                               lease, asker)
         in_shm = False
         if parsed.outputs:  # most requests name none: every output comes back
             in_shm = any(out.shm is not None for out in parsed.outputs)
@@ -171,33 +178,40 @@ class KServeRoutes:
                     lease.hold(out.shm)
         # The response cache (for models that opt in) never answers a request whose outputs
         # go to shared memory.
-        admitted = scheduler.admit(
+        admitted = self.scheduler.admit(
             name, parsed.inputs, version=version, priority=parsed.priority,
-            timeout_s=parsed.timeout_s, checked=plan.checked if plan is not None else None,
+            timeout_s=parsed.timeout_s,
             cached=None if in_shm else tuple(out.name for out in parsed.outputs))
         if plannable and not in_shm and admitted.request.checked is not None:
             self.plans.learn(name, version, body, json_length, parsed,
                              admitted.request.checked)
-        future = admitted.future
-        if not future.done():  # else answered from the response cache
-            await self._run(admitted, name, version)
         parsed.inputs = {}  # the batch owns them now; nothing here needs them
-        outputs = future.result() if future.done() else await asyncio.wrap_future(future)
-        served = future.version if future.version is not None else \
-            self.cache.default_version(name)
-        if plan is not None:
-            parts, json_length = plan.encode(name, served, outputs)
-        else:
-            parts, json_length = encode_response(name, served, parsed.id, outputs,
-                                                 parsed.outputs, parsed.binary_default,
-                                                 write_shm=lease.write)
-        if json_length is None:
-            return Response(parts[0], content_type="application/json")
-        headers = {HEADER_LENGTH: str(json_length)}
-        if sum(map(len, parts)) <= JOIN_BYTES:  # one buffer: one send
-            return Response(b"".join(parts), headers=headers)
-        # Large tensor bytes go out as they are: joining them to the JSON would copy them again.
-        return Response(parts=list(parts), headers=headers)
+        outputs, served = await self._outputs(admitted, name)
+        return _answer(*encode_response(name, served, parsed.id, outputs, parsed.outputs,
+                                        parsed.binary_default, write_shm=lease.write))
+
+    async def _planned(self, plan: Plan, body: memoryview, name: str,
+                       version: int | None) -> Response:
+        """A request whose header has a plan: no parse, no checks but the batcher's own
+        (priority and timeout are the plan's, as checked); it names no shared memory, and
+        parsing it is not charged for as it is not done."""
+        admitted = self.scheduler.admit(name, plan.inputs(body), version=version,
+                                        priority=plan.priority, timeout_s=plan.timeout_s,
+                                        checked=plan.checked, cached=plan.cached)
+        outputs, served = await self._outputs(admitted, name)
+        return _answer(*plan.encode(name, served, outputs))
+
+    async def _outputs(self, admitted: Admitted, name: str) -> tuple[Outputs, int]:
+        """The outputs of an admitted request (run, batched or queued; or from the response
+        cache) and the version that made them."""
+        future = admitted.future
+        if not future.done():  # a response cache hit is done
+            await self._run(admitted)
+            if not future.done():
+                await asyncio.wrap_future(future)
+        outputs = future.result()
+        served = future.version
+        return outputs, served if served is not None else self.cache.default_version(name)
 
     async def _decode(self, name: str, version: int | None, body: memoryview,
                       json_length: int | None, charge: Charge, lease: Lease,
@@ -231,7 +245,7 @@ class KServeRoutes:
             _check_outputs(self.scheduler.model(name, version), parsed)
         return parsed, plannable
 
-    async def _run(self, admitted: Admitted, name: str, version: int | None) -> None:
+    async def _run(self, admitted: Admitted) -> None:
         """Run or queue an admitted request. Alone (no other request is being handled or
         arrived in this turn of the loop), a quick model runs right here, with no hop to a
         worker thread and back (tiny_cls at c=1 cost ~20% less server CPU per request, and
@@ -239,13 +253,13 @@ class KServeRoutes:
         batch here at the end of the turn (`Turns`); for any other they go to the workers,
         where they batch and run beside each other while the loop keeps reading and
         answering."""
-        scheduler = self.scheduler
-        if self.handling() == 1 and scheduler.quick(name, version):
-            scheduler.run_or_queue(admitted)
-        elif scheduler.cheap(name, version):
+        batcher = admitted.batcher
+        if self.handling() == 1 and batcher.quick:
+            self.scheduler.run_or_queue(admitted)
+        elif batcher.cheap:
             await self.turns.join(admitted)
         else:
-            scheduler.queue(admitted)
+            self.scheduler.queue(admitted)
 
     # -- repository --------------------------------------------------------------------------
     async def repository_index(self, request: Request) -> Response:
@@ -279,6 +293,17 @@ class KServeRoutes:
 
         await asyncio.to_thread(unload_all)
         return json_response({})
+
+
+def _answer(parts: Parts, json_length: int | None) -> Response:
+    """An infer answer: plain JSON, or JSON and binary data (joined when small)."""
+    if json_length is None:
+        return Response(parts[0], content_type="application/json")
+    headers = {HEADER_LENGTH: str(json_length)}
+    if sum(map(len, parts)) <= JOIN_BYTES:  # one buffer: one send
+        return Response(b"".join(parts), headers=headers)
+    # Large tensor bytes go out as they are: joining them to the JSON would copy them again.
+    return Response(parts=list(parts), headers=headers)
 
 
 def _slow_to_decode(body: memoryview, names_shm: bool, lease: Lease) -> bool:

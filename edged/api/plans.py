@@ -24,7 +24,7 @@ the event loop's thread, so it takes no lock."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,14 +39,10 @@ MAX_TEMPLATES = 4  # answer headers kept per plan (output dtypes and shapes rare
 Key = tuple[str, "int | None", "int | None", int, bytes]
 
 
-@dataclass(frozen=True)
-class _Input:
-    name: str
-    dtype: np.dtype
-    count: int
-    shape: tuple[int, ...]
-    offset: int  # of its bytes in the body; -1: a JSON input, `constant` its array
-    constant: np.ndarray | None = None
+# One input as the full path decoded it: its name, dtype, element count, shape, and the offset
+# of its bytes in the body; or, for an input given as JSON, the read-only array the header's
+# values made (`constant`; offset -1).
+_Input = tuple[str, np.dtype, int, tuple[int, ...], int, "np.ndarray | None"]
 
 
 @dataclass(eq=False)
@@ -54,57 +50,61 @@ class Plan:
     """What the full path made of one header, for one model version."""
 
     checked: Checked
-    inputs: tuple[_Input, ...]
+    layout: tuple[_Input, ...]
     request_id: str | None
     outputs: list[RequestedOutput]
     binary_default: bool
     priority: int | None
     timeout_s: float | None
+    cached: tuple[str, ...] = ()  # the outputs asked for, as the response cache keys them
     # (version, each wanted output's dtype and shape) -> the answer's JSON header
     templates: dict[tuple[object, ...], bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.cached = tuple(out.name for out in self.outputs)
 
     @property
     def model(self) -> ModelVersion:
         return self.checked.model
 
+    def inputs(self, body: memoryview) -> dict[str, np.ndarray]:
+        """The request's inputs: the binary ones views of the body (no copy), as the full
+        path decodes them."""
+        return {name: constant if constant is not None else
+                np.frombuffer(body, dtype, count, offset).reshape(shape)
+                for name, dtype, count, shape, offset, constant in self.layout}
+
     def request(self, body: memoryview) -> InferRequest:
-        """The request the body is: its binary inputs views of it (no copy), as the full
-        path would decode it."""
-        inputs = {}
-        for spec in self.inputs:
-            if spec.constant is not None:
-                inputs[spec.name] = spec.constant
-            else:
-                inputs[spec.name] = np.frombuffer(body, spec.dtype, spec.count,
-                                                  spec.offset).reshape(spec.shape)
-        return InferRequest(self.request_id, inputs, self.outputs, self.binary_default,
-                            self.priority, self.timeout_s)
+        """The request the body is, as `decode_request` would make it."""
+        return InferRequest(self.request_id, self.inputs(body), self.outputs,
+                            self.binary_default, self.priority, self.timeout_s)
 
     def encode(self, model: str, version: int, outputs: Mapping[str, np.ndarray]
                ) -> tuple[Parts, int | None]:
         """The answer, as `encode_response` makes it: its JSON header from a template when
-        every output asked for goes out as binary data in native little-endian, C-ordered
-        arrays of a dtype and shape seen before; else (JSON outputs, BYTES) in full."""
+        every output asked for goes out as binary data and was of this dtype, shape and
+        layout before (native little-endian, C-ordered, not empty: sent as they are); else
+        in full (and kept as a template when it can be)."""
         wanted = self.outputs or [RequestedOutput(name, self.binary_default)
                                   for name in outputs]
-        blobs: Parts = []
-        signature: list[object] = [version]
+        key: list[object] = [version]
+        arrays = []
         for out in wanted:
             array = outputs.get(out.name)
-            if array is None or not out.binary or not _sendable(array):
-                return encode_response(model, version, self.request_id, outputs, self.outputs,
-                                       self.binary_default)
-            signature += (array.dtype, array.shape)
-            blobs.append(array.data.cast("B"))
-        key = tuple(signature)
-        head = self.templates.get(key)
-        if head is None:
-            parts, length = encode_response(model, version, self.request_id, outputs,
-                                            self.outputs, self.binary_default)
-            if len(self.templates) < MAX_TEMPLATES:
-                self.templates[key] = bytes(parts[0])
-            return parts, length
-        return [head, *blobs], len(head)
+            if array is None or not out.binary:
+                break
+            key += (array.dtype, array.shape, array.flags.c_contiguous)
+            arrays.append(array)
+        else:
+            head = self.templates.get(tuple(key))
+            if head is not None:
+                return [head, *[array.data.cast("B") for array in arrays]], len(head)
+        parts, length = encode_response(model, version, self.request_id, outputs, self.outputs,
+                                        self.binary_default)
+        if len(arrays) == len(wanted) and len(self.templates) < MAX_TEMPLATES \
+                and all(map(_sendable, arrays)):
+            self.templates[tuple(key)] = bytes(parts[0])
+        return parts, length
 
 
 class PlanTable:
@@ -120,16 +120,16 @@ class PlanTable:
         return len(self._plans)
 
     def find(self, name: str, version: int | None, body: memoryview, json_length: int | None,
-             model: Callable[[], ModelVersion]) -> Plan | None:
-        """The plan of this header for the model version served now (`model()`), or None."""
+             model: ModelVersion) -> Plan | None:
+        """The plan of this header for `model` (the version served now), or None."""
         head = len(body) if json_length is None else json_length
-        if head > MAX_HEADER_BYTES or not self._plans:
+        if head > MAX_HEADER_BYTES:
             return None
-        key = (name, version, json_length, len(body), bytes(body[:head]))
+        key = (name, version, json_length, len(body), body[:head].tobytes())
         plan = self._plans.get(key)
         if plan is None:
             return None
-        if plan.model is not model():  # another version now: checked afresh
+        if plan.checked.model is not model:  # another version now: checked afresh
             del self._plans[key]
             return None
         self._plans.move_to_end(key)
@@ -169,11 +169,11 @@ def _layout(body: memoryview, head: int, inputs: Mapping[str, np.ndarray]
             return None
         address = array.ctypes.data
         if start <= address and address + array.nbytes <= end:
-            planned.append(_Input(name, array.dtype, array.size, array.shape, address - base))
+            planned.append((name, array.dtype, array.size, array.shape, address - base, None))
         elif address + array.nbytes <= base or address >= end:  # built from the JSON
             constant = array.copy()
             constant.flags.writeable = False
-            planned.append(_Input(name, array.dtype, array.size, array.shape, -1, constant))
+            planned.append((name, array.dtype, array.size, array.shape, -1, constant))
         else:
             return None
     return tuple(planned)

@@ -48,7 +48,7 @@ def test_plans_when_the_same_header_comes_again_views_the_new_bytes_as_the_full_
     first, json_length = body_of({"x": x_of(1)}, request_id="r1", parameters={"priority": 1})
     learned(table, tiny, first, json_length)
     again, _ = body_of({"x": x_of(2)}, request_id="r1", parameters={"priority": 1})
-    plan = table.find("tiny_cls", None, again, json_length, lambda: tiny)
+    plan = table.find("tiny_cls", None, again, json_length, tiny)
     assert plan is not None and table.hits == 1
     planned, full = plan.request(again), decode_request(again, json_length)
     assert (planned.id, planned.priority, planned.binary_default, planned.outputs) == \
@@ -74,7 +74,7 @@ def test_plans_when_anything_differs_finds_none(tiny: ModelVersion, repo: ModelR
         assert model is not tiny
     else:
         version = 1
-    assert table.find("tiny_cls", version, body, json_length, lambda: model) is None
+    assert table.find("tiny_cls", version, body, json_length, model) is None
     if change == "model":
         assert len(table) == 0  # a stale plan goes
 
@@ -85,7 +85,7 @@ def test_plans_when_inputs_are_json_reuse_a_read_only_copy_of_the_values(
     body, json_length = body_of({"x": x_of(3)}, binary=False)
     assert json_length is None
     learned(table, tiny, body, json_length)
-    plan = table.find("tiny_cls", None, memoryview(bytearray(body)), None, lambda: tiny)
+    plan = table.find("tiny_cls", None, memoryview(bytearray(body)), None, tiny)
     assert plan is not None
     x = plan.request(body).inputs["x"]
     np.testing.assert_array_equal(x, x_of(3))
@@ -112,11 +112,11 @@ def test_plans_when_more_headers_come_than_it_holds_keeps_the_last_used(
     bodies = [body_of({"x": x_of(1)}, request_id=f"r{i}") for i in range(3)]
     for body, json_length in bodies[:2]:
         learned(table, tiny, body, json_length)
-    assert table.find("tiny_cls", None, *bodies[0], lambda: tiny) is not None
+    assert table.find("tiny_cls", None, *bodies[0], tiny) is not None
     learned(table, tiny, *bodies[2])
     assert len(table) == 2
-    assert table.find("tiny_cls", None, *bodies[1], lambda: tiny) is None
-    assert table.find("tiny_cls", None, *bodies[0], lambda: tiny) is not None
+    assert table.find("tiny_cls", None, *bodies[1], tiny) is None
+    assert table.find("tiny_cls", None, *bodies[0], tiny) is not None
 
 
 @pytest.mark.parametrize("outputs,binary", [
@@ -127,7 +127,7 @@ def test_plan_encode_when_answering_sends_what_encode_response_sends(
     table = PlanTable()
     body, json_length = body_of({"x": x_of(1)}, outputs, binary=binary, request_id="r9")
     learned(table, tiny, body, json_length)
-    plan = table.find("tiny_cls", None, body, json_length, lambda: tiny)
+    plan = table.find("tiny_cls", None, body, json_length, tiny)
     assert plan is not None
     parsed = decode_request(body, json_length)
     for seed in (1, 2, 3):  # the first makes the template, the rest use it
@@ -148,7 +148,7 @@ def test_plan_encode_when_an_output_is_missing_refuses_as_encode_response(
     table = PlanTable()
     body, json_length = body_of({"x": x_of(1)}, [RequestedOutput("prob", binary=True)])
     learned(table, tiny, body, json_length)
-    plan = table.find("tiny_cls", None, body, json_length, lambda: tiny)
+    plan = table.find("tiny_cls", None, body, json_length, tiny)
     assert plan is not None
     with pytest.raises(Exception, match="has no output 'prob'"):
         plan.encode("tiny_cls", 1, {"other": np.zeros(1, np.float32)})
