@@ -96,11 +96,15 @@ async def read_body(request: Request, limit: int, charge: Charge | None = None,
     if length is not None and length > limit:
         raise TooLarge(f"the body's {length} bytes exceed the {_mb(limit)} allowed here")
     charge = charge or BodyBudget(limit).charge()  # uncharged: the size limit alone
-    chunks = _Chunks(request)
     if length is not None and not ENCODINGS[encoding]:
         charge.add(length)
-        return await _read_exactly(chunks, length, json_length)
-    raw = await _read_chunks(chunks, limit, charge)  # chunked, or compressed
+        whole = request.content.whole(length)  # it came with its headers: no wait, no timer
+        if whole is not None:
+            view = _aligned(length, json_length)
+            view[:] = whole
+            return view
+        return await _read_exactly(_Chunks(request), length, json_length)
+    raw = await _read_chunks(_Chunks(request), limit, charge)  # chunked, or compressed
     if not ENCODINGS[encoding]:
         return raw
     # Inflating runs on a thread: a hostile body is seconds of CPU.

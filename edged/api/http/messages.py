@@ -104,6 +104,20 @@ class Body:
         self._buffered = 0
         self._connection.flow()
 
+    def whole(self, length: int) -> bytes | None:
+        """The whole body, taken at once, when it has all come in one piece of `length` bytes
+        and none of it was read (readany() would give it, then b""); else None."""
+        chunks = self._chunks
+        if not self._done or len(chunks) != 1 or len(chunks[0]) != length:
+            return None
+        chunk = chunks.popleft()
+        self._buffered = 0
+        connection = self._connection
+        connection.buffered -= length
+        if connection.paused:
+            connection.flow()
+        return chunk
+
     async def readany(self) -> bytes:
         while True:
             if self._error is not None:
