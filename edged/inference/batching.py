@@ -4,12 +4,15 @@ guards a `RequestQueue` with its own lock and completes futures outside it."""
 
 from __future__ import annotations
 
+import _thread
 import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from concurrent.futures._base import PENDING  # the state Future.__init__ starts in
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -44,11 +47,69 @@ TOGETHER_MAX_NS = 500_000
 SPREAD_MIN_NS = 250_000
 
 
+class _Condition(_thread.RLock):  # type: ignore[misc]  # typeshed: final; CPython: a base
+    """A `threading.Condition` over its own re-entrant lock, for one future: entered and left
+    by the lock's own C methods (a Condition's are Python's, and a future takes its condition
+    four or five times a request), with no work to notify while no one waits (almost always:
+    the API and the streams wait on the event loop or with callbacks). Waiting and notifying
+    are threading.Condition's."""
+
+    __slots__ = ("_waiters",)
+    _waiters: deque[_thread.LockType] | None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._is_owned():  # type: ignore[attr-defined]
+            raise RuntimeError("cannot wait on un-acquired lock")
+        waiter = _thread.allocate_lock()
+        waiter.acquire()
+        waiters = getattr(self, "_waiters", None)
+        if waiters is None:
+            waiters = self._waiters = deque()
+        waiters.append(waiter)
+        saved = self._release_save()  # type: ignore[attr-defined]
+        got = False
+        try:
+            if timeout is None:
+                got = waiter.acquire()
+            else:
+                got = waiter.acquire(True, timeout) if timeout > 0 else waiter.acquire(False)
+            return got
+        finally:
+            self._acquire_restore(saved)  # type: ignore[attr-defined]
+            if not got:
+                try:
+                    waiters.remove(waiter)
+                except ValueError:
+                    pass
+
+    def notify_all(self) -> None:
+        waiters = getattr(self, "_waiters", None)
+        if not waiters:
+            return
+        if not self._is_owned():  # type: ignore[attr-defined]
+            raise RuntimeError("cannot notify on un-acquired lock")
+        while waiters:
+            waiter = waiters.popleft()
+            try:
+                waiter.release()
+            except RuntimeError:  # timed out meanwhile
+                pass
+
+
 class Pending(Future[Outputs]):
     """A request's future; `version` is the model version that ran it, set before the
-    result (an OTA swap may land between submit and run)."""
+    result (an OTA swap may land between submit and run). Its condition is a `_Condition`
+    (the rest is concurrent.futures.Future's own)."""
 
     version: int | None = None
+
+    def __init__(self) -> None:  # Future.__init__'s, with the lighter condition
+        self._condition = _Condition()  # type: ignore[assignment]
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
 
 
 @dataclass(eq=False)
@@ -89,6 +150,7 @@ class BatchPolicy:
     levels: int
     default_priority: int
     default_timeout_s: float | None
+    fixed_batch: int | None = None  # the model's (ModelVersion.fixed_batch), worked out once
 
     @classmethod
     def of(cls, model: ModelVersion) -> BatchPolicy:
@@ -106,6 +168,7 @@ class BatchPolicy:
             levels=levels,
             default_priority=min(bounds.default_priority, levels) or levels,
             default_timeout_s=bounds.default_timeout_ms / 1000 or None,
+            fixed_batch=model.fixed_batch,
         )
 
     def can_send_now(self, rows: int, blocked: bool) -> bool:
