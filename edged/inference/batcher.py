@@ -47,8 +47,9 @@ from edged.inference.batching import (
     split,
     validate,
 )
-from edged.inference.cache import Lease, ModelCache
+from edged.inference.cache import ModelCache
 from edged.inference.execution import run_batch
+from edged.inference.inline import CallerRuns, Delivery
 from edged.inference.instances import instance_count, runs_on_gpu
 from edged.inference.loadspec import options_for
 from edged.inference.responses import ResponseCache
@@ -56,10 +57,9 @@ from edged.model.repository import ModelVersion
 
 logger = logging.getLogger(__name__)
 
-Delivery = Callable[[], None]  # completes futures; always called without the lock
 MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and clock safety)
 
-class Batcher:
+class Batcher(CallerRuns):
     """The queue and instance workers of one model (a fixed version, or whichever is active)."""
 
     def __init__(self, cache: ModelCache, name: str, version: int | None, *,
@@ -175,13 +175,6 @@ class Batcher:
                     self._counters(checked.model.version).record_hit(hit_ns)
         return request
 
-    def run_or_push(self, request: Request) -> None:
-        """An admitted request, run now on the calling thread when the model is quick, idle
-        and loaded, else queued (raising for a full queue or a stopping batcher)."""
-        if not (self.quick and self._claim_slot()
-                and self._run_claimed([request], self.cache.acquire_loaded)):
-            self.push(request)  # not quick, not idle, or not loaded: the workers take it
-
     def push(self, request: Request) -> None:
         """Queue an admitted request for the workers."""
         with self._lock:
@@ -198,25 +191,6 @@ class Batcher:
                 self._next_deadline = deadline
                 self._reaper_wake.notify()
 
-    def run_inline(self, inputs: Mapping[str, np.ndarray], priority: int | None,
-                   timeout_s: float | None) -> Outputs:
-        """Run one request on the caller's thread when nothing is queued, an instance slot is
-        free and the model has no queue delay: the batcher would run it alone right away
-        anyway, and this skips two thread wake-ups. Otherwise queue it and wait."""
-        request = self.admit(inputs, priority, timeout_s)
-        if not (self._claim_slot() and self._run_claimed([request], self.cache.acquire)):
-            self.push(request)
-        return request.future.result()
-
-    def submit_or_run(self, inputs: Mapping[str, np.ndarray], priority: int | None,
-                      timeout_s: float | None) -> Pending:
-        """submit(), or, for a model whose batches take under INLINE_MAX_NS and that is idle
-        and loaded, run it now on the calling thread (the future comes back done). For the
-        event loop: it never waits for a model to load or for a slot."""
-        request = self.admit(inputs, priority, timeout_s)
-        self.run_or_push(request)
-        return request.future
-
     def run_together(self, requests: list[Request]) -> None:
         """Admitted requests that arrived together (in one turn of the caller's event loop):
         where the batcher would run them as one batch right away (nothing queued, a slot free,
@@ -224,8 +198,8 @@ class Batcher:
         TOGETHER_MAX_NS), it runs now on the calling thread; the rest are queued. Each
         request's future carries its outcome: this never raises for one of them."""
         batch = self._policy.together(requests, self._row_ns, TOGETHER_MAX_NS)
-        ran = bool(batch) and self._claim_slot() \
-            and self._run_claimed(batch, self.cache.acquire_loaded)
+        ran = bool(batch) and self.claim_slot() \
+            and self.run_claimed(batch, self.cache.acquire_loaded)
         for request in requests:
             if ran and request in batch:
                 continue
@@ -244,46 +218,6 @@ class Batcher:
     def quick(self) -> bool:
         """Its batches take less than INLINE_MAX_NS (a moving average; False before one ran)."""
         return self._batch_ns < INLINE_MAX_NS
-
-    def _claim_slot(self) -> bool:
-        """Take an instance slot for a caller's own thread, when the batcher would run a
-        request alone right away: nothing queued, a slot free, no queue delay."""
-        with self._lock:
-            inline = (not self._queue and self._free > 0 and not self._stopping
-                      and self._policy.max_delay_s == 0)
-            if inline:
-                self._free -= 1
-            return inline
-
-    def _run_claimed(self, batch: list[Request],
-                     acquire: Callable[[str, int | None], Lease | None]) -> bool:
-        """Run `batch` (admitted requests) as one batch in the slot claimed; False, with the
-        slot released and nothing run, when `acquire` finds no model loaded, or when a new
-        version came in and the batch holds more than one request (the workers then take
-        them, re-checked against it)."""
-        deliveries: list[Delivery] = []
-        ran = False
-        try:
-            lease = acquire(self.name, self.version)
-            if lease is not None:
-                with lease:
-                    if lease.model is not self._model:
-                        deliveries += self._adopt(lease.model)
-                        if len(batch) > 1:
-                            return False
-                        batch[0].rows, batch[0].shape_key = validate(self._model,
-                                                                     batch[0].inputs)
-                    for request in batch:
-                        request.future.set_running_or_notify_cancel()
-                    with self._lock:
-                        self._in_flight += len(batch)
-                    deliveries.append(self._execute(batch, lease.session, None, lease.model))
-                    ran = True
-        finally:
-            self._release_slot()
-            for deliver in deliveries:
-                deliver()
-        return ran
 
     # -- workers -----------------------------------------------------------------------------
     def _work_loop(self) -> None:
@@ -305,13 +239,13 @@ class Batcher:
             except Exception:  # last resort: a worker must outlive any one batch
                 logger.exception("%s: worker error", self.label)
             finally:
-                self._release_slot()
+                self.release_slot()
             # The slot is free again before callers wake: one looping inline finds it.
             for deliver in deliveries:
                 deliver()
         pool.close()
 
-    def _release_slot(self) -> None:
+    def release_slot(self) -> None:
         with self._lock:
             self._free += 1
             if self._stopping:

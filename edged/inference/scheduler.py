@@ -111,6 +111,21 @@ class Scheduler:
         queue it (raises for a full queue, as submit)."""
         admitted.batcher.run_or_push(admitted.request)
 
+    def run_now(self, model: str, inputs: Mapping[str, np.ndarray], *,
+                version: int | None = None, priority: int | None = None,
+                timeout_s: float | None = None, checked: Checked | None = None,
+                cached: tuple[str, ...] | None = None) -> Pending | None:
+        """Admit a request (as admit: checked, tapped, looked up) and run it on the calling
+        thread, where the batcher would run it alone right away and the model it is checked
+        against is loaded: its future comes back done. None, with nothing admitted or run,
+        otherwise (no batcher yet, busy, not loaded, a version not taken on yet)
+        (Batcher.run_now: it never blocks, never reads the disk)."""
+        batcher = self._batchers.get((model, version))
+        if batcher is None:
+            return None
+        return batcher.run_now(inputs, priority, timeout_s, checked, cached,
+                               self.taps.get(model) if version is None else None)
+
     def queue(self, admitted: Admitted) -> None:
         """Queue an admitted request for the workers (raises for a full queue, as submit)."""
         admitted.batcher.push(admitted.request)
@@ -152,6 +167,10 @@ class Scheduler:
 
     def has_batcher(self, model: str, version: int | None = None) -> bool:
         return (model, version) in self._batchers
+
+    def batcher(self, model: str, version: int | None = None) -> Batcher | None:
+        """The batcher of requests to `model` (by version, or its active one), if made."""
+        return self._batchers.get((model, version))
 
     def model(self, model: str, version: int | None = None) -> ModelVersion:
         """The config and signature requests to `model` are checked against now."""
