@@ -100,9 +100,7 @@ async def read_body(request: Request, limit: int, charge: Charge | None = None,
         charge.add(length)
         whole = request.content.whole(length)  # it came with its headers: no wait, no timer
         if whole is not None:
-            view = _aligned(length, json_length)
-            view[:] = whole
-            return view
+            return copy_body(whole, length, json_length)
         return await _read_exactly(_Chunks(request), length, json_length)
     raw = await _read_chunks(_Chunks(request), limit, charge)  # chunked, or compressed
     if not ENCODINGS[encoding]:
@@ -208,6 +206,14 @@ def _inflate(raw: memoryview, wbits: int, limit: int, charge: Charge,
         filled += len(part)
     parts.clear()
     charge.give(size)
+    return view
+
+
+def copy_body(data: bytes, length: int, json_length: int | None) -> memoryview:
+    """The last `length` bytes of `data` (a body that came whole) in a buffer of their own,
+    placed as read_body places a body."""
+    view = _aligned(length, json_length)
+    view[:] = memoryview(data)[len(data) - length:]
     return view
 
 

@@ -46,6 +46,7 @@ from edged.api.http.messages import (
     Response,
     error_response,
 )
+from edged.api.http.replays import Replays
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def _http_date() -> str:
     return str(_date[0])
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.Protocol, Replays):
     """One connection: parses requests, queues them, answers them in order.
 
     One timer at a time bounds what the client owes: its request's head (`header_timeout_s`,
@@ -182,8 +183,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.failed is not None or self.done_reading:
             return  # not parsed: dropped (a failed request's lingering, a closing connection)
-        self.unparsed = bytes(self.unparsed) + data if self.unparsed else data
-        self._parse()
+        if (self.replay is None and self._told is None) or (data := self._replay(data)):
+            self._feed(data)  # parsed (`edged.api.http.replays`: unless replayed, or held)
 
     def _parse(self) -> None:
         """Feed what was read to the parser in slices, stopping where reading pauses (the

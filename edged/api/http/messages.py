@@ -159,6 +159,7 @@ class Request:
         "method",
         "path",
         "query_string",
+        "replay",
         "sock",
         "version",
     )
@@ -178,6 +179,8 @@ class Request:
         self.body_timeout_s = body_timeout_s
         self.match_info: dict[str, str] = {}
         self.complete = False  # the whole message (its body too) has been parsed
+        # Set by its handler: how a request that repeats this one may be answered at once.
+        self.replay: Replayer | None = None
         length = headers.get("content-length")
         self.content_length = int(length) if length is not None else None  # llhttp: digits
 
@@ -227,3 +230,15 @@ def error_response(status: int, message: str, code: str = "http") -> Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Replayer(Protocol):
+    """What a handler leaves on a request (`Request.replay`) that a repeat of it may be
+    answered by: a request on the same connection whose bytes are the same as that
+    request's but for the last `tail` (a tensor's), read whole in one read while the
+    connection has nothing else in hand. It answers at once, or says None and the
+    request is parsed and handled as any other (nothing done meanwhile)."""
+
+    tail: int
+
+    def __call__(self, data: bytes) -> Response | None: ...
