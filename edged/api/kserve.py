@@ -21,15 +21,10 @@ from edged.api.config import ApiConfig
 from edged.api.http.bodies import json_body
 from edged.api.http.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
 from edged.api.http.messages import Handler, Request, Response, json_response
-from edged.api.plans import MAX_HEADER_BYTES, Plan, PlanTable
-from edged.api.protocol import (
-    HEADER_LENGTH,
-    InferRequest,
-    Parts,
-    decode_request,
-    encode_response,
-)
+from edged.api.plans import MAX_HEADER_BYTES, Plan, PlanTable, infer_answer
+from edged.api.protocol import HEADER_LENGTH, InferRequest, decode_request, encode_response
 from edged.api.rawbinary import copies_body, decode_raw
+from edged.api.replays import Failed, PlanReplay
 from edged.api.shm import Lease, ShmRegistry
 from edged.api.shm_routes import Asker
 from edged.api.turns import Turns
@@ -42,10 +37,6 @@ from edged.inference.scheduler import Admitted, Outputs, Scheduler
 from edged.model.repository import ModelVersion
 
 DECODE_ON_THREAD_BYTES = 256 * 1024
-# A binary answer up to this size is joined into one buffer and sent with its headers in one
-# write: written part by part it took three sends, ~19% of the daemon's samples (py-spy,
-# tiny_cls under perf_analyzer, c=8), where copying 64 KiB costs a few microseconds.
-JOIN_BYTES = 64 * 1024
 _VERSION = re.compile(r"^[0-9]{1,9}$")
 
 
@@ -54,13 +45,16 @@ class KServeRoutes:
     is handling now (a lone request for a quick model runs on the loop)."""
 
     def __init__(self, config: ApiConfig, *, scheduler: Scheduler, cache: ModelCache,
-                 shm: ShmRegistry, bodies: BodyBudget, handling: Callable[[], int]) -> None:
+                 shm: ShmRegistry, bodies: BodyBudget, handling: Callable[[], int],
+                 failed: Failed) -> None:
+        """`failed`: the error answer to a request that failed (a replayed one's too)."""
         self.config = config
         self.scheduler = scheduler
         self.cache = cache
         self.shm = shm
         self.bodies = bodies
         self.handling = handling
+        self.failed = failed
         self.turns = Turns(scheduler)
         self.plans = PlanTable()
 
@@ -150,20 +144,22 @@ class KServeRoutes:
                                    self.scheduler.model(name, version)) \
                 if json_length != 0 else None
             if plan is not None:
-                return await self._planned(plan, body, name, version)
+                response = await self._planned(plan, body, name, version)
+                self._replayable(request, plan, name, version, json_length, body)
+                return response
             # The asking peer is looked up at a first region; inputs copied in are charged.
             asker = Asker(request)
             lease = self.shm.lease(asker, charge.add)
             try:
-                return await self._infer(name, version, body, json_length, charge, lease,
-                                         asker)
+                return await self._infer(request, name, version, body, json_length,
+                                         charge, lease, asker)
             finally:
                 lease.release()
         finally:
             charge.release()  # answered (or failed): its body is no longer held
 
-    async def _infer(self, name: str, version: int | None, body: memoryview,
-                     json_length: int | None, charge: Charge, lease: Lease,
+    async def _infer(self, request: Request, name: str, version: int | None,
+                     body: memoryview, json_length: int | None, charge: Charge, lease: Lease,
                      asker: Asker) -> Response:
         """The full path: the request parsed and checked, then run."""
         parsed, plannable = await self._decode(name, version, body, json_length, charge,
@@ -182,13 +178,27 @@ class KServeRoutes:
             name, parsed.inputs, version=version, priority=parsed.priority,
             timeout_s=parsed.timeout_s,
             cached=None if in_shm else tuple(out.name for out in parsed.outputs))
+        plan = None
         if plannable and not in_shm and admitted.request.checked is not None:
-            self.plans.learn(name, version, body, json_length, parsed,
-                             admitted.request.checked)
+            plan = self.plans.learn(name, version, body, json_length, parsed,
+                                    admitted.request.checked)
         parsed.inputs = {}  # the batch owns them now; nothing here needs them
         outputs, served = await self._outputs(admitted, name)
-        return _answer(*encode_response(name, served, parsed.id, outputs, parsed.outputs,
-                                        parsed.binary_default, write_shm=lease.write))
+        response = infer_answer(*encode_response(name, served, parsed.id, outputs,
+                                                 parsed.outputs, parsed.binary_default,
+                                                 write_shm=lease.write))
+        if plan is not None:
+            self._replayable(request, plan, name, version, json_length, body)
+        return response
+
+    def _replayable(self, request: Request, plan: Plan, name: str, version: int | None,
+                    json_length: int | None, body: memoryview) -> None:
+        """Leave a replay on a planned request that came as it is (its Content-Length
+        bytes, not chunked or compressed): its repeats on the connection may take it."""
+        if request.content_length == len(body):
+            request.replay = PlanReplay(request, plan, name, version, json_length, len(body),
+                                        scheduler=self.scheduler, bodies=self.bodies,
+                                        failed=self.failed)
 
     async def _planned(self, plan: Plan, body: memoryview, name: str,
                        version: int | None) -> Response:
@@ -199,7 +209,7 @@ class KServeRoutes:
                                         priority=plan.priority, timeout_s=plan.timeout_s,
                                         checked=plan.checked, cached=plan.cached)
         outputs, served = await self._outputs(admitted, name)
-        return _answer(*plan.encode(name, served, outputs))
+        return plan.answer(name, served, outputs)
 
     async def _outputs(self, admitted: Admitted, name: str) -> tuple[Outputs, int]:
         """The outputs of an admitted request (run, batched or queued; or from the response
@@ -293,17 +303,6 @@ class KServeRoutes:
 
         await asyncio.to_thread(unload_all)
         return json_response({})
-
-
-def _answer(parts: Parts, json_length: int | None) -> Response:
-    """An infer answer: plain JSON, or JSON and binary data (joined when small)."""
-    if json_length is None:
-        return Response(parts[0], content_type="application/json")
-    headers = {HEADER_LENGTH: str(json_length)}
-    if sum(map(len, parts)) <= JOIN_BYTES:  # one buffer: one send
-        return Response(b"".join(parts), headers=headers)
-    # Large tensor bytes go out as they are: joining them to the JSON would copy them again.
-    return Response(parts=list(parts), headers=headers)
 
 
 def _slow_to_decode(body: memoryview, names_shm: bool, lease: Lease) -> bool:

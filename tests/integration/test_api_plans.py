@@ -18,6 +18,7 @@ from support.daemon import Served, record_threads
 from edged.api import kserve as kserve_module
 from edged.api.plans import PlanTable
 from edged.api.protocol import HEADER_LENGTH, RequestedOutput, decode_response, encode_request
+from edged.inference import batcher
 
 PATH = "/v2/models/tiny_cls/infer"
 
@@ -31,6 +32,14 @@ def request_body(x: np.ndarray, **extra: Any) -> tuple[bytes, int]:
                                         **extra)
     assert json_length is not None
     return b"".join(parts), json_length
+
+
+@pytest.fixture(autouse=True)
+def cheap_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tiny_cls's rows count as cheap and its batches as quick whatever this box's load
+    (replays run only such models' requests: a run on a slow, shared VM can take longer)."""
+    monkeypatch.setattr(batcher, "TOGETHER_MAX_NS", 1 << 60)
+    monkeypatch.setattr(batcher, "INLINE_MAX_NS", 1 << 60)
 
 
 @pytest.fixture
@@ -75,22 +84,27 @@ def client(served: Served) -> Iterator[Http]:
 
 
 def test_plans_when_a_header_comes_again_skip_the_parse_and_answer_the_same(
-        client: Http, plans: PlanTable, full_path: list[str]) -> None:
+        served: Served, client: Http, plans: PlanTable, full_path: list[str]) -> None:
     answers = [client.infer(x_of(seed), request_id="r1") for seed in (1, 2, 1)]
-    assert len(full_path) == 1 and plans.hits == 2  # the same header, other bytes
+    # The same header, other tensor bytes: its connection replays it (edged.api.replays).
+    assert len(full_path) == 1 and plans.replays() == 2
     assert answers[0]["id"] == answers[1]["id"] == "r1"
     np.testing.assert_array_equal(answers[0]["prob"], answers[2]["prob"])
     assert not np.array_equal(answers[0]["prob"], answers[1]["prob"])
     checked = client.infer(x_of(2), request_id="r2")  # another header: the full path
     assert len(full_path) == 2
     np.testing.assert_array_equal(checked["prob"], answers[1]["prob"])
+    other = Http(served)  # another connection: the plan, found by its header
+    again = other.infer(x_of(2), request_id="r1")
+    other.conn.close()
+    assert len(full_path) == 2 and plans.hits == 1
+    np.testing.assert_array_equal(again["prob"], answers[1]["prob"])
 
 
 def test_plans_when_the_binary_part_has_another_size_refuse_it_as_the_full_path_does(
         client: Http, plans: PlanTable, full_path: list[str]) -> None:
     body, json_length = request_body(x_of(1))
     client.infer(x_of(1))
-    hits = plans.hits
     status, raw, _ = client.post(body + b"\0" * 4, json_length)
     assert status == 400
     assert json.loads(raw)["error"] == ("the body carries 772 bytes of binary data but the "
@@ -98,9 +112,9 @@ def test_plans_when_the_binary_part_has_another_size_refuse_it_as_the_full_path_
     status, raw, _ = client.post(body[:-4], json_length)
     assert status == 400
     assert json.loads(raw)["error"] == "input x: binary_data_size 768 runs past the body"
-    assert plans.hits == hits and len(full_path) == 3
+    assert len(full_path) == 3 and plans.hits == plans.replays() == 0
     client.infer(x_of(1))  # the plan still serves the right size
-    assert plans.hits == hits + 1
+    assert len(full_path) == 3 and plans.hits + plans.replays() == 1
 
 
 @pytest.mark.parametrize("bad,error", [
@@ -116,7 +130,7 @@ def test_plans_when_input_is_bad_refuse_it_every_time_and_plan_nothing(
     for _ in range(2):
         status, raw, _ = client.post(text + x_of(1).tobytes(), len(text))
         assert status == 400 and error in json.loads(raw)["error"]
-    assert len(plans) == 0 and plans.hits == 0
+    assert len(plans) == 0 and plans.hits == plans.replays() == 0
 
 
 def test_plans_when_the_model_is_swapped_check_the_new_version_afresh(
@@ -154,3 +168,41 @@ def test_plans_when_the_request_is_raw_binary_take_the_full_path(
         assert status == 200, raw
     assert len(plans) == 0
 
+
+
+def test_replays_when_the_body_budget_is_spent_answer_503_as_the_full_path_does(
+        served: Served, client: Http, plans: PlanTable) -> None:
+    client.infer(x_of(1))
+    bodies = served.daemon.api.bodies
+    bodies.held = bodies.limit  # every byte of the budget is someone else's
+    try:
+        status, raw, _ = client.post(*request_body(x_of(2)))
+        assert status == 503 and json.loads(raw)["code"] == "overloaded"
+        fresh = Http(served)  # the same on a connection that replays nothing
+        assert fresh.post(*request_body(x_of(2)))[:2] == (status, raw)
+        fresh.conn.close()
+    finally:
+        bodies.held = 0
+    assert plans.replays() == 0  # refused, not run
+    client.infer(x_of(2))
+    assert plans.replays() == 1 and bodies.held == 0
+
+
+def test_replays_when_inference_fails_answer_the_full_paths_error(
+        served: Served, client: Http, plans: PlanTable, monkeypatch: pytest.MonkeyPatch) -> None:
+    client.infer(x_of(1))
+    session = served.daemon.cache.acquire_loaded("tiny_cls")
+    assert session is not None
+    with session:
+        def broken(inputs: Any) -> Any:
+            raise RuntimeError("the device went away")
+
+        monkeypatch.setattr(session.session, "infer", broken)
+        replayed = client.post(*request_body(x_of(2)))
+        fresh = Http(served)
+        parsed = fresh.post(*request_body(x_of(2)))
+        fresh.conn.close()
+    assert replayed[0] == parsed[0] == 500
+    assert json.loads(replayed[1]) == json.loads(parsed[1])
+    assert "the device went away" in json.loads(replayed[1])["error"]
+    assert plans.replays() == 1

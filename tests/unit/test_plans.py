@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edged.api.plans import MAX_HEADER_BYTES, PlanTable
+from edged.api.plans import MAX_HEADER_BYTES, PlanTable, infer_answer
 from edged.api.protocol import (
     RequestedOutput,
     decode_request,
@@ -153,3 +153,27 @@ def test_plan_encode_when_an_output_is_missing_refuses_as_encode_response(
     with pytest.raises(Exception, match="has no output 'prob'"):
         plan.encode("tiny_cls", 1, {"other": np.zeros(1, np.float32)})
 
+
+
+@pytest.mark.parametrize("outputs,binary", [([], True), ([RequestedOutput("prob", True)], False),
+                                            ([], False)])
+def test_plan_answer_when_answering_again_sends_what_the_full_path_sends(
+        tiny: ModelVersion, outputs: list[RequestedOutput], binary: bool) -> None:
+    table = PlanTable()
+    body, json_length = body_of({"x": x_of(1)}, outputs, binary=binary, request_id="r3")
+    learned(table, tiny, body, json_length)
+    plan = table.find("tiny_cls", None, body, json_length, tiny)
+    assert plan is not None
+    parsed = decode_request(body, json_length)
+    answers = [{"prob": np.random.default_rng(seed).random((1, 4), dtype=np.float32)}
+               for seed in (1, 2)]
+    answers += [{"prob": np.zeros((2, 4), np.float32)},  # another shape
+                {"prob": np.zeros((1, 4), np.float64)},  # another dtype
+                {"prob": np.zeros((1, 4), ">f4")}]  # big-endian: swapped on the way out
+    for version, answer in [(1, a) for a in answers] + [(2, answers[0])]:
+        got = plan.answer("tiny_cls", version, answer)
+        want = infer_answer(*encode_response("tiny_cls", version, "r3", answer,
+                                             parsed.outputs, parsed.binary_default))
+        assert (got.length, got.headers, got.content_type) == \
+            (want.length, want.headers, want.content_type)
+        assert b"".join(got.parts or [got.body]) == b"".join(want.parts or [want.body])
