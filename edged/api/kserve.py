@@ -198,7 +198,7 @@ class KServeRoutes:
         if request.content_length == len(body):
             request.replay = PlanReplay(request, plan, name, version, json_length, len(body),
                                         scheduler=self.scheduler, bodies=self.bodies,
-                                        failed=self.failed)
+                                        failed=self.failed, handling=self.handling)
 
     async def _planned(self, plan: Plan, body: memoryview, name: str,
                        version: int | None) -> Response:

@@ -10,18 +10,21 @@ request's header and its plan), so what is left is what can change between reque
 replay does it as the usual path does: the body charged to the budget and copied into its
 aligned buffer, the plan still the one for the model version served, admission (a shadow's
 tap, the response cache), the run with its slot, lease and statistics, the answer, any
-failure answered as the usual path answers it. A replay runs only what would run right away
-on the event loop anyway (a model whose rows are cheap, an idle instance, the model loaded);
-anything else is declined and the read parsed and handled as any other."""
+failure answered as the usual path answers it. A model whose rows are cheap is run at once,
+only where it would run on the event loop right away anyway (an idle instance, the model
+loaded; else the read is declined, and parsed and handled as any other); any other model's
+repeat is run as the usual path runs it, once the turn's other reads are in: alone on the
+loop if it is quick, else by the workers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 
-from edged.api.http.budget import BodyBudget, copy_body
+from edged.api.http.budget import BodyBudget, Charge, copy_body
 from edged.api.http.messages import Request, Response
 from edged.api.plans import Plan
-from edged.inference.scheduler import Scheduler
+from edged.inference.scheduler import Pending, Scheduler
 
 Failed = Callable[[Request, Exception], Response]
 
@@ -31,7 +34,7 @@ class PlanReplay:
 
     def __init__(self, request: Request, plan: Plan, name: str, version: int | None,
                  json_length: int | None, length: int, *, scheduler: Scheduler,
-                 bodies: BodyBudget, failed: Failed) -> None:
+                 bodies: BodyBudget, failed: Failed, handling: Callable[[], int]) -> None:
         self.request = request
         self.plan = plan
         self.name, self.version = name, version
@@ -41,28 +44,70 @@ class PlanReplay:
         self.scheduler = scheduler
         self.bodies = bodies
         self.failed = failed
+        self.handling = handling
 
-    def __call__(self, data: bytes) -> Response | None:
+    def __call__(self, data: bytes) -> Response | Awaitable[Response] | None:
+        """A model whose rows are cheap runs the repeat here and now, where the batcher
+        would run it on the loop right away anyway (else it is declined: nothing done); any
+        other model's is answered later (`_later`)."""
         plan, scheduler, name, version = self.plan, self.scheduler, self.name, self.version
         batcher = scheduler.batcher(name, version)
-        if batcher is None or batcher.model is not plan.checked.model \
-                or not (batcher.quick and batcher.cheap):
+        if batcher is None or batcher.model is not plan.checked.model:
             return None
-        charge = self.bodies.charge()
+        cheap = batcher.quick and batcher.cheap
+        charge: Charge | None = self.bodies.charge()
         try:
+            assert charge is not None
             charge.add(self.length)
             body = copy_body(data, self.length, self.json_length)
+            if not cheap:
+                later = self._later(charge, body)
+                charge = None  # released by _later
+                return later
             future = scheduler.run_now(name, plan.inputs(body), version=version,
                                        priority=plan.priority, timeout_s=plan.timeout_s,
                                        checked=plan.checked, cached=plan.cached)
             if future is None:
                 return None
             plan.replays += 1
-            outputs = future.result()  # done: raises what the run raised
-            served = future.version
-            return plan.answer(name, served if served is not None else
-                               batcher.serving_version, outputs)
+            return self._answer(future, batcher.serving_version)
+        except Exception as exc:  # answered as the usual path answers it
+            return self.failed(self.request, exc)
+        finally:
+            if charge is not None:
+                charge.release()
+
+    async def _later(self, charge: Charge, body: memoryview) -> Response:
+        """As the usual path runs a request for a model whose rows are not cheap: after the
+        rest of this turn of the loop has been read, alone (no other request being handled)
+        a quick model runs here; else the workers run it, batched with what is queued."""
+        plan, scheduler, name, version = self.plan, self.scheduler, self.name, self.version
+        try:
+            await asyncio.sleep(0)  # the turn's other reads are handled (counted) first
+            inputs = plan.inputs(body)
+            future = None
+            batcher = scheduler.batcher(name, version)
+            if self.handling() == 1 and batcher is not None and batcher.quick:
+                future = scheduler.run_now(name, inputs, version=version,
+                                           priority=plan.priority, timeout_s=plan.timeout_s,
+                                           checked=plan.checked, cached=plan.cached)
+            if future is None:
+                admitted = scheduler.admit(name, inputs, version=version,
+                                           priority=plan.priority, timeout_s=plan.timeout_s,
+                                           checked=plan.checked, cached=plan.cached)
+                future = admitted.future
+                if not future.done():  # a response cache hit is done
+                    scheduler.queue(admitted)
+                    await asyncio.wrap_future(future)
+            plan.replays += 1
+            return self._answer(future, scheduler.cache.default_version(name))
         except Exception as exc:  # answered as the usual path answers it
             return self.failed(self.request, exc)
         finally:
             charge.release()
+
+    def _answer(self, future: Pending, default_version: int) -> Response:
+        outputs = future.result()  # done: raises what the run raised
+        served = future.version
+        return self.plan.answer(self.name, served if served is not None else default_version,
+                                outputs)

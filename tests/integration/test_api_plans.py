@@ -206,3 +206,16 @@ def test_replays_when_inference_fails_answer_the_full_paths_error(
     assert json.loads(replayed[1]) == json.loads(parsed[1])
     assert "the device went away" in json.loads(replayed[1])["error"]
     assert plans.replays() == 1
+
+
+def test_replays_when_rows_are_not_cheap_run_as_the_usual_path_runs_them(
+        served: Served, client: Http, plans: PlanTable, full_path: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher, "TOGETHER_MAX_NS", 0)  # as PP-OCR cls: rows too dear
+    answers = [client.infer(x_of(seed)) for seed in (1, 2, 1)]
+    assert len(full_path) == 1 and plans.replays() == 2  # answered after the turn's reads
+    np.testing.assert_array_equal(answers[0]["prob"], answers[2]["prob"])
+    fresh = Http(served)
+    np.testing.assert_array_equal(fresh.infer(x_of(2), request_id="x")["prob"],
+                                  answers[1]["prob"])
+    fresh.conn.close()

@@ -9,7 +9,7 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,15 +30,26 @@ class Replays:
     tail: int = TAIL
     declining: bool = False
     large: bool = False
+    later: bool = False  # answer with an awaitable
+    handling: list[int] = field(default_factory=list)  # HttpServer.handling while it waits
+    server: HttpServer | None = None
     seen: list[bytes] = field(default_factory=list)
 
-    def __call__(self, data: bytes) -> Response | None:
+    def __call__(self, data: bytes) -> Response | Awaitable[Response] | None:
         if self.declining:
             return None
         self.seen.append(data)
+        if self.later:
+            return self._later(data)
         if self.large:
             return Response(parts=[b'{"r": "', memoryview(b"x" * (4 << 20)), b'"}'])
         return json_response({"replayed": data[-self.tail:].decode()})
+
+    async def _later(self, data: bytes) -> Response:
+        await asyncio.sleep(0)
+        assert self.server is not None
+        self.handling.append(self.server.handling)
+        return json_response({"later": data[-self.tail:].decode()})
 
 
 @dataclass
@@ -82,6 +93,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     unix.listen()
     unix.setblocking(False)
     loop.run_until_complete(http.listen(unix))
+    replays.server = http
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
@@ -196,3 +208,17 @@ def test_connection_when_a_client_waits_for_100_continue_never_replays_it(
         for body in ("head0001", "head0002"):
             assert ask(sock, post(body, extra=expect)) == {"handled": body}
     assert server.replays.seen == []
+
+
+def test_connection_when_the_replayer_answers_later_keeps_the_order_and_counts_it(
+        server: Server) -> None:
+    server.replays.later = True
+    with server.unix() as sock:
+        ask(sock, post("head0001"))
+        sock.sendall(post("head0002"))
+        wait_until(lambda: server.replays.seen)  # replayed, its answer not given yet
+        sock.sendall(post("after", path="/other"))
+        pending = bytearray()
+        answers = [json.loads(read_answer(sock, pending)[2]) for _ in range(2)]
+    assert answers == [{"later": "0002"}, {"handled": "after"}]
+    assert server.replays.handling == [1]  # a handler in progress while it waited

@@ -235,10 +235,11 @@ Handler = Callable[[Request], Awaitable[Response]]
 class Replayer(Protocol):
     """What a handler leaves on a request (`Request.replay`) that a repeat of it may be
     answered by: a request on the same connection whose bytes are the same as that
-    request's but for the last `tail` (a tensor's), read whole in one read while the
-    connection has nothing else in hand. It answers at once, or says None and the
+    request's but for the last `tail` (a tensor's), read while the connection has nothing
+    else in hand (`edged.api.http.replays`). It answers at once, or later (an awaitable,
+    counted in `HttpServer.handling` until it gives the answer), or says None and the
     request is parsed and handled as any other (nothing done meanwhile)."""
 
     tail: int
 
-    def __call__(self, data: bytes) -> Response | None: ...
+    def __call__(self, data: bytes) -> Response | Awaitable[Response] | None: ...

@@ -13,10 +13,13 @@ bytes of a request that came alone, to be learned once it is answered."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from edged.api.http.messages import HttpError, Request, Response
+from edged.api.http.messages import HttpError, Request, Response, error_response
+
+logger = logging.getLogger(__name__)
 
 # The largest request whose bytes are told (and may be replayed), and how long the first
 # reads of one that may repeat a replayable request wait for the rest before they are parsed.
@@ -75,12 +78,29 @@ class Replays:
             return b""
         if len(data) == length and data.startswith(prefix):
             assert request.replay is not None
-            response = request.replay(data)
-            if response is not None:
+            answer = request.replay(data)
+            if answer is not None:
                 self.queue.append(request)  # in hand until answered: what is read waits
-                asyncio.get_running_loop().create_task(self._answer(request, response))
+                if isinstance(answer, Response):
+                    task = self._answer(request, answer)
+                else:
+                    self.server.handling += 1
+                    task = self._answer_later(request, answer)
+                asyncio.get_running_loop().create_task(task)
                 return b""
         return data
+
+    async def _answer_later(self, request: Request, answer: Awaitable[Response]) -> None:
+        """A replayed request the Replayer answers later (counted as a handler until then)."""
+        try:
+            response = await answer
+        except Exception:  # the Replayer answers its own failures: this is a bug
+            logger.exception("%s %s: replaying it failed", request.method, request.path)
+            response = error_response(500, "internal error", "internal")
+            response.close = True
+        finally:
+            self.server.handling -= 1
+        await self._answer(request, response)
 
     def _learn(self, told: Request, reads: Sequence[bytes]) -> None:
         """The request told whole has been answered (nothing is in hand): its repeats may be
