@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 # reads of one that may repeat a replayable request wait for the rest before they are parsed.
 MAX_REPLAY_BYTES = 256 * 1024
 HOLD_S = 0.05
+HEAD_BYTES = 4096  # an answer's status line and headers, at most (a margin)
 _END_OF_HEAD = b"\r\n\r\n"
 
 
@@ -54,6 +55,8 @@ class Replays:
     server: Any
     _fed: int
     _arm: Callable[[float, Callable[[], None], str], None]
+    _write: Callable[[Request, Response, bool], None]
+    close: Callable[[], None]
     _parse: Callable[[], None]
     _answer: Callable[[Request, Response], Coroutine[Any, Any, None]]
 
@@ -80,6 +83,12 @@ class Replays:
             assert request.replay is not None
             answer = request.replay(data)
             if answer is not None:
+                if isinstance(answer, Response) and self._fits(answer):
+                    # Written now, as _answer writes it: the transport takes it without
+                    # pausing, so nothing is left to wait for but the next request.
+                    self._write(request, answer, True)
+                    self._arm(self.server.keepalive_s, self.close, "idle")
+                    return b""
                 self.queue.append(request)  # in hand until answered: what is read waits
                 if isinstance(answer, Response):
                     task = self._answer(request, answer)
@@ -101,6 +110,14 @@ class Replays:
         finally:
             self.server.handling -= 1
         await self._answer(request, response)
+
+    def _fits(self, response: Response) -> bool:
+        """Whether writing `response` (it keeps the connection open) cannot make the
+        transport pause writing: what it holds and the answer stay under its high-water
+        mark (the head takes at most HEAD_BYTES)."""
+        transport = self.transport
+        return not response.close and transport.get_write_buffer_size() + response.length \
+            + HEAD_BYTES <= transport.get_write_buffer_limits()[1]
 
     def _learn(self, told: Request, reads: Sequence[bytes]) -> None:
         """The request told whole has been answered (nothing is in hand): its repeats may be
