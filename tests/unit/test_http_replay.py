@@ -222,3 +222,14 @@ def test_connection_when_the_replayer_answers_later_keeps_the_order_and_counts_i
         answers = [json.loads(read_answer(sock, pending)[2]) for _ in range(2)]
     assert answers == [{"later": "0002"}, {"handled": "after"}]
     assert server.replays.handling == [1]  # a handler in progress while it waited
+
+
+def test_connection_when_a_repeat_comes_in_many_small_pieces_replays_it(
+        server: Server) -> None:
+    with server.unix() as sock:
+        ask(sock, post("head0001"))
+        data = post("head0002")
+        for i in range(0, len(data), 7):  # each held until the whole has come
+            sock.sendall(data[i:i + 7])
+        assert json.loads(read_answer(sock)[2]) == {"replayed": "0002"}
+        assert ask(sock, post("head0003")) == {"replayed": "0003"}

@@ -37,7 +37,9 @@ class Replays:
     replay: tuple[bytes, int, Request] | None = None
     _told: Request | None = None  # the last request that came alone, until it is answered
     _told_reads: Sequence[bytes] = ()  # its bytes, as read
-    _held = b""  # reads that may become a repeat of the replayable request
+    # Reads that may become a repeat of the replayable request, and their bytes.
+    _held: list[bytes] | tuple[()] = ()
+    _held_bytes = 0
     _reads: list[bytes] | None = None  # of the message being parsed, while it came alone
     _read_bytes = 0  # in _reads
 
@@ -64,40 +66,48 @@ class Replays:
         """Offer a read: held while it (with what was held) may still become the whole of a
         repeat of the replayable request (bounded by HOLD_S, then parsed as any other),
         handed to the Replayer once it is. Returns what is to be parsed (b"": nothing)."""
-        if self._held:
-            data, self._held = self._held + data, b""
-        elif not self._idle():
+        held = self._held
+        if not held and not self._idle():
             return data
         if self._told is not None:
             self._learn(self._told, self._told_reads)
         if self.replay is None:
             return data
         prefix, length, request = self.replay
-        if len(data) < length and (prefix.startswith(data) if len(data) <= len(prefix)
-                                   else data.startswith(prefix)):
-            self._held = data
+        start = self._held_bytes
+        end = start + len(data)
+        matches = _goes_on(prefix, length, start, data)
+        if matches and end < length:
+            if not held:
+                held = self._held = []
+            held.append(data)
+            self._held_bytes = end
             if self.timing != "hold":
                 self._arm(HOLD_S, self._unhold, "hold")
             return b""
-        if len(data) == length and data.startswith(prefix):
-            assert request.replay is not None
-            answer = request.replay(data)
-            if answer is not None:
-                if isinstance(answer, Response) and self._fits(answer):
-                    # Written now, as _answer writes it: the transport takes it without
-                    # pausing, so nothing is left to wait for but the next request.
-                    self._write(request, answer, True)
-                    self._arm(self.server.keepalive_s, self.close, "idle")
-                    return b""
-                self.queue.append(request)  # in hand until answered: what is read waits
-                if isinstance(answer, Response):
-                    task = self._answer(request, answer)
-                else:
-                    self.server.handling += 1
-                    task = self._answer_later(request, answer)
-                asyncio.get_running_loop().create_task(task)
-                return b""
-        return data
+        if held:
+            data = b"".join([*held, data])
+            self._held, self._held_bytes = (), 0
+        if not matches:
+            return data
+        assert request.replay is not None  # what is learned has one
+        answer = request.replay(data)
+        if answer is None:
+            return data
+        if isinstance(answer, Response) and self._fits(answer):
+            # Written now, as _answer writes it: the transport takes it without pausing, so
+            # nothing is left to wait for but the next request.
+            self._write(request, answer, True)
+            self._arm(self.server.keepalive_s, self.close, "idle")
+            return b""
+        self.queue.append(request)  # in hand until answered: what is read waits
+        if isinstance(answer, Response):
+            task = self._answer(request, answer)
+        else:
+            self.server.handling += 1
+            task = self._answer_later(request, answer)
+        asyncio.get_running_loop().create_task(task)
+        return b""
 
     async def _answer_later(self, request: Request, answer: Awaitable[Response]) -> None:
         """A replayed request the Replayer answers later (counted as a handler until then)."""
@@ -142,9 +152,9 @@ class Replays:
     def _unhold(self) -> None:
         """The rest of a request that began as a replay's did not come in time: parse what
         came as any other request's (its own bounds apply from here)."""
-        data, self._held = self._held, b""
-        if data and self.transport is not None and not self.done_reading:
-            self._feed(data)
+        held, self._held, self._held_bytes = self._held, (), 0
+        if held and self.transport is not None and not self.done_reading:
+            self._feed(b"".join(held))
 
     def _feed(self, data: bytes) -> None:
         """Parse a read; a request that came alone (its reads began with nothing in hand and
@@ -166,3 +176,15 @@ class Replays:
         queue = self.queue
         if not self.unparsed and self.failed is None and queue and queue[-1].complete:
             self._told, self._told_reads = queue[-1], reads
+
+
+def _goes_on(prefix: bytes, length: int, start: int, data: bytes) -> bool:
+    """Whether `data`, read after `start` bytes that matched, may still be part of a request
+    of `length` bytes that begins with `prefix` (then any tail)."""
+    if start + len(data) > length:
+        return False
+    if start >= len(prefix):
+        return True  # the tail: any bytes
+    if len(data) <= len(prefix) - start:
+        return prefix.startswith(data, start)
+    return data.startswith(prefix[start:])
