@@ -76,7 +76,8 @@ class Replays:
         prefix, length, request = self.replay
         start = self._held_bytes
         end = start + len(data)
-        matches = _goes_on(prefix, length, start, data)
+        matches = data.startswith(prefix) if end == length and not start else \
+            _goes_on(prefix, length, start, data)  # all of it in one read, or in pieces
         if matches and end < length:
             if not held:
                 held = self._held = []
