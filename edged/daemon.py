@@ -25,6 +25,7 @@ from edged.hardware import host
 from edged.hardware.tegra import TegraStats
 from edged.inference.cache import ModelCache
 from edged.inference.loadspec import backend_options
+from edged.inference.responses import ResponseCache
 from edged.inference.scheduler import Scheduler
 from edged.model.repository import ModelRepository
 from edged.mqtt import topics
@@ -79,7 +80,9 @@ class Daemon:
             pinned=config.cache.pinned,
             default_backend=config.backends.default,
         )
-        self.scheduler = Scheduler(self.cache)
+        self.responses = ResponseCache(config.cache.responses_mb * 1024 * 1024)
+        self.cache.session_gone.append(self.responses.forget)
+        self.scheduler = Scheduler(self.cache, responses=self.responses)
         self.repository.on_version_removed(self.scheduler.retire)
         self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs)
         self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
@@ -103,7 +106,7 @@ class Daemon:
         self.ota_progress = OtaProgress(shadows=lambda: self.updater.shadows.status())
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
             self.scheduler.counters, self.cache.status, loads=self.cache.counters,
-            streams=self.streams.read_stats,
+            streams=self.streams.read_stats, responses=self.responses.snapshot,
             link=self.mqtt.stats if self.mqtt is not None else None,
             looks=self.streams.looks, ota=self.ota_progress)
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,

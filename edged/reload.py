@@ -15,7 +15,7 @@ from edged.streams.config import StreamConfig
 RESTART_ONLY = ("device_id", "models_dir", "backends", "api", "mqtt")
 # Keys inside sections that are otherwise reloadable.
 RESTART_ONLY_KEYS = {
-    "cache": ("dir", "budget_mb", "snapshots_mb"),
+    "cache": ("dir", "budget_mb", "snapshots_mb", "responses_mb"),
     "ota": ("keep_versions", "allow_unsigned", "max_artifact_mb", "ca_file", "chunk_timeout_s",
             "groups", "max_parallel_downloads", "staging_mb", "download_rate_kbps"),
     "logging": ("target",),

@@ -58,6 +58,8 @@ def model_config(model: ModelVersion, instances: int | None = None) -> dict[str,
         "instance_group": [{"count": instances or instance_count(cfg.instances),
                             "kind": "KIND_AUTO"}],
         "version_policy": _version_policy(model),
+        # as Triton shows it; edged adds whether the model is deterministic (below)
+        "response_cache": {"enable": cfg.response_cache},
     }
     batching = cfg.batching_params
     if batched and batching is not None:
@@ -76,6 +78,7 @@ def model_config(model: ModelVersion, instances: int | None = None) -> dict[str,
     # Triton's schema has no word for a fixed batch dim: max_batch_size says how many rows a
     # request may bring, this says the graph runs exactly that many (fewer are zero-padded).
     out["edged"] = {"version": model.version, "precision": cfg.precision,
+                    "deterministic": cfg.deterministic,
                     "fixed_batch_size": model.fixed_batch, "preprocess": pre,
                     "postprocess": post,
                     # a detector's head, and why it and the pre/post-processing are so
@@ -122,8 +125,12 @@ def model_statistics(name: str, version: int, stats: BatcherStats) -> dict[str, 
     def stat(count: int, ns: int) -> dict[str, int]:
         return {"count": count, "ns": ns}
 
-    executed = stats.success + stats.failure - stats.timeouts  # requests that reached a batch
-    request_compute_ns = stats.request_ns - stats.queue_ns
+    # Requests that reached a batch or the response cache (Triton's queue count) and those
+    # that ran (its compute counts: hits ran nothing).
+    executed = stats.success + stats.failure - stats.timeouts
+    computed = executed - stats.cache_hits
+    request_compute_ns = stats.request_ns - stats.queue_ns - stats.cache_hit_ns \
+        - stats.cache_miss_ns
     return {
         "name": name, "version": str(version), "last_inference": stats.last_inference_ms,
         "inference_count": stats.inference_count, "execution_count": stats.exec_count,
@@ -131,10 +138,11 @@ def model_statistics(name: str, version: int, stats: BatcherStats) -> dict[str, 
             "success": stat(stats.success, stats.success_ns),
             "fail": stat(stats.failure, stats.fail_ns),
             "queue": stat(executed, stats.queue_ns),
-            "compute_input": stat(executed, 0),
-            "compute_infer": stat(executed, request_compute_ns),
-            "compute_output": stat(executed, 0),
-            "cache_hit": stat(0, 0), "cache_miss": stat(0, 0),
+            "compute_input": stat(computed, 0),
+            "compute_infer": stat(computed, request_compute_ns),
+            "compute_output": stat(computed, 0),
+            "cache_hit": stat(stats.cache_hits, stats.cache_hit_ns),
+            "cache_miss": stat(stats.cache_misses, stats.cache_miss_ns),
         },
         "batch_stats": [{"batch_size": rows, "compute_input": stat(count, 0),
                          "compute_infer": stat(count, ns), "compute_output": stat(count, 0)}

@@ -22,8 +22,10 @@ from edged.api.config import ApiConfig
 from edged.api.http.bodies import json_body
 from edged.api.http.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
 from edged.api.http.messages import Handler, Request, Response, json_response
+from edged.api.plans import MAX_HEADER_BYTES, Plan, PlanTable, infer_answer
 from edged.api.protocol import HEADER_LENGTH, InferRequest, decode_request, encode_response
 from edged.api.rawbinary import copies_body, decode_raw
+from edged.api.replays import Failed, PlanReplay
 from edged.api.shm import Lease, ShmRegistry
 from edged.api.shm_routes import Asker
 from edged.api.turns import Turns
@@ -32,14 +34,10 @@ from edged.core.states import ModelState
 from edged.inference.cache import ModelCache
 from edged.inference.instances import instance_count
 from edged.inference.loadspec import options_for
-from edged.inference.scheduler import Scheduler
+from edged.inference.scheduler import Admitted, Outputs, Scheduler
 from edged.model.repository import ModelVersion
 
 DECODE_ON_THREAD_BYTES = 256 * 1024
-# A binary answer up to this size is joined into one buffer and sent with its headers in one
-# write: written part by part it took three sends, ~19% of the daemon's samples (py-spy,
-# tiny_cls under perf_analyzer, c=8), where copying 64 KiB costs a few microseconds.
-JOIN_BYTES = 64 * 1024
 _VERSION = re.compile(r"^[0-9]{1,9}$")
 
 
@@ -48,14 +46,18 @@ class KServeRoutes:
     is handling now (a lone request for a quick model runs on the loop)."""
 
     def __init__(self, config: ApiConfig, *, scheduler: Scheduler, cache: ModelCache,
-                 shm: ShmRegistry, bodies: BodyBudget, handling: Callable[[], int]) -> None:
+                 shm: ShmRegistry, bodies: BodyBudget, handling: Callable[[], int],
+                 failed: Failed) -> None:
+        """`failed`: the error answer to a request that failed (a replayed one's too)."""
         self.config = config
         self.scheduler = scheduler
         self.cache = cache
         self.shm = shm
         self.bodies = bodies
         self.handling = handling
+        self.failed = failed
         self.turns = Turns(scheduler)
+        self.plans = PlanTable()
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         model = "/v2/models/{model}"
@@ -135,17 +137,32 @@ class KServeRoutes:
         if not self.scheduler.has_batcher(name, version):  # an unknown model: 404, body unread
             await asyncio.to_thread(self.scheduler.prepare, name, version)
         charge = self.bodies.charge()
-        # The asking peer is looked up at a first region; inputs copied in are charged.
-        asker = Asker(request)
-        lease = self.shm.lease(asker, charge.add)
+        lease: Lease | None = None
         running: list[Future[Any]] = []  # its request, once handed to the scheduler
 
         def let_go(_: object = None) -> None:
-            lease.release()
+            if lease is not None:
+                lease.release()
             charge.release()  # its body is no longer held
 
         try:
-            return await self._infer(request, name, version, charge, lease, asker, running)
+            json_length = _json_length(request)
+            body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
+                                   json_length)
+            # A header seen before for this model version: what checking it came to is
+            # reused (`edged.api.plans`); it names no shared memory.
+            plan = self.plans.find(name, version, body, json_length,
+                                   self.scheduler.model(name, version)) \
+                if json_length != 0 else None
+            if plan is not None:
+                response = await self._planned(plan, body, name, version, running)
+                self._replayable(request, plan, name, version, json_length, body)
+                return response
+            # The asking peer is looked up at a first region; inputs copied in are charged.
+            asker = Asker(request)
+            lease = self.shm.lease(asker, charge.add)
+            return await self._infer(request, name, version, body, json_length, charge,
+                                     lease, asker, running)
         finally:
             if running and not running[0].done():
                 running[0].add_done_callback(let_go)
@@ -153,73 +170,119 @@ class KServeRoutes:
                 let_go()
 
     async def _infer(self, request: Request, name: str, version: int | None,
-                     charge: Charge, lease: Lease, asker: Asker,
-                     running: list[Future[Any]]) -> Response:
-        json_length = _json_length(request)
-        body = await read_body(request, self.config.max_request_mb * 1024 * 1024, charge,
-                               json_length)
+                     body: memoryview, json_length: int | None, charge: Charge, lease: Lease,
+                     asker: Asker, running: list[Future[Any]]) -> Response:
+        """The full path: the request parsed and checked, then run."""
+        parsed, plannable = await self._decode(name, version, body, json_length, charge,
+                                               lease, asker)
+        in_shm = False
+        if parsed.outputs:  # most requests name none: every output comes back
+            in_shm = any(out.shm is not None for out in parsed.outputs)
+            if in_shm:
+                await asker.resolve()  # before holding them here, on the loop
+            for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
+                if out.shm is not None:
+                    lease.hold(out.shm)
+        # The response cache (for models that opt in) never answers a request whose outputs
+        # go to shared memory.
+        admitted = self.scheduler.admit(
+            name, parsed.inputs, version=version, priority=parsed.priority,
+            timeout_s=parsed.timeout_s,
+            cached=None if in_shm else tuple(out.name for out in parsed.outputs))
+        running.append(admitted.future)
+        plan = None
+        if plannable and not in_shm and admitted.request.checked is not None:
+            plan = self.plans.learn(name, version, body, json_length, parsed,
+                                    admitted.request.checked)
+        parsed.inputs = {}  # the batch owns them now; nothing here needs them
+        outputs, served = await self._outputs(admitted, name)
+        response = infer_answer(*encode_response(name, served, parsed.id, outputs,
+                                                 parsed.outputs, parsed.binary_default,
+                                                 write_shm=lease.write))
+        if plan is not None:
+            self._replayable(request, plan, name, version, json_length, body)
+        return response
+
+    def _replayable(self, request: Request, plan: Plan, name: str, version: int | None,
+                    json_length: int | None, body: memoryview) -> None:
+        """Leave a replay on a planned request that came as it is (its Content-Length
+        bytes, not chunked or compressed): its repeats on the connection may take it."""
+        if request.content_length == len(body):
+            request.replay = PlanReplay(request, plan, name, version, json_length, len(body),
+                                        scheduler=self.scheduler, bodies=self.bodies,
+                                        failed=self.failed, handling=self.handling)
+
+    async def _planned(self, plan: Plan, body: memoryview, name: str,
+                       version: int | None, running: list[Future[Any]]) -> Response:
+        """A request whose header has a plan: no parse, no checks but the batcher's own
+        (priority and timeout are the plan's, as checked); it names no shared memory, and
+        parsing it is not charged for as it is not done."""
+        admitted = self.scheduler.admit(name, plan.inputs(body), version=version,
+                                        priority=plan.priority, timeout_s=plan.timeout_s,
+                                        checked=plan.checked, cached=plan.cached)
+        running.append(admitted.future)
+        outputs, served = await self._outputs(admitted, name)
+        return plan.answer(name, served, outputs)
+
+    async def _outputs(self, admitted: Admitted, name: str) -> tuple[Outputs, int]:
+        """The outputs of an admitted request (run, batched or queued; or from the response
+        cache) and the version that made them."""
+        future = admitted.future
+        if not future.done():  # a response cache hit is done
+            await self._run(admitted)
+            if not future.done():
+                await asyncio.wrap_future(future)
+        outputs = future.result()
+        served = future.version
+        return outputs, served if served is not None else self.cache.default_version(name)
+
+    async def _decode(self, name: str, version: int | None, body: memoryview,
+                      json_length: int | None, charge: Charge, lease: Lease,
+                      asker: Asker) -> tuple[InferRequest, bool]:
+        """The full path: parse and check the request (JSON, or a raw binary body), charging
+        what parsing makes before it does; a large body is decoded off the loop. Also
+        whether a plan may be learned from it: a JSON header small enough, that names no
+        shared memory (the text hint: a key spelled with escapes is taken to name it)."""
         head = len(body) if json_length is None else min(max(json_length, 0), len(body))
         charge.add(head * (JSON_WEIGHT - 1))  # what parsing it will make of it, before it does
         reader, charger = lease.read, charge.add
         # The text hint where the decode may run on the loop (a large body is decoded on a
         # thread, which may look the peer up itself): scanning it would copy it here.
-        names_shm = len(body) <= DECODE_ON_THREAD_BYTES and _names_shared_memory(body, head)
+        small = len(body) <= DECODE_ON_THREAD_BYTES
+        names_shm = small and _names_shared_memory(body, head)
+        plannable = json_length != 0 and head <= MAX_HEADER_BYTES and not (
+            names_shm if small else _names_shared_memory(body, head))
         if names_shm:
             await asker.resolve()  # off the loop over TCP; the decode below may run on it
         if json_length == 0:  # a raw binary request: the body is the one input's bytes
             model = self.scheduler.model(name, version)
             if len(body) > DECODE_ON_THREAD_BYTES and copies_body(model):  # not on the loop
-                parsed = await asyncio.to_thread(decode_raw, model, body, charger)
-            else:
-                parsed = decode_raw(model, body, charger)
-        elif _slow_to_decode(body, names_shm, lease):  # not on the loop
-            parsed = await asyncio.to_thread(decode_request, body, json_length, read_shm=reader,
-                                             charge=charger)
+                return await asyncio.to_thread(decode_raw, model, body, charger), False
+            return decode_raw(model, body, charger), False
+        if _slow_to_decode(body, names_shm, lease):  # not on the loop
+            parsed = await asyncio.to_thread(decode_request, body, json_length,
+                                             read_shm=reader, charge=charger)
         else:
             parsed = decode_request(body, json_length, read_shm=reader, charge=charger)
-        if parsed.outputs:  # most requests name none: every output comes back
+        if parsed.outputs:
             check_outputs(self.scheduler.model(name, version), parsed)
-            if any(out.shm is not None for out in parsed.outputs):
-                await asker.resolve()  # before holding them here, on the loop
-            for out in parsed.outputs:  # held from now: an unregister cannot take them mid-run
-                if out.shm is not None:
-                    lease.hold(out.shm)
-        # Alone: no other request is being handled or arrived in this turn of the loop. A quick
-        # model then runs right here, with no hop to a worker thread and back (tiny_cls at c=1
-        # cost ~20% less server CPU per request, and the answer comes sooner). Requests that
-        # overlap for a model whose rows are cheap batch here at the end of the turn
-        # (`Turns`); for any other they go to the workers, where they batch and run beside
-        # each other while the loop keeps reading and answering.
-        scheduler = self.scheduler
-        if self.handling() == 1 and scheduler.quick(name, version):
-            future = scheduler.submit_or_run(name, parsed.inputs, version=version,
-                                             priority=parsed.priority,
-                                             timeout_s=parsed.timeout_s)
-            running.append(future)
-        elif scheduler.cheap(name, version):
-            admitted = scheduler.admit(name, parsed.inputs, version=version,
-                                       priority=parsed.priority, timeout_s=parsed.timeout_s)
-            running.append(admitted.future)
+        return parsed, plannable
+
+    async def _run(self, admitted: Admitted) -> None:
+        """Run or queue an admitted request. Alone (no other request is being handled or
+        arrived in this turn of the loop), a quick model runs right here, with no hop to a
+        worker thread and back (tiny_cls at c=1 cost ~20% less server CPU per request, and
+        the answer comes sooner). Requests that overlap for a model whose rows are cheap
+        batch here at the end of the turn (`Turns`); for any other they go to the workers,
+        where they batch and run beside each other while the loop keeps reading and
+        answering."""
+        batcher = admitted.batcher
+        if self.handling() == 1 and batcher.quick:
+            self.scheduler.run_or_queue(admitted)
+        elif batcher.cheap:
             await self.turns.join(admitted)
-            future = admitted.future
         else:
-            future = scheduler.submit(name, parsed.inputs, version=version,
-                                      priority=parsed.priority, timeout_s=parsed.timeout_s)
-            running.append(future)
-        parsed.inputs = {}  # the batch owns them now; nothing here needs them
-        outputs = future.result() if future.done() else await asyncio.wrap_future(future)
-        served = future.version if future.version is not None else \
-            self.cache.default_version(name)
-        parts, json_length = encode_response(name, served, parsed.id, outputs, parsed.outputs,
-                                             parsed.binary_default,
-                                             write_shm=lease.write)
-        if json_length is None:
-            return Response(parts[0], content_type="application/json")
-        headers = {HEADER_LENGTH: str(json_length)}
-        if sum(map(len, parts)) <= JOIN_BYTES:  # one buffer: one send
-            return Response(b"".join(parts), headers=headers)
-        # Large tensor bytes go out as they are: joining them to the JSON would copy them again.
-        return Response(parts=list(parts), headers=headers)
+            self.scheduler.queue(admitted)
 
     # -- repository --------------------------------------------------------------------------
     async def repository_index(self, request: Request) -> Response:

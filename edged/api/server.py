@@ -92,7 +92,8 @@ class ApiServer:
         self._unix: UnixListener | None = None
         self.kserve = KServeRoutes(config, scheduler=scheduler, cache=cache, shm=shm,
                                    bodies=self.bodies,
-                                   handling=lambda: self.connections.handling)
+                                   handling=lambda: self.connections.handling,
+                                   failed=self.failed)
         self.router = self._make_router()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -177,20 +178,25 @@ class ApiServer:
             self._check_peer(request)
             self._check_not_a_browser(request)
             return await handler(request)
-        except BodyTimeout as exc:  # the rest of the body may still come: not on this one
+        except Exception as exc:
+            return self.failed(request, exc)
+
+    def failed(self, request: Request, exc: Exception) -> Response:
+        """The JSON error answer to a request that failed with `exc` (a replayed one's too)."""
+        if isinstance(exc, BodyTimeout):  # the rest of the body may still come: not on this one
             response = self._error(exc.http_status, exc.code, str(exc))
             response.close = True
             return response
-        except EdgedError as exc:
+        if isinstance(exc, EdgedError):
             return self._error(exc.http_status, exc.code, str(exc))
-        except HttpError as exc:
+        if isinstance(exc, HttpError):
             response = self._error(exc.status, "http", str(exc))
             if exc.allow is not None:
                 response.headers = {"Allow": exc.allow}
             return response
-        except Exception as exc:  # last resort: one request fails, the server keeps serving
-            logger.exception("%s %s failed", request.method, request.path)
-            return self._error(500, "internal", f"internal error: {exc}")
+        # last resort: one request fails, the server keeps serving
+        logger.error("%s %s failed", request.method, request.path, exc_info=exc)
+        return self._error(500, "internal", f"internal error: {exc}")
 
     def _error(self, status: int, code: str, message: str) -> Response:
         self.metrics.api_errors.labels(code).inc()

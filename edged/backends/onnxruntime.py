@@ -153,6 +153,7 @@ class OrtSession:
         self.inputs = [_spec_of(i) for i in self._session.get_inputs()]
         self.outputs = [_spec_of(o) for o in self._session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
+        self._text = any(i.dtype == np.object_ for i in self.inputs)  # string inputs
         self.nbytes = spec.path.stat().st_size
         self._on_gpu = self.providers[0] in (PROVIDER_NAMES["tensorrt"], PROVIDER_NAMES["cuda"])
 
@@ -176,7 +177,8 @@ class OrtSession:
             if placed is not None:
                 return self._run_bound(session, placed)
         # ORT releases the GIL inside run(), so instance threads truly overlap.
-        results = session.run(self._output_names, _text_inputs(inputs))
+        results = session.run(self._output_names,
+                              _text_inputs(inputs) if self._text else inputs)
         return dict(zip(self._output_names, results, strict=True))
 
     def _drop_tensorrt(self, failed: Any, exc: Exception) -> bool:

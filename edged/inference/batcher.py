@@ -31,6 +31,7 @@ from edged.core.errors import (
     Timeout,
 )
 from edged.hardware.memory import BufferPool, new_pool
+from edged.inference.admission import caches, check, keep_answers, look_up, stamp
 from edged.inference.batching import (
     INLINE_MAX_NS,
     INLINE_UNKNOWN,
@@ -38,29 +39,32 @@ from edged.inference.batching import (
     TOGETHER_MAX_NS,
     BatcherStats,
     BatchPolicy,
-    Outputs,
+    Checked,
     Pending,
     Request,
     RequestQueue,
     validate,
 )
-from edged.inference.cache import Lease, ModelCache
-from edged.inference.execution import run_batch
+from edged.inference.cache import ModelCache
+from edged.inference.execution import Ran, run_batch
+from edged.inference.inline import CallerRuns, Delivery
 from edged.inference.instances import instance_count, runs_on_gpu
 from edged.inference.loadspec import options_for
+from edged.inference.responses import ResponseCache
 from edged.model.repository import ModelVersion
 
 logger = logging.getLogger(__name__)
 
-Delivery = Callable[[], None]  # completes futures; always called without the lock
 MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and clock safety)
 
-class Batcher:
+class Batcher(CallerRuns):
     """The queue and instance workers of one model (a fixed version, or whichever is active)."""
 
     def __init__(self, cache: ModelCache, name: str, version: int | None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 responses: ResponseCache | None = None) -> None:
         self.cache = cache
+        self.responses = responses
         self.name = name
         self.version = version
         self.label = name if version is None else f"{name}:{version}"
@@ -146,33 +150,31 @@ class Batcher:
         return stats
 
     # -- callers -----------------------------------------------------------------------------
-    def _request(self, inputs: Mapping[str, np.ndarray], priority: int | None,
-                 timeout_s: float | None) -> Request:
-        """Validate a request against the model and stamp it (priority, deadline)."""
-        policy = self._policy
-        rows, shape_key = validate(self._model, inputs)
-        if not priority:
-            priority = policy.default_priority
-        elif not 1 <= priority <= policy.levels:
-            raise InvalidInput(f"{self.label}: priority {priority} is outside 1..{policy.levels}")
-        timeout_s = timeout_s or policy.default_timeout_s  # 0 or None: no timeout, as Triton
-        now = self._clock()
-        return Request(inputs, rows, shape_key, priority,
-                       now + timeout_s if timeout_s else None, now)
-
     def submit(self, inputs: Mapping[str, np.ndarray], priority: int | None,
                timeout_s: float | None) -> Pending:
-        request = self._request(inputs, priority, timeout_s)
-        self._push(request)
+        request = self.admit(inputs, priority, timeout_s)
+        self.push(request)
         return request.future
 
     def admit(self, inputs: Mapping[str, np.ndarray], priority: int | None,
-              timeout_s: float | None) -> Request:
-        """A request checked against the model and stamped, not yet queued or run (see
-        run_together). Raises at once for bad input."""
-        return self._request(inputs, priority, timeout_s)
+              timeout_s: float | None, *, checked: Checked | None = None,
+              cached: tuple[str, ...] | None = None) -> Request:
+        """A request checked and stamped, not yet queued or run (run_together, run_or_push);
+        raises at once for bad input. `checked`: an earlier check of the same inputs, reused
+        while its version is served. `cached`: the outputs asked for, where the response
+        cache may answer (a hit's future comes back done)."""
+        if checked is None or checked.model is not self._model:
+            checked = check(self.label, self._model, self._policy, inputs, priority, timeout_s)
+        request = stamp(inputs, checked, self._clock())
+        if cached is not None and self.responses is not None and caches(checked.model):
+            hit_ns = look_up(request, self.responses, cached)
+            if hit_ns is not None:
+                with self._lock:
+                    self._counters(checked.model.version).record_hit(hit_ns)
+        return request
 
-    def _push(self, request: Request) -> None:
+    def push(self, request: Request) -> None:
+        """Queue an admitted request for the workers."""
         with self._lock:
             if self._stopping:
                 raise ShuttingDown(f"{self.label} is shutting down")
@@ -187,62 +189,22 @@ class Batcher:
                 self._next_deadline = deadline
                 self._reaper_wake.notify()
 
-    def run_inline(self, inputs: Mapping[str, np.ndarray], priority: int | None,
-                   timeout_s: float | None) -> Outputs:
-        """Run one request on the caller's thread when nothing is queued, an instance slot is
-        free and the model has no queue delay: the batcher would run it alone right away
-        anyway, and this skips two thread wake-ups. Otherwise queue it and wait."""
-        request = self._request(inputs, priority, timeout_s)
-        if not (self._claim_slot() and self._run_claimed([request], self.cache.acquire)):
-            self._push(request)
-        return request.future.result()
-
-    def submit_or_run(self, inputs: Mapping[str, np.ndarray], priority: int | None,
-                      timeout_s: float | None) -> Pending:
-        """submit(), or, for a model whose batches take under INLINE_MAX_NS and that is idle
-        and loaded, run it now on the calling thread (the future comes back done). For the
-        event loop: it never waits for a model to load or for a slot."""
-        request = self._request(inputs, priority, timeout_s)
-        if not (self.quick and self._claim_slot()
-                and self._run_claimed([request], self.cache.acquire_loaded)):
-            self._push(request)  # not quick, not idle, or not loaded: the workers take it
-        return request.future
-
     def run_together(self, requests: list[Request]) -> None:
         """Admitted requests that arrived together (in one turn of the caller's event loop):
         where the batcher would run them as one batch right away (nothing queued, a slot free,
         no queue delay) and that batch is cheap (its rows' moving cost under
         TOGETHER_MAX_NS), it runs now on the calling thread; the rest are queued. Each
         request's future carries its outcome: this never raises for one of them."""
-        batch = self._together(requests)
-        ran = bool(batch) and self._claim_slot() \
-            and self._run_claimed(batch, self.cache.acquire_loaded)
+        batch = self._policy.together(requests, self._row_ns, TOGETHER_MAX_NS)
+        ran = bool(batch) and self.claim_slot() \
+            and self.run_claimed(batch, self.cache.acquire_loaded)
         for request in requests:
             if ran and request in batch:
                 continue
             try:
-                self._push(request)
+                self.push(request)
             except EdgedError as exc:  # full queue, shutting down: this one fails, not all
                 request.future.set_exception(exc)
-
-    def _together(self, requests: list[Request]) -> list[Request]:
-        """The requests, from the first, that make one batch to run now (none if it would
-        not be cheap, or the model batches not, or waits for more)."""
-        policy = self._policy
-        if not policy.batching or policy.max_delay_s > 0 or not self._row_ns:
-            return []
-        batch: list[Request] = []
-        rows = 0
-        for request in requests:
-            if request.shape_key == requests[0].shape_key \
-                    and rows + request.rows <= policy.max_batch:
-                batch.append(request)
-                rows += request.rows
-        while batch and policy.trim(rows) < rows:  # a preferred size, as _take_batch cuts
-            rows -= batch.pop().rows
-        if self._row_ns * rows > TOGETHER_MAX_NS:
-            return []
-        return batch
 
     @property
     def cheap(self) -> bool:
@@ -254,46 +216,6 @@ class Batcher:
     def quick(self) -> bool:
         """Its batches take less than INLINE_MAX_NS (a moving average; False before one ran)."""
         return self._batch_ns < INLINE_MAX_NS
-
-    def _claim_slot(self) -> bool:
-        """Take an instance slot for a caller's own thread, when the batcher would run a
-        request alone right away: nothing queued, a slot free, no queue delay."""
-        with self._lock:
-            inline = (not self._queue and self._free > 0 and not self._stopping
-                      and self._policy.max_delay_s == 0)
-            if inline:
-                self._free -= 1
-            return inline
-
-    def _run_claimed(self, batch: list[Request],
-                     acquire: Callable[[str, int | None], Lease | None]) -> bool:
-        """Run `batch` (admitted requests) as one batch in the slot claimed; False, with the
-        slot released and nothing run, when `acquire` finds no model loaded, or when a new
-        version came in and the batch holds more than one request (the workers then take
-        them, re-checked against it)."""
-        deliveries: list[Delivery] = []
-        ran = False
-        try:
-            lease = acquire(self.name, self.version)
-            if lease is not None:
-                with lease:
-                    if lease.model is not self._model:
-                        deliveries += self._adopt(lease.model)
-                        if len(batch) > 1:
-                            return False
-                        batch[0].rows, batch[0].shape_key = validate(self._model,
-                                                                     batch[0].inputs)
-                    for request in batch:
-                        request.future.set_running_or_notify_cancel()
-                    with self._lock:
-                        self._in_flight += len(batch)
-                    deliveries.append(self._execute(batch, lease.session, None, lease.model))
-                    ran = True
-        finally:
-            self._release_slot()
-            for deliver in deliveries:
-                deliver()
-        return ran
 
     # -- workers -----------------------------------------------------------------------------
     def _work_loop(self) -> None:
@@ -315,13 +237,13 @@ class Batcher:
             except Exception:  # last resort: a worker must outlive any one batch
                 logger.exception("%s: worker error", self.label)
             finally:
-                self._release_slot()
+                self.release_slot()
             # The slot is free again before callers wake: one looping inline finds it.
             for deliver in deliveries:
                 deliver()
         pool.close()
 
-    def _release_slot(self) -> None:
+    def release_slot(self) -> None:
         with self._lock:
             self._free += 1
             if self._stopping:
@@ -432,7 +354,18 @@ class Batcher:
             row_ns = ns // max(ran.rows, 1)
             self._row_ns = (row_ns + 3 * self._row_ns) // 4 if self._row_ns else row_ns
             self._in_flight -= len(batch)
+        if ran.failure is None and any(r.miss for r in ran.batch):
+            return partial(self._deliver, ran, model.version)
         return ran.delivery(model.version)
+
+    def _deliver(self, ran: Ran, version: int) -> None:
+        """Keep the missed answers in the response cache, then hand the outputs out."""
+        assert self.responses is not None
+        counted = keep_answers(ran.batch, ran.outputs, self.responses, version)
+        with self._lock:
+            for ns in counted:
+                self._counters(version).record_miss(ns)
+        ran.delivery(version)()
 
     def _fail(self, requests: list[Request], error: EdgedError) -> None:
         with self._lock:

@@ -4,17 +4,21 @@ guards a `RequestQueue` with its own lock and completes futures outside it."""
 
 from __future__ import annotations
 
+import _thread
 import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import PENDING  # the state Future.__init__ starts in
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from edged.core.errors import InvalidInput
 from edged.inference import latency
+from edged.inference.responses import Miss
 from edged.model.config import BatchingConfig
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec
@@ -44,11 +48,69 @@ TOGETHER_MAX_NS = 500_000
 SPREAD_MIN_NS = 250_000
 
 
+class _Condition(_thread.RLock):  # type: ignore[misc]  # typeshed: final; CPython: a base
+    """A `threading.Condition` over its own re-entrant lock, for one future: entered and left
+    by the lock's own C methods (a Condition's are Python's, and a future takes its condition
+    four or five times a request), with no work to notify while no one waits (almost always:
+    the API and the streams wait on the event loop or with callbacks). Waiting and notifying
+    are threading.Condition's."""
+
+    __slots__ = ("_waiters",)
+    _waiters: deque[_thread.LockType] | None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._is_owned():  # type: ignore[attr-defined]
+            raise RuntimeError("cannot wait on un-acquired lock")
+        waiter = _thread.allocate_lock()
+        waiter.acquire()
+        waiters = getattr(self, "_waiters", None)
+        if waiters is None:
+            waiters = self._waiters = deque()
+        waiters.append(waiter)
+        saved = self._release_save()  # type: ignore[attr-defined]
+        got = False
+        try:
+            if timeout is None:
+                got = waiter.acquire()
+            else:
+                got = waiter.acquire(True, timeout) if timeout > 0 else waiter.acquire(False)
+            return got
+        finally:
+            self._acquire_restore(saved)  # type: ignore[attr-defined]
+            if not got:
+                try:
+                    waiters.remove(waiter)
+                except ValueError:
+                    pass
+
+    def notify_all(self) -> None:
+        waiters = getattr(self, "_waiters", None)
+        if not waiters:
+            return
+        if not self._is_owned():  # type: ignore[attr-defined]
+            raise RuntimeError("cannot notify on un-acquired lock")
+        while waiters:
+            waiter = waiters.popleft()
+            try:
+                waiter.release()
+            except RuntimeError:  # timed out meanwhile
+                pass
+
+
 class Pending(Future[Outputs]):
     """A request's future; `version` is the model version that ran it, set before the
-    result (an OTA swap may land between submit and run)."""
+    result (an OTA swap may land between submit and run). Its condition is a `_Condition`
+    (the rest is concurrent.futures.Future's own)."""
 
     version: int | None = None
+
+    def __init__(self) -> None:  # Future.__init__'s, with the lighter condition
+        self._condition = _Condition()  # type: ignore[assignment]
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
 
 
 @dataclass(eq=False)
@@ -60,6 +122,21 @@ class Request:
     deadline: float | None
     enqueued: float
     future: Pending = field(default_factory=Pending)
+    miss: Miss | None = None  # not in the response cache: its answer goes in under this
+    checked: Checked | None = None  # what its check came to (None: made by hand, unchecked)
+
+
+@dataclass(frozen=True, eq=False)
+class Checked:
+    """What checking a request's inputs against one model version came to: a request whose
+    inputs are known to be the same (same names, dtypes and shapes: the API's request plans)
+    may reuse it while that version is served."""
+
+    model: ModelVersion
+    rows: int
+    shape_key: ShapeKey
+    priority: int  # resolved: the model's default where the request named none
+    timeout_s: float | None  # resolved likewise; None: no timeout
 
 
 @dataclass(frozen=True)
@@ -74,6 +151,7 @@ class BatchPolicy:
     levels: int
     default_priority: int
     default_timeout_s: float | None
+    fixed_batch: int | None = None  # the model's (ModelVersion.fixed_batch), worked out once
 
     @classmethod
     def of(cls, model: ModelVersion) -> BatchPolicy:
@@ -91,12 +169,34 @@ class BatchPolicy:
             levels=levels,
             default_priority=min(bounds.default_priority, levels) or levels,
             default_timeout_s=bounds.default_timeout_ms / 1000 or None,
+            fixed_batch=model.fixed_batch,
         )
 
     def can_send_now(self, rows: int, blocked: bool) -> bool:
         """Triton sends without waiting out the delay when the batch cannot usefully grow."""
         return (blocked or rows >= self.max_batch
                 or (bool(self.preferred) and rows >= self.preferred[-1]))
+
+    def together(self, requests: list[Request], row_ns: int,
+                 max_ns: int = TOGETHER_MAX_NS) -> list[Request]:
+        """Of requests that arrived together, those from the first that make one batch to
+        run now on the caller's thread: none if it would not be cheap (`row_ns`, a row's
+        moving cost, times its rows over `max_ns`), or the model batches not, or waits for
+        more."""
+        if not self.batching or self.max_delay_s > 0 or not row_ns:
+            return []
+        batch: list[Request] = []
+        rows = 0
+        for request in requests:
+            if request.shape_key == requests[0].shape_key \
+                    and rows + request.rows <= self.max_batch:
+                batch.append(request)
+                rows += request.rows
+        while batch and self.trim(rows) < rows:  # a preferred size, as a worker cuts
+            rows -= batch.pop().rows
+        if row_ns * rows > max_ns:
+            return []
+        return batch
 
     def trim(self, rows: int) -> int:
         """The row count to send: the largest preferred size that fits, else all of them."""
@@ -297,6 +397,13 @@ class BatcherStats:
     request_ns: int = 0  # per request: its queue wait + its batch's compute
     success_ns: int = 0  # request_ns of the requests that succeeded
     fail_ns: int = 0  # request_ns of the requests whose batch failed
+    # Response cache (Triton's meanings): hits are in `success` (and their lookup in
+    # success_ns and request_ns) but ran no batch; a miss's lookup and insert add to its
+    # request's time.
+    cache_hits: int = 0
+    cache_hit_ns: int = 0
+    cache_misses: int = 0
+    cache_miss_ns: int = 0
     last_exec: float = 0.0  # clock time the last batch finished (the health tick reads it)
     last_inference_ms: int = 0  # wall clock (ms since the epoch) of the same, for clients
     # rows in a batch -> (batches of that size, their compute ns): Triton's batch_stats
@@ -327,6 +434,22 @@ class BatcherStats:
             self.success += requests
             self.success_ns += spent
 
+    def record_hit(self, ns: int) -> None:
+        """A request answered from the response cache in `ns` (as Triton: a success, no
+        queue time, no execution)."""
+        self.success += 1
+        self.success_ns += ns
+        self.request_ns += ns
+        self.cache_hits += 1
+        self.cache_hit_ns += ns
+
+    def record_miss(self, ns: int) -> None:
+        """A request not in the response cache whose answer went in; `ns`: lookup + insert."""
+        self.cache_misses += 1
+        self.cache_miss_ns += ns
+        self.success_ns += ns
+        self.request_ns += ns
+
     def __add__(self, other: BatcherStats) -> BatcherStats:
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
                   for f in dataclasses.fields(self)
@@ -345,30 +468,3 @@ class BatcherStats:
     def copy(self) -> BatcherStats:
         return dataclasses.replace(self, batch_sizes=dict(self.batch_sizes),
                                    latency=list(self.latency))
-
-
-@dataclass(frozen=True)
-class InferenceCounters:
-    """One model version's counters as `/metrics` and the stats message read them (Triton's
-    meanings: a request may hold several rows, a batch execution runs several requests)."""
-
-    model: str
-    version: int
-    success: int
-    failure: int  # timeouts included
-    inference_count: int
-    exec_count: int
-    request_ns: int
-    queue_ns: int
-    compute_ns: int
-    pending: int  # requests queued now
-    rejected: int = 0  # refused at submit: the queue was full (not in `failure`)
-    timeouts: int = 0  # expired while queued, never run (also in `failure`)
-    latency: tuple[int, ...] = ()  # requests per latency bucket (edged.inference.latency)
-
-    @classmethod
-    def of(cls, model: str, version: int, stats: BatcherStats, pending: int
-           ) -> InferenceCounters:
-        return cls(model, version, stats.success, stats.failure, stats.inference_count,
-                   stats.exec_count, stats.request_ns, stats.queue_ns, stats.compute_ns,
-                   pending, stats.rejected, stats.timeouts, tuple(stats.latency))

@@ -99,6 +99,9 @@ class ModelCache:
         self._bytes = 0  # sum of nbytes over _entries, kept as they come and go
         self._counters: dict[str, ModelCounters] = {}  # name -> counts, under _lock
         self._unpreloaded: dict[str, str] = {}  # name -> why preloading left it out
+        # Called (name, version), lock held, when a version's session stops serving (unloaded,
+        # evicted, swapped out, upgraded): what was computed on it (cached answers) can go.
+        self.session_gone: list[Callable[[str, int], None]] = []
         self.evictions = 0
 
     @property
@@ -306,6 +309,8 @@ class ModelCache:
                 return None, [entry]
             self._entries[key] = entry
             self._bytes += entry.nbytes - waiting.nbytes
+            for gone in self.session_gone:
+                gone(*key)
             waiting.retiring = True  # _release closes it after the last lease
             doomed = [waiting] if waiting.refs == 0 else []
             self._count_load(entry)
@@ -347,6 +352,8 @@ class ModelCache:
         if self._entries.get(key) is entry:
             del self._entries[key]
             self._bytes -= entry.nbytes
+            for gone in self.session_gone:
+                gone(*key)
 
     def _pick_evictions(self, keep: Key | None = None) -> list[Entry]:
         """Idle, unpinned models, least recently used first, until under budget (lock held)."""

@@ -1,5 +1,6 @@
 """The warm cache's section of the daemon config (`cache:`): its memory budget, what loads at
-start and stays, and where engines, measurements and snapshots are kept."""
+start and stays, the response cache's budget, and where engines, measurements and snapshots
+are kept."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class CacheConfig:
         "all", "models loaded and warmed at start: all (every model in the repository, as "
         "Triton does, while the budget holds them), a list, or [] to load on first request")
     pinned: list[str] = setting(factory=list, help="models never evicted from the cache")
+    responses_mb: int = setting(64, "memory budget of the response cache (models that set "
+                                    "response_cache: true; least recently used answers go "
+                                    "first); 0 = no response cache", check=at_least(0))
     snapshots_mb: int = setting(256, "disk budget of the objects' snapshots kept under "
                                      "<dir>/snapshots (the oldest go first); 0 = none kept",
                                 check=at_least(0))

@@ -59,7 +59,7 @@ def run_batch(label: str, batch: list[Request], session: Session, pool: BufferPo
     and get a host buffer. The backend call is the one place anything may come out: it fails
     this batch only."""
     started = time.perf_counter_ns()
-    rows = sum(r.rows for r in batch)
+    rows = batch[0].rows if len(batch) == 1 else sum(r.rows for r in batch)
     sent = max(rows, fixed_batch or 0)
     failure: EdgedError | None = None
     outputs: Outputs = {}

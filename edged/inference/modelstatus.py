@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from edged.core.states import ModelState
+
+if TYPE_CHECKING:
+    from edged.inference.batching import BatcherStats
 
 
 @dataclass(frozen=True)
@@ -51,3 +55,36 @@ class ModelCounters:
     failed_loads: int = 0
     evictions: int = 0
     load_seconds: Mapping[int, float] = field(default_factory=dict)  # version -> seconds
+
+
+@dataclass(frozen=True)
+class InferenceCounters:
+    """One model version's counters as `/metrics` and the stats message read them (Triton's
+    meanings: a request may hold several rows, a batch execution runs several requests)."""
+
+    model: str
+    version: int
+    success: int
+    failure: int  # timeouts included
+    inference_count: int
+    exec_count: int
+    request_ns: int
+    queue_ns: int
+    compute_ns: int
+    pending: int  # requests queued now
+    rejected: int = 0  # refused at submit: the queue was full (not in `failure`)
+    timeouts: int = 0  # expired while queued, never run (also in `failure`)
+    latency: tuple[int, ...] = ()  # requests per latency bucket (edged.inference.latency)
+    cache_hits: int = 0  # answered from the response cache (also in `success`)
+    cache_hit_ns: int = 0
+    cache_misses: int = 0
+    cache_miss_ns: int = 0
+
+    @classmethod
+    def of(cls, model: str, version: int, stats: BatcherStats, pending: int
+           ) -> InferenceCounters:
+        return cls(model, version, stats.success, stats.failure, stats.inference_count,
+                   stats.exec_count, stats.request_ns, stats.queue_ns, stats.compute_ns,
+                   pending, stats.rejected, stats.timeouts, tuple(stats.latency),
+                   stats.cache_hits, stats.cache_hit_ns, stats.cache_misses,
+                   stats.cache_miss_ns)

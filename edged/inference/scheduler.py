@@ -18,8 +18,16 @@ import numpy as np
 
 from edged.core.errors import ShuttingDown
 from edged.inference.batcher import Batcher
-from edged.inference.batching import BatcherStats, InferenceCounters, Outputs, Pending, Request
+from edged.inference.batching import (
+    BatcherStats,
+    Checked,
+    Outputs,
+    Pending,
+    Request,
+)
 from edged.inference.cache import ModelCache
+from edged.inference.modelstatus import InferenceCounters
+from edged.inference.responses import ResponseCache
 from edged.model.repository import ModelVersion
 
 __all__ = ["Outputs", "Pending", "Scheduler", "Tap"]
@@ -43,8 +51,12 @@ class Admitted:
 class Scheduler:
     """Routes requests to per-model batchers. Thread-safe; `submit` never blocks on a model."""
 
-    def __init__(self, cache: ModelCache, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cache: ModelCache, *, clock: Callable[[], float] = time.monotonic,
+                 responses: ResponseCache | None = None) -> None:
+        """`responses`: the response cache that models with `response_cache: true` answer
+        the API's requests from (None: none)."""
         self.cache = cache
+        self.responses = responses
         self._clock = clock
         self._lock = threading.Lock()
         self._batchers: dict[tuple[str, int | None], Batcher] = {}
@@ -79,16 +91,44 @@ class Scheduler:
         return future
 
     def admit(self, model: str, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
-              priority: int | None = None, timeout_s: float | None = None) -> Admitted:
-        """A request checked and stamped for run_together (raises at once for bad input or
-        an unknown model); a shadow's tap is offered it now, as by submit()."""
+              priority: int | None = None, timeout_s: float | None = None,
+              checked: Checked | None = None,
+              cached: tuple[str, ...] | None = None) -> Admitted:
+        """A request checked and stamped for run_together, run_or_queue or queue (raises at
+        once for bad input or an unknown model); a shadow's tap is offered it now, as by
+        submit(). `checked` and `cached`: see Batcher.admit (a response cache hit comes back
+        with its future done, to be neither run nor queued)."""
         batcher = self._batcher(model, version)
         tap = self.taps.get(model) if version is None else None
         sink = tap(inputs) if tap is not None else None
-        request = batcher.admit(inputs, priority, timeout_s)
+        request = batcher.admit(inputs, priority, timeout_s, checked=checked, cached=cached)
         if sink is not None:
             request.future.add_done_callback(sink)
         return Admitted(batcher, request)
+
+    def run_or_queue(self, admitted: Admitted) -> None:
+        """Run an admitted request now on the calling thread where submit_or_run would, else
+        queue it (raises for a full queue, as submit)."""
+        admitted.batcher.run_or_push(admitted.request)
+
+    def run_now(self, model: str, inputs: Mapping[str, np.ndarray], *,
+                version: int | None = None, priority: int | None = None,
+                timeout_s: float | None = None, checked: Checked | None = None,
+                cached: tuple[str, ...] | None = None) -> Pending | None:
+        """Admit a request (as admit: checked, tapped, looked up) and run it on the calling
+        thread, where the batcher would run it alone right away and the model it is checked
+        against is loaded: its future comes back done. None, with nothing admitted or run,
+        otherwise (no batcher yet, busy, not loaded, a version not taken on yet)
+        (Batcher.run_now: it never blocks, never reads the disk)."""
+        batcher = self._batchers.get((model, version))
+        if batcher is None:
+            return None
+        return batcher.run_now(inputs, priority, timeout_s, checked, cached,
+                               self.taps.get(model) if version is None else None)
+
+    def queue(self, admitted: Admitted) -> None:
+        """Queue an admitted request for the workers (raises for a full queue, as submit)."""
+        admitted.batcher.push(admitted.request)
 
     def run_together(self, admitted: list[Admitted]) -> None:
         """Requests admitted together for one model and version (see
@@ -128,6 +168,10 @@ class Scheduler:
     def has_batcher(self, model: str, version: int | None = None) -> bool:
         return (model, version) in self._batchers
 
+    def batcher(self, model: str, version: int | None = None) -> Batcher | None:
+        """The batcher of requests to `model` (by version, or its active one), if made."""
+        return self._batchers.get((model, version))
+
     def model(self, model: str, version: int | None = None) -> ModelVersion:
         """The config and signature requests to `model` are checked against now."""
         return self._batcher(model, version).model
@@ -146,7 +190,8 @@ class Scheduler:
                 raise ShuttingDown("the scheduler is shutting down")
             batcher = self._batchers.get((model, version))
             if batcher is None:
-                batcher = Batcher(self.cache, model, version, clock=self._clock)
+                batcher = Batcher(self.cache, model, version, clock=self._clock,
+                                  responses=self.responses)
                 self._batchers[(model, version)] = batcher
             return batcher
 

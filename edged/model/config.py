@@ -7,7 +7,8 @@ from typing import Literal
 
 import numpy as np
 
-from edged.core.schema import at_least, between, each, setting
+from edged.core.errors import ConfigIssue
+from edged.core.schema import Parsed, at_least, between, each, setting
 
 DTYPES = {
     "float32": np.float32, "float16": np.float16, "float64": np.float64,
@@ -285,6 +286,11 @@ class ModelConfig:
     tensorrt: TensorRTOverrides = setting(factory=TensorRTOverrides, help="TensorRT settings")
     quantization: QuantizationConfig = setting(factory=QuantizationConfig,
                                                help="INT8 variant and its accuracy gate")
+    response_cache: bool = setting(False, "answer API requests the same version was already "
+                                   "asked (same input bytes, dtypes, shapes and outputs) from "
+                                   "the response cache (cache.responses_mb), as Triton does")
+    deterministic: bool = setting(True, "the same inputs always give the same outputs; false "
+                                  "(a model that samples) rules out the response cache")
 
     @property
     def batching_params(self) -> BatchingConfig | None:
@@ -292,3 +298,16 @@ class ModelConfig:
         if self.batching is False:
             return None
         return self.batching if isinstance(self.batching, BatchingConfig) else BatchingConfig()
+
+
+def check_response_cache(parsed: Parsed[ModelConfig]) -> list[ConfigIssue]:
+    """A cached answer is only right for a model whose outputs the inputs alone decide."""
+    config = parsed.value
+    if config.response_cache and not config.deterministic:
+        return [parsed.issue("response_cache", "is true, but deterministic: false says the "
+                             "same inputs may give other outputs, which a cached answer would "
+                             "hide; drop one of the two")]
+    return []
+
+
+MODEL_CHECKS = (check_response_cache,)

@@ -20,7 +20,7 @@ from pathlib import Path
 from edged.core.errors import ConfigError, InvalidModel, ModelNotFound
 from edged.core.fsutil import copy_synced, file_sha256, fsync_dir, write_atomically
 from edged.core.schema import parse, parse_file
-from edged.model.config import ModelConfig
+from edged.model.config import MODEL_CHECKS, ModelConfig
 from edged.model.heads import Head
 from edged.model.resolve import resolve_processing
 from edged.model.signature import Signature, read_signature, reconcile
@@ -168,7 +168,7 @@ class ModelRepository:
         for path in candidates:
             if path.is_file():
                 try:
-                    return parse_file(ModelConfig, path).value
+                    return parse_file(ModelConfig, path, MODEL_CHECKS).value
                 except ConfigError as exc:
                     raise InvalidModel(str(exc)) from exc
         return ModelConfig()
@@ -205,7 +205,7 @@ class ModelRepository:
             yaml_path = self.model_dir(name) / CONFIG_FILE
         if yaml_path.is_file():
             try:
-                parsed = parse_file(ModelConfig, yaml_path)
+                parsed = parse_file(ModelConfig, yaml_path, MODEL_CHECKS)
             except ConfigError as exc:
                 raise InvalidModel(str(exc)) from exc
         else:

@@ -26,8 +26,7 @@ from edged.inference.latency import cumulative
 from edged.streams.stats import StreamStats
 
 if TYPE_CHECKING:
-    from edged.inference.batching import InferenceCounters
-    from edged.inference.modelstatus import ModelCounters, ModelStatus
+    from edged.inference.modelstatus import InferenceCounters, ModelCounters, ModelStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -49,6 +48,14 @@ _COUNTERS = (
      "queue_ns", 1e-3),
     ("edged_inference_compute_infer_duration_us", "cumulative time in the model",
      "compute_ns", 1e-3),
+    ("edged_cache_num_hits_per_model", "requests answered from the response cache (also in "
+     "request_success)", "cache_hits", 1),
+    ("edged_cache_hit_duration_per_model", "cumulative microseconds looking up and reading out "
+     "response cache hits", "cache_hit_ns", 1e-3),
+    ("edged_cache_num_misses_per_model", "requests not in the response cache whose answers "
+     "went in", "cache_misses", 1),
+    ("edged_cache_miss_duration_per_model", "cumulative microseconds looking up and inserting "
+     "response cache misses", "cache_miss_ns", 1e-3),
 )
 
 
@@ -96,6 +103,26 @@ class InferenceCollector(Collector):
         yield ready
         yield size
         yield device
+
+
+class ResponseCacheCollector(Collector):
+    """The response cache as a whole (ResponseCache.snapshot): what it holds against its
+    budget, and what it let go to stay within it."""
+
+    def __init__(self, snapshot: Callable[[], Mapping[str, int]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._snapshot()
+        yield GaugeMetricFamily("edged_response_cache_bytes", "bytes the cached answers hold "
+                                "(arrays, keys, overhead)", value=now["bytes"])
+        yield GaugeMetricFamily("edged_response_cache_budget_bytes", "the response cache's "
+                                "budget (cache.responses_mb)", value=now["budget_bytes"])
+        yield GaugeMetricFamily("edged_response_cache_entries", "answers held",
+                                value=now["entries"])
+        yield CounterMetricFamily("edged_response_cache_evictions", "answers dropped, least "
+                                  "recently used first, to stay within the budget",
+                                  value=now["evictions"])
 
 
 class LoadCollector(Collector):
@@ -355,13 +382,15 @@ class Metrics:
                  link: Callable[[], Mapping[str, Any] | None] | None = None,
                  looks: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
                  ota: Updates | None = None,
+                 responses: Callable[[], Mapping[str, int]] | None = None,
                  gpus: Callable[[], Iterable[host.GpuStats]] = host.gpus,
                  jetson: Callable[[], TegraStats | None] = host.jetson) -> None:
         """`counters`: Scheduler.counters; `models`: ModelCache.status; `loads`:
         ModelCache.counters; `streams`: stream name -> StreamStats; `link`:
         MqttLink.stats, or None while MQTT is off; `looks`: StreamSet.looks (events' totals,
-        live views); `ota`: the updates' progress; `gpus`: host.gpus (NVML, or a Jetson's
-        sysfs); `jetson`: host.jetson (None off a Jetson)."""
+        live views); `ota`: the updates' progress; `responses`: ResponseCache.snapshot;
+        `gpus`: host.gpus (NVML, or a Jetson's sysfs); `jetson`: host.jetson (None off a
+        Jetson)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(InferenceCollector(counters, models))
         if loads is not None:
@@ -374,6 +403,8 @@ class Metrics:
             self.registry.register(LooksCollector(looks))
         if ota is not None:
             self.registry.register(OtaCollector(ota))
+        if responses is not None:
+            self.registry.register(ResponseCacheCollector(responses))
         self.registry.register(GpuCollector(gpus))
         self.registry.register(JetsonCollector(jetson))
         ProcessCollector(registry=self.registry)

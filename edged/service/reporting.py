@@ -17,8 +17,7 @@ from edged.core.states import ModelState
 from edged.hardware import host
 from edged.hardware.tegra import TegraStats
 from edged.inference import latency
-from edged.inference.batching import InferenceCounters
-from edged.inference.modelstatus import ModelCounters, ModelStatus
+from edged.inference.modelstatus import InferenceCounters, ModelCounters, ModelStatus
 from edged.streams.pipeline import StreamPipeline
 
 RATES = {"fps_in": "frames_in", "fps_processed": "processed", "fps_dropped": "dropped",

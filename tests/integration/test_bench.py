@@ -37,6 +37,11 @@ def test_bench_api_when_run_quick_measures_every_path(
     assert set(results["threads"]) == {"tiny_cls", "cls", "det"}
     assert all(n >= 1 for n in results["threads"].values())
     assert "intra-op threads, as edged chose them" in table
+    if results["yardstick"]["perf_analyzer"] is not None:  # `make bench-setup` was run
+        cached = [row["cached_tcp"] for row in results["yardstick"]["rows"]
+                  if "cached_tcp" in row]
+        assert len(cached) == 4 and all(c["hit"] > c["miss"] >= 1 for c in cached)
+        assert "response cache on, one input repeated" in table
 
 
 @pytest.mark.timeout(300)  # four stream cases and the live views, each run for real

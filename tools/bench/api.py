@@ -45,6 +45,8 @@ DET_YAML = "max_batch_size: 1\nwarmup: {shapes: {x: [3, 640, 640]}}\n"
 
 
 def build_repository(root: Path) -> None:
+    """det, cls and tiny_cls; and cls and tiny_cls again with the response cache on
+    (yardstick.CACHED: `<model>_cached`)."""
     (root / "det" / "1").mkdir(parents=True)
     shutil.copyfile(ppocr_model(PPOCR_DET), root / "det" / "1" / "model.onnx")
     (root / "det" / "model.yaml").write_text(DET_YAML)
@@ -52,6 +54,11 @@ def build_repository(root: Path) -> None:
     shutil.copyfile(ppocr_model(PPOCR_CLS), root / "cls" / "1" / "model.onnx")
     (root / "cls" / "model.yaml").write_text(CLS_YAML)
     tiny_model_tools().write_repository(root, names=["tiny_cls"])
+    for model in yardstick.SHAPES:
+        cached = root / yardstick.cached(model)
+        shutil.copytree(root / model, cached)
+        yaml = cached / "model.yaml"
+        yaml.write_text(yaml.read_text() + "\nresponse_cache: true\n")
 
 
 def edged_config(workdir: Path, *, preload: list[str], http: str | None = None,
@@ -182,7 +189,8 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     binary_req, json_req = tiny_requests(tiny_x)
     # edged on its default thread choice (each model timed at its first load); every direct
     # session is built with the count edged chose for that model.
-    config = edged_config(workdir, preload=["tiny_cls", "cls", "det"],
+    config = edged_config(workdir, preload=["tiny_cls", "cls", "det",
+                                            *map(yardstick.cached, yardstick.SHAPES)],
                           http=f"127.0.0.1:{port}", threads=0)
     with run_edged(workdir, config) as (sock, proc), EdgedClient(sock) as client:
         repo = ModelRepository(workdir / "models")

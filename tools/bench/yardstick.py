@@ -8,9 +8,11 @@ however fast the engine is."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,13 @@ from tools.bench import perfanalyzer
 from tools.bench.load import Target, closed_loop, http_request
 
 SHAPES = {"tiny_cls": (1, 3, 8, 8), "cls": (1, 3, 48, 192)}
+
+
+def cached(model: str) -> str:
+    """The same model served with `response_cache: true` (api.build_repository)."""
+    return f"{model}_cached"
+
+
 LABELS = {"tiny_cls": "tiny_cls 1x3x8x8", "cls": "PP-OCR cls 1x3x48x192"}
 CONCURRENCY = (1, 8)
 
@@ -110,6 +119,11 @@ def measure(edged: Edged, sessions: dict[str, Any], workdir: Path, *,
                 if floor is not None:
                     row["floor_tcp"] = _perf_analyzer(pa, floor, model, concurrency, seconds,
                                                       workdir)
+                # perf_analyzer sends one random input over and over: after the first, every
+                # request is answered from the response cache.
+                row["cached_tcp"] = {**_perf_analyzer(pa, edged, cached(model), concurrency,
+                                                      seconds, workdir),
+                                     **cache_counts(edged, cached(model))}
             row["direct"] = direct_rate(session, feed, concurrency, seconds)
             with edged.meter(model) as meter:
                 client_cpu = time.process_time()  # the load generator runs in this process
@@ -132,6 +146,15 @@ def _perf_analyzer(pa: perfanalyzer.PerfAnalyzer, server: Served, model: str, co
                                window_ms=int(seconds * 1000), workdir=workdir)
     return {**got.__dict__, "cpu_us": meter.us_per_request,
             "client_cpu_us": got.client_cpu_s / max(meter.requests, 1) * 1e6}
+
+
+def cache_counts(server: Served, model: str) -> dict[str, int]:
+    """The response cache's hits and misses of `model` so far (Triton's statistics)."""
+    with urllib.request.urlopen(f"http://{server.url}/v2/models/{model}/stats",
+                                timeout=10) as resp:
+        stats = json.load(resp)["model_stats"]
+    return {kind: sum(s["inference_stats"][f"cache_{kind}"]["count"] for s in stats)
+            for kind in ("hit", "miss")}
 
 
 def shm_rate(edged: Edged, model: str, session: Any, x: np.ndarray,
@@ -178,6 +201,8 @@ def format_rows(r: dict[str, Any]) -> list[str]:
         direct = row.get("direct")
         for key, caller in (("edged_tcp", "perf_analyzer, TCP"),
                             ("floor_tcp", "perf_analyzer, TCP: the floor, a bare Python server"),
+                            ("cached_tcp", "perf_analyzer, TCP: response cache on, one input "
+                                           "repeated"),
                             ("unix_binary", "Unix socket, binary"), ("shm", "shared memory")):
             got = row.get(key)
             if got is None:
@@ -187,6 +212,8 @@ def format_rows(r: dict[str, Any]) -> list[str]:
                              " | | | | | |")
                 continue
             client = f"{got['client_cpu_us']:.0f}" if "client_cpu_us" in got else ""
+            if "hit" in got:
+                caller += f" ({got['hit']} hits, {got['miss']} misses)"
             if direct is None:
                 lines.append(f"| {label} | {c} | {caller} | {got['infer_per_s']:.0f} | | | "
                              f"{got['p50_us']:.0f} | {got['p99_us']:.0f} | "

@@ -96,13 +96,15 @@ async def read_body(request: Request, limit: int, charge: Charge | None = None,
     if length is not None and length > limit:
         raise TooLarge(f"the body's {length} bytes exceed the {_mb(limit)} allowed here")
     charge = charge or BodyBudget(limit).charge()  # uncharged: the size limit alone
-    chunks = _Chunks(request)
     if length is not None and not ENCODINGS[encoding]:
         charge.add(length)
-        return await _read_exactly(chunks, length, json_length)
+        whole = request.content.whole(length)  # it came with its headers: no wait, no timer
+        if whole is not None:
+            return copy_body(whole, length, json_length)
+        return await _read_exactly(_Chunks(request), length, json_length)
     wbits = ENCODINGS[encoding]
     # Chunked, or compressed (whose bytes are inflated into a buffer of their own).
-    raw = await _read_chunks(chunks, limit, charge, None if wbits else json_length)
+    raw = await _read_chunks(_Chunks(request), limit, charge, None if wbits else json_length)
     if not wbits:
         return raw
     # Inflating runs on a thread: a hostile body is seconds of CPU.
@@ -216,6 +218,14 @@ def _join(parts: list[bytes | bytearray], size: int, json_length: int | None,
         filled += n
         del part
         charge.give(n)
+    return view
+
+
+def copy_body(data: bytes | bytearray, length: int, json_length: int | None) -> memoryview:
+    """The last `length` bytes of `data` (a body that came whole) in a buffer of their own,
+    placed as read_body places a body."""
+    view = _aligned(length, json_length)
+    view[:] = memoryview(data)[len(data) - length:]
     return view
 
 

@@ -43,6 +43,7 @@ from edged.api.http.messages import (
     Response,
     error_response,
 )
+from edged.api.http.replays import Replays
 from edged.api.http.streaming import http_date, send_stream
 
 logger = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class HttpServer:
             connection.abort()
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.Protocol, Replays):
     """One connection: parses requests, queues them, answers them in order.
 
     One timer at a time bounds what the client owes: its request's head (`header_timeout_s`,
@@ -172,8 +173,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.failed is not None or self.done_reading:
             return  # not parsed: dropped (a failed request's lingering, a closing connection)
-        self.unparsed = bytes(self.unparsed) + data if self.unparsed else data
-        self._parse()
+        if (self.replay is None and self._told is None) or (data := self._replay(data)):
+            self._feed(data)  # parsed (`edged.api.http.replays`: unless replayed, or held)
 
     def _parse(self) -> None:
         """Feed what was read to the parser in slices, stopping where reading pauses (the

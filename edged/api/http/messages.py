@@ -114,6 +114,20 @@ class Body:
         self._buffered = 0
         self._connection.flow()
 
+    def whole(self, length: int) -> bytes | bytearray | None:
+        """The whole body, taken at once, when it has all come in one piece of `length` bytes
+        and none of it was read (readany() would give it, then b""); else None."""
+        chunks = self._chunks
+        if not self._done or len(chunks) != 1 or len(chunks[0]) != length:
+            return None
+        chunk = chunks.popleft()
+        self._buffered = 0
+        connection = self._connection
+        connection.buffered -= length
+        if connection.paused:
+            connection.flow()
+        return chunk
+
     async def readany(self) -> bytes | bytearray:
         while True:
             if self._error is not None:
@@ -155,6 +169,7 @@ class Request:
         "method",
         "path",
         "query_string",
+        "replay",
         "sock",
         "version",
     )
@@ -174,6 +189,8 @@ class Request:
         self.body_timeout_s = body_timeout_s
         self.match_info: dict[str, str] = {}
         self.complete = False  # the whole message (its body too) has been parsed
+        # Set by its handler: how a request that repeats this one may be answered at once.
+        self.replay: Replayer | None = None
         length = headers.get("content-length")
         self.content_length = int(length) if length is not None else None  # llhttp: digits
 
@@ -234,3 +251,16 @@ class Stream(Protocol):
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 
     async def aclose(self) -> None: ...
+
+
+class Replayer(Protocol):
+    """What a handler leaves on a request (`Request.replay`) that a repeat of it may be
+    answered by: a request on the same connection whose bytes are the same as that
+    request's but for the last `tail` (a tensor's), read while the connection has nothing
+    else in hand (`edged.api.http.replays`). It answers at once, or later (an awaitable,
+    counted in `HttpServer.handling` until it gives the answer), or says None and the
+    request is parsed and handled as any other (nothing done meanwhile)."""
+
+    tail: int
+
+    def __call__(self, data: bytes) -> Response | Awaitable[Response] | None: ...

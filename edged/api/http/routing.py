@@ -8,6 +8,8 @@ from urllib.parse import unquote
 from edged.api.http.messages import Handler, HttpError, Request
 
 _PARAM = re.compile(r"\{(\w+)(?::([^{}]+))?\}")
+MAX_MATCHED = 1024  # dynamic paths remembered (a path of at most MAX_MATCHED_PATH characters)
+MAX_MATCHED_PATH = 256
 
 
 class Router:
@@ -18,8 +20,12 @@ class Router:
     def __init__(self) -> None:
         self._static: dict[str, dict[str, Handler]] = {}
         self._dynamic: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+        # Dynamic paths matched before (clients repeat them: /v2/models/m/infer), with what
+        # the match came to; emptied when full.
+        self._matched: dict[str, tuple[dict[str, Handler], dict[str, str]]] = {}
 
     def add(self, method: str, path: str, handler: Handler) -> None:
+        self._matched.clear()
         if _PARAM.search(path) is None:
             self._static.setdefault(path, {})[method] = handler
             return
@@ -34,19 +40,29 @@ class Router:
         method = "GET" if request.method == "HEAD" else request.method
         methods = self._static.get(request.path)
         if methods is None:
-            for pattern, candidates in self._dynamic:
-                match = pattern.match(request.path)
-                if match is not None:
-                    request.match_info = {k: unquote(v) if "%" in v else v
-                                          for k, v in match.groupdict().items()}
-                    methods = candidates
-                    break
+            seen = self._matched.get(request.path)
+            if seen is not None:
+                methods, info = seen
+                request.match_info = dict(info)
             else:
-                raise HttpError(404, "Not Found")
+                methods = self._match(request)
         handler = methods.get(method) or methods.get("*")
         if handler is None:
             raise HttpError(405, "Method Not Allowed", allow=", ".join(sorted(methods)))
         return handler
+
+    def _match(self, request: Request) -> dict[str, Handler]:
+        for pattern, candidates in self._dynamic:
+            match = pattern.match(request.path)
+            if match is not None:
+                request.match_info = {k: unquote(v) if "%" in v else v
+                                      for k, v in match.groupdict().items()}
+                if len(request.path) <= MAX_MATCHED_PATH:
+                    if len(self._matched) >= MAX_MATCHED:
+                        self._matched.clear()
+                    self._matched[request.path] = (candidates, dict(request.match_info))
+                return candidates
+        raise HttpError(404, "Not Found")
 
 
 def _compile(path: str) -> str:

@@ -10,8 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edged.core.states import ModelState, SourceState
 from edged.hardware.host import GpuStats
-from edged.inference.batching import InferenceCounters
-from edged.inference.modelstatus import ModelCounters, ModelStatus
+from edged.inference.modelstatus import InferenceCounters, ModelCounters, ModelStatus
 from edged.service.metrics import Metrics
 from edged.sources import SourceStats
 from edged.streams.stats import StreamStats

@@ -11,8 +11,7 @@ from types import SimpleNamespace
 from edged.core.states import ModelState
 from edged.hardware.host import GpuStats
 from edged.hardware.tegra import Tegra
-from edged.inference.batching import InferenceCounters
-from edged.inference.modelstatus import ModelCounters, ModelStatus
+from edged.inference.modelstatus import InferenceCounters, ModelCounters, ModelStatus
 from edged.service.reporting import Reporter, throttle_warning
 from tests.support.jetson_sysfs import orin_root
 
