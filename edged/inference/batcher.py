@@ -348,11 +348,7 @@ class Batcher(CallerRuns):
             self._counters().record([w for w, r in zip(waits_ns, batch, strict=True)
                                      if id(r) in ran_ids], ran.rows, ns, self._clock(),
                                     failed=ran.failure is not None)
-            self._counters().failure += len(ran.dropped)  # their shm objects shrank
-            self._batch_ns = (ns + 3 * self._batch_ns) // 4 \
-                if self._batch_ns < INLINE_UNKNOWN else ns
-            row_ns = ns // max(ran.rows, 1)
-            self._row_ns = (row_ns + 3 * self._row_ns) // 4 if self._row_ns else row_ns
+            self._learn_cost(ran, ns)
             self._in_flight -= len(batch)
         if ran.failure is None and any(r.miss for r in ran.batch):
             return partial(self._deliver, ran, model.version)

@@ -135,11 +135,7 @@ class CallerRuns:
         with self._lock:
             self._counters().record(waits_ns if ran.batch else [], ran.rows, ns, self._clock(),
                                     failed=ran.failure is not None)
-            self._counters().failure += len(ran.dropped)  # its shm object shrank
-            self._batch_ns = (ns + 3 * self._batch_ns) // 4 \
-                if self._batch_ns < INLINE_UNKNOWN else ns
-            row_ns = ns // max(ran.rows, 1)
-            self._row_ns = (row_ns + 3 * self._row_ns) // 4 if self._row_ns else row_ns
+            self._learn_cost(ran, ns)
             self._slot_back()
         if ran.failure is None and request.miss is not None and ran.batch:
             self._deliver(ran, model.version)
@@ -203,3 +199,12 @@ class CallerRuns:
             for deliver in deliveries:
                 deliver()
         return ran
+
+    def _learn_cost(self, ran: Ran, ns: int) -> None:
+        """Fold one run's time into the batch and row costs the inline choice reads, and
+        count the requests it dropped (their shm objects shrank); the caller holds the lock."""
+        self._counters().failure += len(ran.dropped)
+        self._batch_ns = (ns + 3 * self._batch_ns) // 4 \
+            if self._batch_ns < INLINE_UNKNOWN else ns
+        row_ns = ns // max(ran.rows, 1)
+        self._row_ns = (row_ns + 3 * self._row_ns) // 4 if self._row_ns else row_ns
