@@ -118,6 +118,8 @@ import ctypes, sys, threading
 from edged.hardware import host
 if sys.argv[1] == "limit":
     assert host.limit_heap_arenas(2) is True
+elif sys.argv[1] == "edged":
+    assert host.limit_heap_arenas() is True  # `edged run`'s own limit
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 together = threading.Barrier(7)
@@ -137,11 +139,13 @@ for t in threads:
 
 
 @pytest.mark.parametrize("mode, env, most", [("limit", {}, 2), ("default", {}, None),
-                                             ("limit", {"MALLOC_ARENA_MAX": "3"}, 3)])
+                                             ("limit", {"MALLOC_ARENA_MAX": "3"}, 3),
+                                             ("edged", {}, 1)])
 def test_heap_arenas_are_limited_before_threads_start(mode: str, env: dict[str, str],
                                                       most: int | None) -> None:
     """Six threads allocating at once get heaps of their own by default; after
-    limit_heap_arenas(2) they share two; an operator's MALLOC_ARENA_MAX is left as it is."""
+    limit_heap_arenas(2) they share two, and all share one at `edged run`'s default; an
+    operator's MALLOC_ARENA_MAX is left as it is."""
     import os
     import platform
     import subprocess
