@@ -166,7 +166,7 @@ def test_heap_arenas_are_limited_before_threads_start(mode: str, env: dict[str, 
 HEAP_TOP_PROBE = """
 import ctypes, sys, threading
 from edged.hardware import host
-host.limit_heap_arenas(2)  # as `edged run` does
+host.limit_heap_arenas(2)  # two heaps, as `edged run` kept before 67cd41a: a non-main heap in play
 if sys.argv[1] == "fixed":
     assert host.fix_heap_thresholds() is True
 libc = ctypes.CDLL(None)
