@@ -269,6 +269,7 @@ def test_request_when_chunked_and_content_length_both_answers_a_json_400(
         sock.settimeout(10)
         sock.connect(str(identities.socket))
         sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)  # all sent: the daemon need not linger for more
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk

@@ -19,11 +19,14 @@ from tools.assets import models as test_models
 
 
 def exchange(served: Served, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send `request` whole on a fresh connection; the answer (the daemon closes it)."""
+    """Send `request` whole on a fresh connection, then say so (a half-close, as `nc -N`
+    does); the answer (the daemon closes it). Without the half-close a refused request's
+    connection stays open while the daemon reads and drops what might still come (LINGER_S)."""
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(30)
         sock.connect(str(served.socket))
         sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
         answer = b""
         while chunk := sock.recv(1 << 16):
             answer += chunk

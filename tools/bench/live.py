@@ -142,7 +142,7 @@ def run_live(workdir: Path, *, quick: bool) -> dict[str, Any]:
               f"gate: {{enabled: false}}}}]")
     config = edged_config(workdir, preload=["grid_det"], http=address, streams=stream)
     config = config.replace("api: {", f"api: {{live_fps: {LIVE_FPS}, ", 1)
-    rounds, seconds, settle = (1, 3.0, 1.0) if quick else (3, 8.0, 1.5)
+    rounds, seconds, settle = (1, 2.0, 0.5) if quick else (3, 8.0, 1.5)
     rows: dict[int, list[dict[str, float]]] = {n: [] for n in CASES}
     with run_edged(workdir, config) as (_, proc):
         time.sleep(settle * 2)  # warm: the tracker's first objects, the first pictures

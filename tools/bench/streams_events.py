@@ -183,7 +183,7 @@ def run_events(workdir: Path, port: int, *, quick: bool) -> dict[str, Any]:
     crossing = write_crossing_video(workdir / "crossing.avi", DEMO_PASSES, fps=FPS,
                                     gap_frames=12)
     parked = write_parked_video(workdir / "parked.avi")
-    seconds, warm_s = (4.0, 2.0) if quick else (20.0, 3.0)
+    seconds, warm_s = (2.0, 1.0) if quick else (20.0, 3.0)
     rates = [rate_case(workdir, port, crossing, "results", "crossing", seconds, warm_s),
              rate_case(workdir, port, crossing, "events", "crossing", seconds, warm_s),
              rate_case(workdir, port, parked, "events", "parked", seconds, warm_s)]

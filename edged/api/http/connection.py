@@ -13,7 +13,7 @@ What a connection gets:
 - a body read as it arrives (`Body`), reading paused while BODY_BUFFER_BYTES wait unread;
 - malformed requests answered `{"error": ..., "code": "http"}` (400) and the connection
   closed; an answer sent before its request's body has all come closes the connection once the
-  rest is read and dropped (at most LINGER_S), so the client still reads the answer.
+  rest is read and dropped (for at most `linger_s`), so the client still reads the answer.
 Handlers never see a transport: a `Request` in, a `Response` out (`edged.api.http.messages`),
 one without end sent by `edged.api.http.streaming`; routes are `edged.api.http.routing`."""
 
@@ -64,13 +64,14 @@ class HttpServer:
 
     def __init__(self, handle: Handler, *, max_connections: int, header_timeout_s: float,
                  keepalive_s: float, body_timeout_s: float, max_header_fields: int = 100,
-                 max_header_line_bytes: int = 8192) -> None:
+                 max_header_line_bytes: int = 8192, linger_s: float = LINGER_S) -> None:
         self.handle = handle
         self.max_connections = max_connections
         self.head_bounds = (max_header_fields, max_header_line_bytes)  # MessageLimits'
         self.header_timeout_s = header_timeout_s
         self.keepalive_s = keepalive_s
         self.body_timeout_s = body_timeout_s
+        self.linger_s = linger_s  # how long the rest of an answered request is read and dropped
         self.connections: set[_Connection] = set()
         self.refused = 0  # over the cap
         self.timed_out = 0  # no complete request headers in time
@@ -116,7 +117,7 @@ class _Connection(asyncio.Protocol, Replays):
     One timer at a time bounds what the client owes: its request's head (`header_timeout_s`,
     from the connection or the head's first byte, while no answer is pending), taking an
     answer (`send_timeout_s` while writing waits on it), the rest of a body being dropped
-    (LINGER_S) or the next request on an idle kept-alive connection (`keepalive_s`)."""
+    (`linger_s`) or the next request on an idle kept-alive connection (`keepalive_s`)."""
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -347,7 +348,7 @@ class _Connection(asyncio.Protocol, Replays):
         if linger:
             request.content.drop()
             self.lingering = True
-            self._arm(LINGER_S, self.close, "linger")
+            self._arm(self.server.linger_s, self.close, "linger")
         elif not keep:
             self._finish_failed()
         elif self.queue:
@@ -413,7 +414,7 @@ class _Connection(asyncio.Protocol, Replays):
             if self.paused:
                 self.paused = False
                 self.transport.resume_reading()
-            self._arm(LINGER_S, self.close, "linger")
+            self._arm(self.server.linger_s, self.close, "linger")
             return
         self.close()
 

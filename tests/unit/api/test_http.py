@@ -120,7 +120,7 @@ def running(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Running]
 
     loop = asyncio.new_event_loop() if request.param == "asyncio" else uvloop_loop()
     server = HttpServer(handle, max_connections=16, header_timeout_s=1, keepalive_s=0.5,
-                        body_timeout_s=1)
+                        body_timeout_s=1, linger_s=0.5)
     path = str(tmp_path / "h.sock")
     unix = socket.socket(socket.AF_UNIX)
     unix.bind(path)
