@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -60,11 +61,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edged.hardware.host import fix_heap_thresholds, limit_heap_arenas
-
-    limit_heap_arenas()  # before the daemon's threads: see their docstrings
-    fix_heap_thresholds()
     from edged.daemon import Daemon
+    from edged.hardware import host
     from edged.service import statusline, systemd
 
     sources = dict(item.partition("=")[::2] for item in args.source)
@@ -88,7 +86,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         return config
 
     config = read_config()
+    choice = os.environ.get("EDGED_ALLOCATOR") or config.allocator
+    if choice not in host.ALLOCATORS:
+        raise ConfigError(f"EDGED_ALLOCATOR={choice!r}: expected one of "
+                          f"{', '.join(host.ALLOCATORS)}")
+    env = host.allocator_exec(choice)  # before any thread: the same process, jemalloc preloaded
+    if env is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    allocator = host.heap_allocator()
+    if allocator == "glibc":
+        host.limit_heap_arenas()  # before the daemon's threads: see their docstrings
+        host.fix_heap_thresholds()
     target = systemd.setup_logging(config.logging.level, config.logging.target)
+    logger.info("C heap: %s%s", allocator, f" ({os.environ.get('MALLOC_CONF', '')})"
+                if allocator == "jemalloc" else "")
     # On a terminal the streams' status lines are redrawn under the log (edged.service.statusline).
     terminal = statusline.install() if target == "stderr" else None
     if args.config is None and not DEFAULT_CONFIG_PATH.exists():

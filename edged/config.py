@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from edged.api.config import ApiConfig, check_loopback
 from edged.backends.config import BackendsConfig
@@ -35,6 +36,11 @@ class DaemonConfig:
     ota: OtaConfig = setting(factory=OtaConfig, help="over-the-air model updates")
     logging: LoggingConfig = setting(factory=LoggingConfig, help="logging")
     health: HealthConfig = setting(factory=HealthConfig, help="progress checks and watchdog")
+    allocator: Literal["auto", "jemalloc", "glibc"] = setting(
+        "auto", "the C heap's allocator, read at start (EDGED_ALLOCATOR overrides): auto is "
+                "jemalloc where libjemalloc2 is installed (the daemon re-executes itself with "
+                "it preloaded), else glibc's malloc, tuned; jemalloc is an error where it is "
+                "missing")
 
     @property
     def mqtt_prefix(self) -> str:

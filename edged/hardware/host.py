@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from edged.core.errors import ConfigError
 from edged.hardware.tegra import Tegra, TegraStats
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,72 @@ HEAP_ARENAS = 1
 HEAP_MMAP_THRESHOLD_BYTES = 1 << 20
 HEAP_TRIM_THRESHOLD_BYTES = 8 << 20
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
+
+
+# The C heap's allocator (`allocator:` in the daemon config, EDGED_ALLOCATOR overrides): glibc's
+# malloc tuned below, or jemalloc preloaded by re-executing the daemon (`allocator_exec`).
+ALLOCATORS = ("auto", "jemalloc", "glibc")
+# One arena (as HEAP_ARENAS for glibc), freed pages purged by jemalloc's own thread after ~1 s.
+JEMALLOC_CONF = "narenas:1,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
+JEMALLOC_SONAME = "libjemalloc.so.2"
+_REEXEC_MARK = "EDGED_ALLOCATOR_EXEC"  # set in the re-executed daemon: never a second time
+
+
+class AllocatorMissing(ConfigError):
+    """The config asks for jemalloc and it is not installed."""
+
+
+def jemalloc_path() -> str | None:
+    """Where jemalloc's shared library is (Debian and Ubuntu's `libjemalloc2`, JetPack's Ubuntu
+    included), or None."""
+    import sysconfig
+
+    arch = sysconfig.get_config_var("MULTIARCH") or ""
+    for folder in (f"/usr/lib/{arch}", f"/lib/{arch}", "/usr/lib64", "/usr/lib",
+                   "/usr/local/lib"):
+        candidate = Path(folder) / JEMALLOC_SONAME
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def heap_allocator(maps: Path = Path("/proc/self/maps")) -> str:
+    """"jemalloc" when jemalloc is mapped into this process (preloaded), else "glibc"."""
+    try:
+        text = maps.read_text()
+    except OSError:
+        return "glibc"
+    return "jemalloc" if "/libjemalloc.so" in text else "glibc"
+
+
+def allocator_exec(choice: str, environ: dict[str, str] | None = None,
+                   library: str | None = None, current: str | None = None
+                   ) -> dict[str, str] | None:
+    """The environment to re-execute the daemon with so that jemalloc serves its C heap, or
+    None to go on as it is: glibc asked for, jemalloc already loaded, already re-executed
+    once, or (for "auto") jemalloc not installed. "jemalloc" asked for and not installed is
+    an error (AllocatorMissing). MALLOC_CONF set by the operator is kept.
+
+    Why (issue 41): every OTA swap builds a new ONNX Runtime session while requests go on and
+    then frees the old one; glibc's heap keeps the holes, and RSS steps up at each swap in
+    shrinking steps (the hour's soak, one heap: +1.75% after warm-up). Triton gives the same
+    advice for the same cause (model load and unload under glibc's malloc: preload tcmalloc
+    or jemalloc); see docs/decisions/031-the-heap-allocator.md for what each measured here."""
+    env = dict(os.environ if environ is None else environ)
+    if choice == "glibc" or env.get(_REEXEC_MARK):
+        return None
+    if (current or heap_allocator()) == "jemalloc":
+        return None
+    library = library or jemalloc_path()
+    if library is None:
+        if choice == "jemalloc":
+            raise AllocatorMissing(f"allocator: jemalloc, but {JEMALLOC_SONAME} is not "
+                                   "installed (Debian/Ubuntu: apt-get install libjemalloc2)")
+        return None
+    env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
+    env.setdefault("MALLOC_CONF", JEMALLOC_CONF)
+    env[_REEXEC_MARK] = "1"
+    return env
 
 
 def trim_heap() -> bool:

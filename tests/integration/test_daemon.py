@@ -3,6 +3,7 @@ the others served), and SIGTERM gives an ordered, bounded shutdown."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from edged.cli import main
+from edged.hardware import host
 from edged.ops.client import EdgedClient
 
 
@@ -149,3 +151,46 @@ def test_status_when_no_daemon_listens_names_the_socket_and_says_so(
     assert capsys.readouterr().err == (
         f"edged: no edged daemon listens on {sock} (No such file or directory): start one "
         "with `edged run`, or name its socket with --socket\n")
+
+
+@pytest.mark.parametrize("choice", ["auto", "glibc"])
+def test_daemon_when_jemalloc_is_installed_runs_on_it_unless_glibc_is_asked_for(
+        daemon_config: Path, choice: str) -> None:
+    if host.jemalloc_path() is None:
+        pytest.skip("libjemalloc2 is not installed (.ci/run installs it)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "MALLOC_CONF", "EDGED_ALLOCATOR_EXEC")}
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config",
+                             str(daemon_config)], stderr=subprocess.PIPE, text=True,
+                            env={**env, "EDGED_ALLOCATOR": choice})
+    log = LogReader(proc)
+    try:
+        log.wait_for("edged test-01 running")
+        # The same process (re-executed in place, as systemd's Type=notify needs), its heap
+        # jemalloc's with edged's settings; or glibc's, untouched.
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+    text = "\n".join(log.lines)
+    if choice == "auto":
+        assert "/libjemalloc.so" in maps
+        assert f"MALLOC_CONF={host.JEMALLOC_CONF}".encode() in environ
+        assert f"C heap: jemalloc ({host.JEMALLOC_CONF})" in text
+    else:
+        assert "/libjemalloc.so" not in maps and "C heap: glibc" in text
+    assert "tiny_cls:1 ready on onnxruntime" in text  # and it serves as before
+
+
+def test_daemon_when_the_allocator_override_is_unknown_exits_one_saying_which(
+        daemon_config: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGED_ALLOCATOR", "tcmalloc")
+    assert main(["run", "--config", str(daemon_config)]) == 1
+    assert "EDGED_ALLOCATOR='tcmalloc': expected one of auto, jemalloc, glibc" in \
+        capsys.readouterr().err

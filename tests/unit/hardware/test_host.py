@@ -237,3 +237,50 @@ def test_heap_thresholds_set_by_the_operator_are_left_alone(
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert host.fix_heap_thresholds() is False
     assert calls == []
+
+
+# The C heap's allocator: when the daemon re-executes itself with jemalloc preloaded.
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+
+
+def test_allocator_exec_when_auto_and_installed_preloads_jemalloc_before_the_rest() -> None:
+    env = host.allocator_exec("auto", {"LD_PRELOAD": "/opt/x.so", "PATH": "/bin"},
+                              library=JEMALLOC, current="glibc")
+    assert env == {"LD_PRELOAD": f"{JEMALLOC}:/opt/x.so", "PATH": "/bin",
+                   "MALLOC_CONF": host.JEMALLOC_CONF, "EDGED_ALLOCATOR_EXEC": "1"}
+
+
+def test_allocator_exec_keeps_the_operators_malloc_conf() -> None:
+    env = host.allocator_exec("jemalloc", {"MALLOC_CONF": "narenas:4"}, library=JEMALLOC,
+                              current="glibc")
+    assert env is not None and env["MALLOC_CONF"] == "narenas:4"
+    assert env["LD_PRELOAD"] == JEMALLOC
+
+
+@pytest.mark.parametrize(("choice", "environ", "current"), [
+    ("glibc", {}, "glibc"),                             # asked for glibc
+    ("auto", {}, "jemalloc"),                           # already preloaded (by the unit, say)
+    ("jemalloc", {"EDGED_ALLOCATOR_EXEC": "1"}, "glibc"),  # re-executed once: never twice
+])
+def test_allocator_exec_when_nothing_to_do_goes_on_as_it_is(
+        choice: str, environ: dict[str, str], current: str) -> None:
+    assert host.allocator_exec(choice, environ, library=JEMALLOC, current=current) is None
+
+
+def test_allocator_exec_when_jemalloc_is_missing_auto_stays_on_glibc_and_jemalloc_is_an_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host, "jemalloc_path", lambda: None)
+    assert host.allocator_exec("auto", {}, current="glibc") is None
+    with pytest.raises(host.AllocatorMissing, match="apt-get install libjemalloc2"):
+        host.allocator_exec("jemalloc", {}, current="glibc")
+
+
+def test_heap_allocator_reads_the_process_maps(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(f"7f00-7f10 r-xp 00000000 08:01 42 {JEMALLOC}\n")
+    assert host.heap_allocator(maps) == "jemalloc"
+    maps.write_text("7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert host.heap_allocator(maps) == "glibc"
+    assert host.heap_allocator(tmp_path / "absent") == "glibc"
+    assert host.heap_allocator() == ("jemalloc" if "libjemalloc" in
+                                     Path("/proc/self/maps").read_text() else "glibc")

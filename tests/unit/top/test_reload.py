@@ -78,3 +78,8 @@ def test_plan_when_preload_becomes_all_preloads_all_and_not_when_it_stays() -> N
     assert plan(listed, every).preload == "all"
     assert plan(every, every).preload == []
     assert plan(every, listed).preload == []  # already loaded under `all`
+
+
+def test_reload_plan_when_the_allocator_changes_holds_it_for_the_next_start() -> None:
+    steps = plan(parse_config("allocator: auto\n"), parse_config("allocator: glibc\n"))
+    assert steps.needs_restart == ["allocator"] and steps.config.allocator == "auto"
