@@ -64,9 +64,10 @@ class PlanReplay:
                 later = self._later(charge, body)
                 charge = None  # released by _later
                 return later
-            future = scheduler.run_now(name, plan.inputs(body), version=version,
-                                       priority=plan.priority, timeout_s=plan.timeout_s,
-                                       checked=plan.checked, cached=plan.cached)
+            # Scheduler.run_now's call, on the batcher in hand (found just above).
+            future = batcher.run_now(plan.inputs(body), plan.priority, plan.timeout_s,
+                                     plan.checked, plan.cached,
+                                     scheduler.taps.get(name) if version is None else None)
             if future is None:
                 return None
             plan.replays += 1

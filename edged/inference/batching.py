@@ -415,8 +415,7 @@ class BatcherStats:
         """One batch of requests (`rows` rows) that each waited their `waits_ns` in the queue
         and ran for `ns`, finishing at clock time `now`."""
         requests, queued_ns = len(waits_ns), sum(waits_ns)
-        for wait in waits_ns:  # each request's own wait + its batch's compute
-            latency.observe(self.latency, wait + ns)
+        latency.observe_each(self.latency, waits_ns, ns)
         self.exec_count += 1
         self.inference_count += rows
         self.compute_ns += ns

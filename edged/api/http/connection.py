@@ -150,6 +150,9 @@ class _Connection(asyncio.Protocol, Replays):
         self._fed = 0  # bytes fed to the parser since the last message ended
         self._body_left = 0  # of a Content-Length body being parsed (0 if chunked)
         self._body_fed = 0  # of which body
+        # The last answer's head: what it said (status, type, length, keep-alive, 1.0, Date),
+        # its headers, its bytes.
+        self._head: tuple[tuple[object, ...], dict[str, str] | None, bytes] | None = None
 
     @property
     def busy(self) -> bool:
@@ -362,22 +365,24 @@ class _Connection(asyncio.Protocol, Replays):
                 self._arm(self.server.keepalive_s, self.close, "idle")
 
     def _write(self, request: Request, response: Response, keep: bool) -> None:
-        length = response.length
-        head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
-                f"Content-Type: {response.content_type}\r\nContent-Length: {length}\r\n"
-                f"Date: {http_date()}\r\n"]
-        if response.headers:
-            head += [f"{k}: {v}\r\n" for k, v in response.headers.items()]
-        if not keep:
-            head.append("Connection: close\r\n")
-        elif request.version == "1.0":
-            head.append("Connection: keep-alive\r\n")
-        head.append("\r\n")
-        data = "".join(head).encode("latin-1")
+        body = response.body
+        length = len(body) if response.parts is None else response.length
+        headers = response.headers
+        # The head as the last answer's on this connection when it says the same (a client's
+        # loop asks the same thing again): the same status, type, length, headers, keep-alive
+        # and Date (formatted once a second) make the same bytes.
+        key = (response.status, response.content_type, length, keep,
+               keep and request.version == "1.0", http_date())
+        last = self._head
+        if last is not None and last[0] == key and last[1] == headers:
+            data = last[2]
+        else:
+            data = _head(response, length, keep, request.version, key[5])
+            self._head = (key, dict(headers) if headers else headers, data)
         if request.method == "HEAD":
             self.transport.write(data)
         elif response.parts is None:
-            self.transport.write(data + response.body)
+            self.transport.write(data + body)
         else:
             self.transport.writelines([data, *response.parts])
 
@@ -485,6 +490,21 @@ class _Connection(asyncio.Protocol, Replays):
         self.done_reading = True
         if self.transport is not None:
             self.transport.abort()
+
+
+def _head(response: Response, length: int, keep: bool, version: str, date: str) -> bytes:
+    """An answer's status line and headers."""
+    head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
+            f"Content-Type: {response.content_type}\r\nContent-Length: {length}\r\n"
+            f"Date: {date}\r\n"]
+    if response.headers:
+        head += [f"{k}: {v}\r\n" for k, v in response.headers.items()]
+    if not keep:
+        head.append("Connection: close\r\n")
+    elif version == "1.0":
+        head.append("Connection: keep-alive\r\n")
+    head.append("\r\n")
+    return "".join(head).encode("latin-1")
 
 
 # Stands for the request a malformed one could not become, when its error is written.
