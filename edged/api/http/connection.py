@@ -134,6 +134,7 @@ class _Connection(asyncio.Protocol, Replays):
         self.due: float | None = None
         self.then: Callable[[], None] = self.close
         self.timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # see loop()
         self.paused = False
         self.buffered = 0  # body bytes parsed and not yet read, all requests together
         self.unparsed: bytes | memoryview = b""  # the rest of a read, while reading is paused
@@ -303,7 +304,7 @@ class _Connection(asyncio.Protocol, Replays):
     # -- serving -------------------------------------------------------------------------
     def _start(self, request: Request) -> None:
         self.server.handling += 1
-        asyncio.get_running_loop().create_task(self._serve(request))
+        self.loop().create_task(self._serve(request))
 
     def interim_continue(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -440,13 +441,21 @@ class _Connection(asyncio.Protocol, Replays):
                 asyncio.get_running_loop().call_soon(self._parse)
 
     def _arm(self, delay: float, then: Callable[[], None], timing: str) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop()
         due = loop.time() + delay
         self.timing, self.due, self.then = timing, due, then
         if self.timer is None or self.timer.when() > due:
             if self.timer is not None:
                 self.timer.cancel()
             self.timer = loop.call_at(due, self._on_timer)
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The connection's event loop, asked once: CPython 3.11's get_running_loop() makes a
+        getpid system call each time (it checks for a fork), one or two a request."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _disarm(self) -> None:
         self.timing, self.due = "", None  # a timer still set finds nothing due, and goes
@@ -456,7 +465,7 @@ class _Connection(asyncio.Protocol, Replays):
         due = self.due
         if due is None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop()
         if due - loop.time() > TIMER_SLACK_S:  # re-armed since: sleep on to the new due
             self.timer = loop.call_at(due, self._on_timer)
             return
