@@ -103,13 +103,13 @@ class Plan:
         header reused when it is again one binary output of the same dtype and shape."""
         last = self._last
         if last is not None and last[0] == version and (self.outputs or len(outputs) == 1):
-            array = outputs.get(last[1])
-            if array is not None and array.dtype == last[2] and array.shape == last[3] \
+            _, name, dtype, shape, head, headers = last
+            array = outputs.get(name)
+            if array is not None and array.dtype == dtype and array.shape == shape \
                     and array.flags.c_contiguous:
-                head = last[4]
                 if len(head) + array.nbytes <= JOIN_BYTES:
-                    return Response(b"".join((head, array.data)), headers=last[5])
-                return Response(parts=[head, array.data.cast("B")], headers=last[5])
+                    return Response(b"".join((head, array.data)), headers=headers)
+                return Response(parts=[head, array.data.cast("B")], headers=headers)
         parts, length = self.encode(model, version, outputs)
         wanted = self.outputs or [RequestedOutput(name, self.binary_default)
                                   for name in outputs]

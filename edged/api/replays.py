@@ -54,23 +54,40 @@ class PlanReplay:
         batcher = scheduler.batcher(name, version)
         if batcher is None or batcher.model is not plan.checked.model:
             return None
-        cheap = batcher.quick and batcher.cheap
+        if not (batcher.quick and batcher.cheap):
+            return self._queued(data)
+        # Run here and answered within this call: the body's bytes are held of the budget
+        # until then, as a Charge would hold them, with no Charge to make.
+        budget, length = self.bodies, self.length
+        try:
+            budget.take(length)
+        except Exception as exc:  # answered as the usual path answers it
+            return self.failed(self.request, exc)
+        try:
+            body = copy_body(data, length, self.json_length)
+            # Scheduler.run_now's call, on the batcher in hand (found just above).
+            future = batcher.run_now(plan.inputs(body), plan.priority, plan.timeout_s,
+                                     plan.checked, plan.cached,
+                                     scheduler.taps.get(name) if version is None else None)
+            if future is None:
+                return None
+            plan.replays += 1
+            return self._answer(future, batcher.serving_version)
+        except Exception as exc:  # answered as the usual path answers it
+            return self.failed(self.request, exc)
+        finally:
+            budget.give(length)
+
+    def _queued(self, data: bytes) -> Response | Awaitable[Response]:
+        """A model whose rows are not cheap: its body charged and copied now, run later."""
         charge: Charge | None = self.bodies.charge()
         try:
             assert charge is not None
             charge.add(self.length)
             body = copy_body(data, self.length, self.json_length)
-            if not cheap:
-                later = self._later(charge, body)
-                charge = None  # released by _later
-                return later
-            future = scheduler.run_now(name, plan.inputs(body), version=version,
-                                       priority=plan.priority, timeout_s=plan.timeout_s,
-                                       checked=plan.checked, cached=plan.cached)
-            if future is None:
-                return None
-            plan.replays += 1
-            return self._answer(future, batcher.serving_version)
+            later = self._later(charge, body)
+            charge = None  # released by _later
+            return later
         except Exception as exc:  # answered as the usual path answers it
             return self.failed(self.request, exc)
         finally:

@@ -22,6 +22,7 @@ from edged.hardware.memory import BufferPool, HostBufferPool
 from edged.inference.batching import Request
 
 CPU_IN_PLACE = "CPUExecutionProvider"
+_CPU_ONLY = frozenset((CPU_IN_PLACE,))
 
 
 def assemble(batch: list[Request], pool: BufferPool | None, fixed_batch: int | None,
@@ -31,7 +32,7 @@ def assemble(batch: list[Request], pool: BufferPool | None, fixed_batch: int | N
     Inline callers bring no pool: a buffer is made for the batch."""
     dropped: list[tuple[Request, EdgedError]] = []
     while batch:
-        rows = sum(r.rows for r in batch)
+        rows = batch[0].rows if len(batch) == 1 else sum(r.rows for r in batch)
         sent = max(rows, fixed_batch or 0)
         if sent == rows and len(batch) == 1 and (
                 reads_in_place(session)
@@ -50,5 +51,5 @@ def assemble(batch: list[Request], pool: BufferPool | None, fixed_batch: int | N
 
 def reads_in_place(session: Session) -> bool:
     """Whether the session reads its host inputs where they are (no copy of its own)."""
-    providers = getattr(session, "providers", None) or [CPU_IN_PLACE]
-    return all(p == CPU_IN_PLACE for p in providers)
+    providers = getattr(session, "providers", None) or _CPU_ONLY
+    return _CPU_ONLY.issuperset(providers)

@@ -10,7 +10,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from concurrent.futures._base import PENDING  # the state Future.__init__ starts in
+from concurrent.futures._base import (  # Future's states
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    PENDING,  # the state Future.__init__ starts in
+)
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +116,19 @@ class Pending(Future[Outputs]):
         self._exception = None
         self._waiters: list[Any] = []
         self._done_callbacks: list[Any] = []
+
+    # Future's own, but reading a state that no longer changes (finished, or cancelled) takes
+    # no lock: the event loop asks both of every request it ran itself, whose future is done.
+    def done(self) -> bool:
+        return self._state in _DONE or super().done()
+
+    def result(self, timeout: float | None = None) -> Outputs:
+        if self._state == FINISHED and self._exception is None:
+            return self._result  # type: ignore[return-value]
+        return super().result(timeout)
+
+
+_DONE = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))
 
 
 @dataclass(eq=False)
@@ -415,8 +433,7 @@ class BatcherStats:
         """One batch of requests (`rows` rows) that each waited their `waits_ns` in the queue
         and ran for `ns`, finishing at clock time `now`."""
         requests, queued_ns = len(waits_ns), sum(waits_ns)
-        for wait in waits_ns:  # each request's own wait + its batch's compute
-            latency.observe(self.latency, wait + ns)
+        latency.observe_each(self.latency, waits_ns, ns)
         self.exec_count += 1
         self.inference_count += rows
         self.compute_ns += ns

@@ -90,6 +90,7 @@ class ModelCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a lease returned or a load ended
+        self._waiting = 0  # threads waiting on _changed (a lease returned wakes them)
         self._entries: dict[Key, Entry] = {}
         self._load_locks: dict[Key, threading.Lock] = {}
         self._loading: set[Key] = set()
@@ -160,8 +161,10 @@ class ModelCache:
                     self._drop(entry)
                 elif self._bytes > self.budget_bytes:
                     doomed = self._pick_evictions()
-                self._changed.notify_all()
-        self._close(doomed)
+                if self._waiting:  # an unload (no one else waits here)
+                    self._changed.notify_all()
+        if doomed:
+            self._close(doomed)
 
     # -- loading -----------------------------------------------------------------------------
     def load(self, name: str, version: int | None = None) -> ModelVersion:
@@ -409,7 +412,11 @@ class ModelCache:
                         logger.warning("%s still in use after %.1fs; it unloads when released",
                                        entry.model.label, timeout_s)
                         return False
-                    self._changed.wait(left)
+                    self._waiting += 1
+                    try:
+                        self._changed.wait(left)
+                    finally:
+                        self._waiting -= 1
                 self._drop(entry)
         finally:
             load_lock.release()

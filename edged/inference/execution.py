@@ -66,7 +66,7 @@ def run_batch(label: str, batch: list[Request], session: Session, pool: BufferPo
     dropped: list[tuple[Request, EdgedError]] = []
     try:
         batch, inputs, dropped = assemble(batch, pool, fixed_batch, session)
-        rows = sum(r.rows for r in batch)
+        rows = batch[0].rows if len(batch) == 1 else sum(r.rows for r in batch)
         sent = max(rows, fixed_batch or 0) if batch else 0
         if batch:
             outputs = session.infer(inputs)

@@ -23,6 +23,7 @@ from edged.inference.batching import (
     Outputs,
     Pending,
     Request,
+    split,
     validate,
 )
 from edged.inference.cache import Lease, ModelCache
@@ -104,7 +105,7 @@ class CallerRuns:
         another gives it back with the run's statistics; it never blocks on a model or a
         slot, never reads the disk (the event loop's replays, `edged.api.replays`)."""
         with self._lock:
-            if self._queue or self._free <= 0 or self._stopping \
+            if self._queue.count or self._free <= 0 or self._stopping \
                     or self._policy.max_delay_s > 0:
                 return None
             self._free -= 1
@@ -139,6 +140,8 @@ class CallerRuns:
             self._slot_back()
         if ran.failure is None and request.miss is not None and ran.batch:
             self._deliver(ran, model.version)
+        elif ran.failure is None and not ran.dropped:
+            split(ran.batch, ran.outputs, model.version)  # as ran.delivery's, without its closure
         else:
             ran.delivery(model.version)()
         return future
@@ -157,7 +160,7 @@ class CallerRuns:
         if self._stopping:
             self._work.notify_all()
             self._drained.notify_all()
-        elif self._queue:
+        elif self._queue.count:
             self._work.notify()
 
     def claim_slot(self) -> bool:
@@ -203,7 +206,8 @@ class CallerRuns:
     def _learn_cost(self, ran: Ran, ns: int) -> None:
         """Fold one run's time into the batch and row costs the inline choice reads, and
         count the requests it dropped (their shm objects shrank); the caller holds the lock."""
-        self._counters().failure += len(ran.dropped)
+        if ran.dropped:
+            self._counters().failure += len(ran.dropped)
         self._batch_ns = (ns + 3 * self._batch_ns) // 4 \
             if self._batch_ns < INLINE_UNKNOWN else ns
         row_ns = ns // max(ran.rows, 1)

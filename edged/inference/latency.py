@@ -24,6 +24,12 @@ def observe(counts: list[int], ns: int) -> None:
     counts[bisect_left(_BOUNDS_NS, ns)] += 1
 
 
+def observe_each(counts: list[int], waits_ns: Sequence[int], ns: int) -> None:
+    """A batch's requests: each one's own wait + the batch's `ns`, in one call."""
+    for wait in waits_ns:
+        counts[bisect_left(_BOUNDS_NS, wait + ns)] += 1
+
+
 def merged(a: Sequence[int], b: Sequence[int]) -> list[int]:
     return [x + y for x, y in zip(a, b, strict=True)]
 

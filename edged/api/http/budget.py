@@ -43,7 +43,9 @@ class BodyBudget:
     def charge(self) -> Charge:
         return Charge(self)
 
-    def _take(self, n: int) -> None:
+    def take(self, n: int) -> None:
+        """Hold `n` more bytes (a Charge's add; or a caller that gives them back itself
+        within the same call): 413 or 503 when they cannot be held, and nothing taken."""
         if n > self.limit:
             raise TooLarge(f"the request needs {_mb(n)} of the {_mb(self.limit)} that request "
                            "bodies may hold at once (api.max_bodies_mb); send tensors as "
@@ -58,7 +60,7 @@ class BodyBudget:
         raise Overloaded(f"request bodies in flight hold {_mb(held)} of {_mb(self.limit)} "
                          f"(api.max_bodies_mb), {_mb(n)} more do not fit: retry later")
 
-    def _give(self, n: int) -> None:
+    def give(self, n: int) -> None:
         with self._lock:
             self.held -= n
 
@@ -71,18 +73,18 @@ class Charge:
         self.bytes = 0
 
     def add(self, n: int) -> None:
-        self.budget._take(n)
+        self.budget.take(n)
         self.bytes += n
 
     def give(self, n: int) -> None:
         """Give back `n` of what this request holds: a transient copy that has gone."""
         n = min(n, self.bytes)
         self.bytes -= n
-        self.budget._give(n)
+        self.budget.give(n)
 
     def release(self) -> None:
         held, self.bytes = self.bytes, 0
-        self.budget._give(held)
+        self.budget.give(held)
 
 
 async def read_body(request: Request, limit: int, charge: Charge | None = None,

@@ -134,6 +134,7 @@ class _Connection(asyncio.Protocol, Replays):
         self.due: float | None = None
         self.then: Callable[[], None] = self.close
         self.timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # see loop()
         self.paused = False
         self.buffered = 0  # body bytes parsed and not yet read, all requests together
         self.unparsed: bytes | memoryview = b""  # the rest of a read, while reading is paused
@@ -150,6 +151,9 @@ class _Connection(asyncio.Protocol, Replays):
         self._fed = 0  # bytes fed to the parser since the last message ended
         self._body_left = 0  # of a Content-Length body being parsed (0 if chunked)
         self._body_fed = 0  # of which body
+        # The last answer's head: what it said (status, type, length, keep-alive, 1.0, Date),
+        # its headers, its bytes.
+        self._head: tuple[tuple[object, ...], dict[str, str] | None, bytes] | None = None
 
     @property
     def busy(self) -> bool:
@@ -300,7 +304,7 @@ class _Connection(asyncio.Protocol, Replays):
     # -- serving -------------------------------------------------------------------------
     def _start(self, request: Request) -> None:
         self.server.handling += 1
-        asyncio.get_running_loop().create_task(self._serve(request))
+        self.loop().create_task(self._serve(request))
 
     def interim_continue(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -362,22 +366,24 @@ class _Connection(asyncio.Protocol, Replays):
                 self._arm(self.server.keepalive_s, self.close, "idle")
 
     def _write(self, request: Request, response: Response, keep: bool) -> None:
-        length = response.length
-        head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
-                f"Content-Type: {response.content_type}\r\nContent-Length: {length}\r\n"
-                f"Date: {http_date()}\r\n"]
-        if response.headers:
-            head += [f"{k}: {v}\r\n" for k, v in response.headers.items()]
-        if not keep:
-            head.append("Connection: close\r\n")
-        elif request.version == "1.0":
-            head.append("Connection: keep-alive\r\n")
-        head.append("\r\n")
-        data = "".join(head).encode("latin-1")
+        body = response.body
+        length = len(body) if response.parts is None else response.length
+        headers = response.headers
+        # The head as the last answer's on this connection when it says the same (a client's
+        # loop asks the same thing again): the same status, type, length, headers, keep-alive
+        # and Date (formatted once a second) make the same bytes.
+        key = (response.status, response.content_type, length, keep,
+               keep and request.version == "1.0", http_date())
+        last = self._head
+        if last is not None and last[0] == key and last[1] == headers:
+            data = last[2]
+        else:
+            data = _head(response, length, keep, request.version, key[5])
+            self._head = (key, dict(headers) if headers else headers, data)
         if request.method == "HEAD":
             self.transport.write(data)
         elif response.parts is None:
-            self.transport.write(data + response.body)
+            self.transport.write(data + body)
         else:
             self.transport.writelines([data, *response.parts])
 
@@ -435,13 +441,21 @@ class _Connection(asyncio.Protocol, Replays):
                 asyncio.get_running_loop().call_soon(self._parse)
 
     def _arm(self, delay: float, then: Callable[[], None], timing: str) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop()
         due = loop.time() + delay
         self.timing, self.due, self.then = timing, due, then
         if self.timer is None or self.timer.when() > due:
             if self.timer is not None:
                 self.timer.cancel()
             self.timer = loop.call_at(due, self._on_timer)
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The connection's event loop, asked once: CPython 3.11's get_running_loop() makes a
+        getpid system call each time (it checks for a fork), one or two a request."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _disarm(self) -> None:
         self.timing, self.due = "", None  # a timer still set finds nothing due, and goes
@@ -451,7 +465,7 @@ class _Connection(asyncio.Protocol, Replays):
         due = self.due
         if due is None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop()
         if due - loop.time() > TIMER_SLACK_S:  # re-armed since: sleep on to the new due
             self.timer = loop.call_at(due, self._on_timer)
             return
@@ -485,6 +499,21 @@ class _Connection(asyncio.Protocol, Replays):
         self.done_reading = True
         if self.transport is not None:
             self.transport.abort()
+
+
+def _head(response: Response, length: int, keep: bool, version: str, date: str) -> bytes:
+    """An answer's status line and headers."""
+    head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
+            f"Content-Type: {response.content_type}\r\nContent-Length: {length}\r\n"
+            f"Date: {date}\r\n"]
+    if response.headers:
+        head += [f"{k}: {v}\r\n" for k, v in response.headers.items()]
+    if not keep:
+        head.append("Connection: close\r\n")
+    elif version == "1.0":
+        head.append("Connection: keep-alive\r\n")
+    head.append("\r\n")
+    return "".join(head).encode("latin-1")
 
 
 # Stands for the request a malformed one could not become, when its error is written.

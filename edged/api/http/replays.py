@@ -57,6 +57,7 @@ class Replays:
     server: Any
     _fed: int
     _arm: Callable[[float, Callable[[], None], str], None]
+    loop: Callable[[], asyncio.AbstractEventLoop]
     _write: Callable[[Request, Response, bool], None]
     close: Callable[[], None]
     _parse: Callable[[], None]
@@ -107,7 +108,7 @@ class Replays:
         else:
             self.server.handling += 1
             task = self._answer_later(request, answer)
-        asyncio.get_running_loop().create_task(task)
+        self.loop().create_task(task)
         return b""
 
     async def _answer_later(self, request: Request, answer: Awaitable[Response]) -> None:
