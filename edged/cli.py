@@ -61,9 +61,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edged.daemon import Daemon
     from edged.hardware import host
-    from edged.service import statusline, systemd
 
     sources = dict(item.partition("=")[::2] for item in args.source)
 
@@ -95,6 +93,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    from edged.daemon import Daemon  # after the exec: its imports are most of a start
+    from edged.service import statusline, systemd
+
     allocator = host.heap_allocator()
     if allocator == "glibc":
         host.limit_heap_arenas()  # before the daemon's threads: see their docstrings

@@ -36,11 +36,11 @@ class DaemonConfig:
     ota: OtaConfig = setting(factory=OtaConfig, help="over-the-air model updates")
     logging: LoggingConfig = setting(factory=LoggingConfig, help="logging")
     health: HealthConfig = setting(factory=HealthConfig, help="progress checks and watchdog")
-    allocator: Literal["auto", "jemalloc", "glibc"] = setting(
-        "auto", "the C heap's allocator, read at start (EDGED_ALLOCATOR overrides): auto is "
-                "jemalloc where libjemalloc2 is installed (the daemon re-executes itself with "
-                "it preloaded), else glibc's malloc, tuned; jemalloc is an error where it is "
-                "missing")
+    allocator: Literal["glibc", "jemalloc", "auto"] = setting(
+        "glibc", "the C heap's allocator, read at start (EDGED_ALLOCATOR overrides): glibc's "
+                 "malloc, tuned; jemalloc (libjemalloc2: the daemon re-executes itself with it "
+                 "preloaded, ~0.45 s more a start; an error where it is missing); auto: "
+                 "jemalloc where it is installed, else glibc")
 
     @property
     def mqtt_prefix(self) -> str:

@@ -40,7 +40,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
 
 # The C heap's allocator (`allocator:` in the daemon config, EDGED_ALLOCATOR overrides): glibc's
 # malloc tuned below, or jemalloc preloaded by re-executing the daemon (`allocator_exec`).
-ALLOCATORS = ("auto", "jemalloc", "glibc")
+ALLOCATORS = ("glibc", "jemalloc", "auto")
 # One arena (as HEAP_ARENAS for glibc), freed pages purged by jemalloc's own thread after ~1 s.
 JEMALLOC_CONF = "narenas:1,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
 JEMALLOC_SONAME = "libjemalloc.so.2"

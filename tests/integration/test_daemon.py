@@ -153,16 +153,16 @@ def test_status_when_no_daemon_listens_names_the_socket_and_says_so(
         "with `edged run`, or name its socket with --socket\n")
 
 
-@pytest.mark.parametrize("choice", ["auto", "glibc"])
-def test_daemon_when_jemalloc_is_installed_runs_on_it_unless_glibc_is_asked_for(
-        daemon_config: Path, choice: str) -> None:
+@pytest.mark.parametrize("choice", ["auto", "jemalloc", "glibc", None])
+def test_daemon_when_jemalloc_is_installed_runs_on_it_when_asked_for(
+        daemon_config: Path, choice: str | None) -> None:
     if host.jemalloc_path() is None:
         pytest.skip("libjemalloc2 is not installed (.ci/run installs it)")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", "MALLOC_CONF", "EDGED_ALLOCATOR_EXEC")}
+           if k not in ("LD_PRELOAD", "MALLOC_CONF", "EDGED_ALLOCATOR", "EDGED_ALLOCATOR_EXEC")}
     proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config",
                              str(daemon_config)], stderr=subprocess.PIPE, text=True,
-                            env={**env, "EDGED_ALLOCATOR": choice})
+                            env={**env, "EDGED_ALLOCATOR": choice} if choice else env)
     log = LogReader(proc)
     try:
         log.wait_for("edged test-01 running")
@@ -178,12 +178,12 @@ def test_daemon_when_jemalloc_is_installed_runs_on_it_unless_glibc_is_asked_for(
             proc.wait(10)
         log.close()
     text = "\n".join(log.lines)
-    if choice == "auto":
+    if choice in ("auto", "jemalloc"):
         assert "/libjemalloc.so" in maps
         assert f"MALLOC_CONF={host.JEMALLOC_CONF}".encode() in environ
         assert f"C heap: jemalloc ({host.JEMALLOC_CONF})" in text
     else:
-        assert "/libjemalloc.so" not in maps and "C heap: glibc" in text
+        assert "/libjemalloc.so" not in maps and "C heap: glibc" in text  # the default
     assert "tiny_cls:1 ready on onnxruntime" in text  # and it serves as before
 
 
@@ -192,5 +192,5 @@ def test_daemon_when_the_allocator_override_is_unknown_exits_one_saying_which(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGED_ALLOCATOR", "tcmalloc")
     assert main(["run", "--config", str(daemon_config)]) == 1
-    assert "EDGED_ALLOCATOR='tcmalloc': expected one of auto, jemalloc, glibc" in \
+    assert "EDGED_ALLOCATOR='tcmalloc': expected one of glibc, jemalloc, auto" in \
         capsys.readouterr().err
