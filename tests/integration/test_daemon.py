@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,25 @@ logging: {{level: info}}
     return config
 
 
+@contextmanager
+def daemon(args: list[str], env: dict[str, str] | None = None
+           ) -> Iterator[tuple[subprocess.Popen[str], LogReader]]:
+    """`edged run ARGS` as a subprocess with its log read; SIGTERM at the end of the block
+    must stop it with 0 (killed if it did not)."""
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", *args],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    log = LogReader(proc)
+    try:
+        yield proc, log
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
 def test_daemon_when_started_warms_models_and_stops_in_order_on_sigterm(
         daemon_config: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config",
@@ -124,24 +145,14 @@ def test_daemon_when_no_config_file_exists_serves_the_models_dir_on_builtin_defa
         repo_dir: Path, short_dir: Path, tmp_path: Path) -> None:
     assert not Path("/etc/edged/edged.yaml").exists()  # this test is about its absence
     sock = short_dir / "d.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--models-dir",
-                             str(repo_dir), "--socket", str(sock), "--cache-dir",
-                             str(tmp_path / "cache")], stderr=subprocess.PIPE, text=True)
-    log = LogReader(proc)
-    try:
+    with daemon(["--models-dir", str(repo_dir), "--socket", str(sock), "--cache-dir",
+                 str(tmp_path / "cache")]) as (_proc, log):
         line = log.wait_for("no config file")
         assert f"built-in defaults, models in {repo_dir}, the API on {sock}, MQTT off" in line
         log.wait_for("running with 5 model(s)")
         with EdgedClient(sock) as client:
             assert client.ready()
             assert {row["name"] for row in client.models()} >= {"tiny_cls", "colors"}
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        log.close()
 
 
 def test_status_when_no_daemon_listens_names_the_socket_and_says_so(
@@ -160,23 +171,13 @@ def test_daemon_when_jemalloc_is_installed_runs_on_it_when_asked_for(
         pytest.skip("libjemalloc2 is not installed (.ci/run installs it)")
     env = {k: v for k, v in os.environ.items()
            if k not in ("LD_PRELOAD", "MALLOC_CONF", "EDGED_ALLOCATOR", "EDGED_ALLOCATOR_EXEC")}
-    proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config",
-                             str(daemon_config)], stderr=subprocess.PIPE, text=True,
-                            env={**env, "EDGED_ALLOCATOR": choice} if choice else env)
-    log = LogReader(proc)
-    try:
+    with daemon(["--config", str(daemon_config)],
+                env={**env, "EDGED_ALLOCATOR": choice} if choice else env) as (proc, log):
         log.wait_for("edged test-01 running")
         # The same process (re-executed in place, as systemd's Type=notify needs), its heap
         # jemalloc's with edged's settings; or glibc's, untouched.
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        log.close()
     text = "\n".join(log.lines)
     if choice in ("auto", "jemalloc"):
         assert "/libjemalloc.so" in maps
