@@ -91,16 +91,18 @@ logging: {{level: info}}
 
 
 @contextmanager
-def daemon(args: list[str], env: dict[str, str] | None = None
+def daemon(args: list[str], env: dict[str, str] | None = None, *, stopped: str = ""
            ) -> Iterator[tuple[subprocess.Popen[str], LogReader]]:
     """`edged run ARGS` as a subprocess with its log read; SIGTERM at the end of the block
-    must stop it with 0 (killed if it did not)."""
+    must stop it with 0 (killed if it did not), its log read up to `stopped` first."""
     proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", *args],
                             stderr=subprocess.PIPE, text=True, env=env)
     log = LogReader(proc)
     try:
         yield proc, log
         proc.send_signal(signal.SIGTERM)
+        if stopped:
+            log.wait_for(stopped, timeout=20)
         assert proc.wait(timeout=20) == 0
     finally:
         if proc.poll() is None:
@@ -111,19 +113,8 @@ def daemon(args: list[str], env: dict[str, str] | None = None
 
 def test_daemon_when_started_warms_models_and_stops_in_order_on_sigterm(
         daemon_config: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config",
-                             str(daemon_config)], stderr=subprocess.PIPE, text=True)
-    log = LogReader(proc)
-    try:
+    with daemon(["--config", str(daemon_config)], stopped="stopped") as (_proc, log):
         log.wait_for("edged test-01 running")
-        proc.send_signal(signal.SIGTERM)
-        log.wait_for("stopped", timeout=20)
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        log.close()
     text = "\n".join(log.lines)
     assert "tiny_cls:1 ready on onnxruntime (CPUExecutionProvider)" in text
     assert "tiny_cnn:1 ready on onnxruntime" in text

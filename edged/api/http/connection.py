@@ -25,13 +25,13 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from http import HTTPStatus
 from types import SimpleNamespace
 from typing import Any
 
 import httptools
 
 from edged.api.http.framing import MAX_HEAD_BYTES, MessageLimits
+from edged.api.http.heads import answer_head, http_date
 from edged.api.http.messages import (
     BODY_BUFFER_BYTES,
     Body,
@@ -44,7 +44,7 @@ from edged.api.http.messages import (
     error_response,
 )
 from edged.api.http.replays import Replays
-from edged.api.http.streaming import http_date, send_stream
+from edged.api.http.streaming import send_stream
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ PIPELINED_FEED_BYTES = 4 * 1024
 MAX_QUEUED = 8  # pipelined requests parsed ahead of their turn before reading pauses
 LINGER_S = 2.0
 TIMER_SLACK_S = 0.005  # a timer this close to its bound acts (loops round to their clock)
-_REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
 class HttpServer:
@@ -378,7 +377,7 @@ class _Connection(asyncio.Protocol, Replays):
         if last is not None and last[0] == key and last[1] == headers:
             data = last[2]
         else:
-            data = _head(response, length, keep, request.version, key[5])
+            data = answer_head(response, length, keep, request.version, key[5])
             self._head = (key, dict(headers) if headers else headers, data)
         if request.method == "HEAD":
             self.transport.write(data)
@@ -499,21 +498,6 @@ class _Connection(asyncio.Protocol, Replays):
         self.done_reading = True
         if self.transport is not None:
             self.transport.abort()
-
-
-def _head(response: Response, length: int, keep: bool, version: str, date: str) -> bytes:
-    """An answer's status line and headers."""
-    head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
-            f"Content-Type: {response.content_type}\r\nContent-Length: {length}\r\n"
-            f"Date: {date}\r\n"]
-    if response.headers:
-        head += [f"{k}: {v}\r\n" for k, v in response.headers.items()]
-    if not keep:
-        head.append("Connection: close\r\n")
-    elif version == "1.0":
-        head.append("Connection: keep-alive\r\n")
-    head.append("\r\n")
-    return "".join(head).encode("latin-1")
 
 
 # Stands for the request a malformed one could not become, when its error is written.

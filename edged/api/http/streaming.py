@@ -9,28 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from edged.api.http.heads import http_date
 from edged.api.http.messages import Request, Response
 
 if TYPE_CHECKING:
     from edged.api.http.connection import _Connection
 
 logger = logging.getLogger(__name__)
-
-_date: list[Any] = ["", 0]
-
-
-def http_date() -> str:
-    """The Date header's value, formatted once a second."""
-    now = int(time.time())
-    if now != _date[1]:
-        _date[0], _date[1] = formatdate(now, usegmt=True), now
-    return str(_date[0])
-
 
 async def send_stream(connection: _Connection, request: Request, response: Response) -> None:
     stream = response.stream
