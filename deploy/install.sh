@@ -355,6 +355,14 @@ else
     restart=1
 fi
 
+# jemalloc serves the daemon's C heap where it is installed (`allocator: auto`, the default);
+# on glibc's heap RSS grows a little at each OTA swap (docs/decisions/031).
+if ! compgen -G "$root/usr/lib/*/libjemalloc.so.2" >/dev/null &&
+    ! compgen -G "$root/usr/lib*/libjemalloc.so.2" >/dev/null; then
+    warn "libjemalloc2 is not installed: edged will run on glibc's heap, which grows a" \
+        "little at each model update (apt-get install libjemalloc2)"
+fi
+
 # -- config ----------------------------------------------------------------------------------
 # The operator's edged.yaml is never overwritten; edged.yaml.dist is this release's default.
 install_file "$DEPLOY/edged.yaml" "$ETC/edged.yaml.dist" 0644 || true

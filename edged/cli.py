@@ -101,8 +101,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         host.limit_heap_arenas()  # before the daemon's threads: see their docstrings
         host.fix_heap_thresholds()
     target = systemd.setup_logging(config.logging.level, config.logging.target)
-    logger.info("C heap: %s%s", allocator, f" ({os.environ.get('MALLOC_CONF', '')})"
-                if allocator == "jemalloc" else "")
+    if allocator == "jemalloc":
+        logger.info("C heap: jemalloc (%s)", os.environ.get("MALLOC_CONF", ""))
+    elif choice == "auto":  # the default, on a system without the library
+        logger.info("C heap: glibc (%s is not installed; the heap grows a little at each "
+                    "OTA swap: apt-get install libjemalloc2)", host.JEMALLOC_SONAME)
+    else:
+        logger.info("C heap: glibc")
     # On a terminal the streams' status lines are redrawn under the log (edged.service.statusline).
     terminal = statusline.install() if target == "stderr" else None
     if args.config is None and not DEFAULT_CONFIG_PATH.exists():

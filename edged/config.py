@@ -37,10 +37,11 @@ class DaemonConfig:
     logging: LoggingConfig = setting(factory=LoggingConfig, help="logging")
     health: HealthConfig = setting(factory=HealthConfig, help="progress checks and watchdog")
     allocator: Literal["glibc", "jemalloc", "auto"] = setting(
-        "glibc", "the C heap's allocator, read at start (EDGED_ALLOCATOR overrides): glibc's "
-                 "malloc, tuned; jemalloc (libjemalloc2: the daemon re-executes itself with it "
-                 "preloaded, ~0.45 s more a start; an error where it is missing); auto: "
-                 "jemalloc where it is installed, else glibc")
+        "auto", "the C heap's allocator, read at start (EDGED_ALLOCATOR overrides): auto: "
+                "jemalloc where libjemalloc2 is installed (the daemon re-executes itself with "
+                "it preloaded, ~0.45 s more a start), else glibc; jemalloc: the same, an error "
+                "where it is missing; glibc: glibc's malloc, tuned (its heap grows at each OTA "
+                "swap)")
 
     @property
     def mqtt_prefix(self) -> str:
