@@ -39,7 +39,7 @@ class DaemonConfig:
     allocator: Literal["glibc", "jemalloc", "auto"] = setting(
         "auto", "the C heap's allocator, read at start (EDGED_ALLOCATOR overrides): auto: "
                 "jemalloc where libjemalloc2 is installed (the daemon re-executes itself with "
-                "it preloaded, ~0.45 s more a start), else glibc; jemalloc: the same, an error "
+                "it preloaded, ~0.3-0.45 s more a start), else glibc; jemalloc: the same, an error "
                 "where it is missing; glibc: glibc's malloc, tuned (its heap grows at each OTA "
                 "swap)")
 

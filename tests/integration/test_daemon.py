@@ -156,7 +156,7 @@ def test_status_when_no_daemon_listens_names_the_socket_and_says_so(
 
 
 @pytest.mark.parametrize("choice", ["auto", "jemalloc", "glibc", None])
-def test_daemon_when_jemalloc_is_installed_runs_on_it_when_asked_for(
+def test_daemon_when_jemalloc_is_installed_runs_on_it_unless_glibc_is_asked_for(
         daemon_config: Path, choice: str | None) -> None:
     if host.jemalloc_path() is None:
         pytest.skip("libjemalloc2 is not installed (.ci/run installs it)")
