@@ -43,9 +43,10 @@ from edged.inference.batching import (
     Pending,
     Request,
     RequestQueue,
+    misfit,
     validate,
 )
-from edged.inference.cache import ModelCache
+from edged.inference.cache import Lease, ModelCache
 from edged.inference.execution import Ran, run_batch
 from edged.inference.inline import CallerRuns, Delivery
 from edged.inference.instances import instance_count, runs_on_gpu
@@ -56,6 +57,8 @@ from edged.model.repository import ModelVersion
 logger = logging.getLogger(__name__)
 
 MAX_WAIT_S = 3600.0  # condition waits wake at least this often (time_t and clock safety)
+# Leases on a version no longer served, given back before one is kept as it comes.
+STALE_LEASE_TRIES = 3
 
 class Batcher(CallerRuns):
     """The queue and instance workers of one model (a fixed version, or whichever is active)."""
@@ -79,7 +82,8 @@ class Batcher(CallerRuns):
         self._forming = False
         self._reaper_wake = threading.Condition(self._lock)  # an earlier deadline, or stopping
         self._drained = threading.Condition(self._lock)  # progress while stopping
-        self._model = cache.describe(name, version)
+        self._epoch = cache.epoch  # what the cache served when `_model` was last taken on
+        self._model = cache.serving(name, version) or cache.describe(name, version)
         self._stats: dict[int, BatcherStats] = {}  # by model version
         self._policy = BatchPolicy.of(self._model)
         self._queue = RequestQueue(self._policy.levels)
@@ -119,7 +123,20 @@ class Batcher(CallerRuns):
 
     @property
     def model(self) -> ModelVersion:
+        """The version requests are checked against: the one the cache serves now."""
+        if self._epoch != self.cache.epoch:
+            self._follow()
         return self._model
+
+    def _follow(self) -> None:
+        """Take on the version the cache serves now (a swap, a version reloaded from changed
+        files) once it moved on: requests are checked against it from here, not against the
+        version a worker last ran (issue 49, item 1). Queued requests it cannot run fail."""
+        self._epoch = self.cache.epoch  # read first: a later move is seen next time
+        model = self.cache.serving(self.name, self.version)
+        if model is not None and model is not self._model:
+            for deliver in self._adopt(model):
+                deliver()
 
     @property
     def serving_version(self) -> int:
@@ -163,6 +180,8 @@ class Batcher(CallerRuns):
         raises at once for bad input. `checked`: an earlier check of the same inputs, reused
         while its version is served. `cached`: the outputs asked for, where the response
         cache may answer (a hit's future comes back done)."""
+        if self._epoch != self.cache.epoch:
+            self._follow()
         if checked is None or checked.model is not self._model:
             checked = check(self.label, self._model, self._policy, inputs, priority, timeout_s)
         request = stamp(inputs, checked, self._clock())
@@ -255,7 +274,7 @@ class Batcher(CallerRuns):
     def _run_next(self, pool: BufferPool) -> list[Delivery]:
         """Lease the model, cut the next batch and run it; return the deliveries."""
         try:
-            lease = self.cache.acquire(self.name, self.version)
+            lease = self._acquire_served()
         except Exception as exc:  # loading calls into a backend; anything can come out
             if not isinstance(exc, EdgedError):
                 logger.exception("%s: the model could not be leased", self.label)
@@ -276,20 +295,45 @@ class Batcher(CallerRuns):
                 deliveries.append(self._execute(batch, lease.session, pool, lease.model))
         return deliveries
 
+    def _acquire_served(self) -> Lease:
+        """Lease the model; a lease on a version the cache no longer serves (taken just
+        before a swap the batcher has already followed) is given back and taken again, so
+        that requests checked against the version served run on it."""
+        for _ in range(STALE_LEASE_TRIES):
+            lease = self.cache.acquire(self.name, self.version)
+            if lease.model is self._model or \
+                    self.cache.serving(self.name, self.version) is lease.model:
+                return lease
+            lease.release()
+        return self.cache.acquire(self.name, self.version)
+
     def _adopt(self, model: ModelVersion) -> list[Delivery]:
-        """Take on a swapped-in version's config; queued requests it cannot run are failed."""
+        """Take on a swapped-in version's config; queued requests it cannot run are failed,
+        each with what does not fit."""
+        refused: list[tuple[Request, InvalidInput]] = []
+
         def still_valid(request: Request) -> bool:
             try:
                 request.rows, request.shape_key = validate(model, request.inputs)
-            except InvalidInput:
+            except InvalidInput as exc:
+                refused.append((request, misfit(self.label, model, exc)))
                 return False
             return True
 
         with self._lock:
+            if model is self._model:
+                return []
             self._model, self._policy = model, BatchPolicy.of(model)
-            refused = self._queue.relevel(self._policy.levels, still_valid)
-        error = InvalidInput(f"{self.label}: the request does not fit version {model.version}")
-        return [partial(self._fail, refused, error)] if refused else []
+            self._queue.relevel(self._policy.levels, still_valid)
+        return [partial(self._refuse, refused)] if refused else []
+
+    def _refuse(self, refused: list[tuple[Request, InvalidInput]]) -> None:
+        """Fail requests that do not fit the version taken on, each with its own reason."""
+        with self._lock:
+            self._counters().failure += len(refused)
+        for request, error in refused:
+            if not request.future.done():
+                request.future.set_exception(error)
 
     def _take_batch(self) -> tuple[list[Request], list[Request]]:
         """Cut the next batch (lock held); also return the requests found expired."""

@@ -312,6 +312,11 @@ class RequestQueue:
         return removed
 
 
+def misfit(label: str, model: ModelVersion, exc: InvalidInput) -> InvalidInput:
+    """The error of a request admitted before `model` was taken on that does not fit it."""
+    return InvalidInput(f"{label}: the request does not fit version {model.version}: {exc}")
+
+
 def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int, ShapeKey]:
     """Check names, dtypes and shapes; return (rows, shape key for batching compatibility).
     A batched model takes 1..max_batch_size rows, whether its graph's batch dim is dynamic or

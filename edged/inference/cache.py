@@ -12,14 +12,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
-from types import TracebackType
 
-from edged.backends import BackendOptions, Session
+from edged.backends import BackendOptions
 from edged.core.errors import EdgedError, ModelLoadError, ModelNotFound, Timeout
 from edged.core.states import ModelState
 from edged.hardware.host import trim_heap
+from edged.inference.entries import Entry, Lease
 from edged.inference.loader import Loaded, ModelLoader, journal_fields
 from edged.inference.modelstatus import ModelCounters, ModelStatus
 from edged.model.repository import ModelRepository, ModelVersion
@@ -32,45 +31,6 @@ FAILED_LOAD_RETRY_S = 5.0
 # A caller waits this long for another caller's load of the same version (engines build in the
 # background, so a load is an ONNX Runtime session, its precision choice and a warm-up).
 LOAD_WAIT_S = 300.0
-
-
-@dataclass
-class Entry:
-    model: ModelVersion
-    session: Session
-    backend: str
-    nbytes: int
-    load_seconds: float
-    last_used: float
-    refs: int = 0
-    retiring: bool = False  # swapped out: unload once the last lease is returned
-    precision: str = "fp32"  # what was loaded: fp32 | fp16 | int8 (edged.inference.precision)
-    # Served on a fallback until the chosen backend is ready (an engine building): completes
-    # when it is, and the cache then swaps this entry for one on that backend.
-    upgrade: Future[None] | None = None
-
-
-class Lease:
-    """A model in use: it is not unloaded until every lease on it is released."""
-
-    def __init__(self, cache: ModelCache, entry: Entry) -> None:
-        self._cache = cache
-        self.entry = entry
-        self.model = entry.model
-        self.session = entry.session
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._cache._release(self.entry)
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.release()
 
 
 class ModelCache:
@@ -104,6 +64,11 @@ class ModelCache:
         # evicted, swapped out, upgraded): what was computed on it (cached answers) can go.
         self.session_gone: list[Callable[[str, int], None]] = []
         self.evictions = 0
+        # Bumped (lock held) whenever what a name or a version serves may have changed: a
+        # version loaded (its files read afresh), upgraded onto another backend, or made the
+        # active one. A batcher that sees it move asks `serving` and checks requests against
+        # that from then on (issue 49: not against the version its workers last ran).
+        self.epoch = 0
 
     @property
     def options(self) -> BackendOptions:
@@ -126,6 +91,14 @@ class ModelCache:
         if known:
             return self.repository.get(name, version)
         return self.repository.resolve(name, version)
+
+    def serving(self, name: str, version: int | None = None) -> ModelVersion | None:
+        """The version requests for `name` (or for `version` itself) run on now, if it is
+        loaded: from memory only, never the disk."""
+        with self._lock:
+            version = self._active.get(name) if version is None else version
+            entry = self._entries.get((name, version)) if version is not None else None
+            return None if entry is None else entry.model
 
     def acquire_loaded(self, name: str, version: int | None = None) -> Lease | None:
         """Lease the model only if it is loaded now (never loads, never reads the disk)."""
@@ -265,6 +238,7 @@ class ModelCache:
             entry.refs = int(lease)
             entry.retiring = key in self._retired  # a version swapped out meanwhile
             self._entries[key] = entry
+            self.epoch += 1
             self._bytes += entry.nbytes
             self._failed.pop(key, None)
             self._count_load(entry)
@@ -311,6 +285,7 @@ class ModelCache:
             if self._entries.get(key) is not waiting or waiting.retiring:
                 return None, [entry]
             self._entries[key] = entry
+            self.epoch += 1
             self._bytes += entry.nbytes - waiting.nbytes
             for gone in self.session_gone:
                 gone(*key)
@@ -431,6 +406,7 @@ class ModelCache:
         self._load_explicitly((name, version))
         with self._lock:
             self._active[name] = version
+            self.epoch += 1
             if old != version:
                 self._retired.add((name, old))
         logger.info("%s: requests now go to version %d (was %d)", name, version, old)

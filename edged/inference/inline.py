@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edged.core.errors import InvalidInput
 from edged.inference.batching import (
     INLINE_UNKNOWN,
     BatcherStats,
@@ -23,6 +24,7 @@ from edged.inference.batching import (
     Outputs,
     Pending,
     Request,
+    misfit,
     split,
     validate,
 )
@@ -176,9 +178,10 @@ class CallerRuns:
     def run_claimed(self, batch: list[Request],
                     acquire: Callable[[str, int | None], Lease | None]) -> bool:
         """Run `batch` (admitted requests) as one batch in the slot claimed; False, with the
-        slot released and nothing run, when `acquire` finds no model loaded, or when a new
-        version came in and the batch holds more than one request (the workers then take
-        them, re-checked against it)."""
+        slot released and nothing run, when `acquire` finds no model loaded or a version the
+        cache no longer serves. Where a new version came in, each request is checked against
+        it first: one that does not fit fails with what does not (a 400, as at admission),
+        the rest run. True: every request of `batch` ran or failed."""
         deliveries: list[Delivery] = []
         ran = False
         try:
@@ -186,22 +189,39 @@ class CallerRuns:
             if lease is not None:
                 with lease:
                     if lease.model is not self._model:
+                        if self.cache.serving(self.name, self.version) is not lease.model:
+                            return False  # a version being swapped out: the workers run it
                         deliveries += self._adopt(lease.model)
-                        if len(batch) > 1:
-                            return False
-                        batch[0].rows, batch[0].shape_key = validate(self._model,
-                                                                     batch[0].inputs)
+                        batch = self._refit(batch)
                     for request in batch:
                         request.future.set_running_or_notify_cancel()
                     with self._lock:
                         self._in_flight += len(batch)
-                    deliveries.append(self._execute(batch, lease.session, None, lease.model))
+                    if batch:
+                        deliveries.append(self._execute(batch, lease.session, None,
+                                                        lease.model))
                     ran = True
         finally:
             self.release_slot()
             for deliver in deliveries:
                 deliver()
         return ran
+
+    def _refit(self, batch: list[Request]) -> list[Request]:
+        """The requests of `batch` that fit the version now served (their rows and shapes
+        taken afresh); the others fail with what does not fit."""
+        kept = []
+        for request in batch:
+            try:
+                request.rows, request.shape_key = validate(self._model, request.inputs)
+            except InvalidInput as exc:
+                with self._lock:
+                    self._counters().failure += 1
+                if request.future.set_running_or_notify_cancel():
+                    request.future.set_exception(misfit(self.label, self._model, exc))
+                continue
+            kept.append(request)
+        return kept
 
     def _learn_cost(self, ran: Ran, ns: int) -> None:
         """Fold one run's time into the batch and row costs the inline choice reads, and

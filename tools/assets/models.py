@@ -218,6 +218,20 @@ def make_identity_fp32(seed: int = 0) -> onnx.ModelProto:
     return make_identity(TensorProto.FLOAT, "identity_fp32")
 
 
+def make_scale(n: int = 4, factor: float = 2.0, name: str = "scale") -> onnx.ModelProto:
+    """x [batch, n] → y = factor·x: an answer exact at any batch size and in any order of
+    rows (a multiply by a power of two rounds nothing), so that two paths' answers can be
+    compared byte for byte (the differential test), and whose input width marks its
+    signature (a version with another `n` changes the model's I/O)."""
+    return build_model(
+        name,
+        [helper.make_node("Mul", ["x", "factor"], ["y"])],
+        [declare_float("x", ["batch", n])],
+        [declare_float("y", ["batch", n])],
+        [numpy_helper.from_array(np.array(factor, np.float32), name="factor")],
+    )
+
+
 def fix_first_dim(values: Iterable[onnx.ValueInfoProto], size: int) -> None:
     """Make the first dim of each of `values` the fixed `size`, as a static export has it."""
     for value in values:
