@@ -20,7 +20,7 @@ from typing import Any
 from edged.api import describe
 from edged.api.config import ApiConfig
 from edged.api.http.bodies import json_body
-from edged.api.http.budget import JSON_WEIGHT, BodyBudget, Charge, read_body
+from edged.api.http.budget import JSON_WEIGHT, BodyBudget, Charge, encoded, read_body
 from edged.api.http.messages import Handler, Request, Response, json_response
 from edged.api.plans import MAX_HEADER_BYTES, Plan, PlanTable, infer_answer
 from edged.api.protocol import HEADER_LENGTH, InferRequest, decode_request, encode_response
@@ -184,14 +184,18 @@ class KServeRoutes:
                 if out.shm is not None:
                     lease.hold(out.shm)
         # The response cache (for models that opt in) never answers a request whose outputs
-        # go to shared memory.
+        # go to shared memory, nor one whose inputs are views of a region: its owner may write
+        # other bytes before the model reads them, and an answer kept under the bytes looked
+        # up would be another input's (issue 49, item 3). Inputs copied in are keyed as read.
+        cached = None if in_shm or (parsed.shm_inputs and not lease.copies()) \
+            else tuple(out.name for out in parsed.outputs)
         admitted = self.scheduler.admit(
             name, parsed.inputs, version=version, priority=parsed.priority,
-            timeout_s=parsed.timeout_s,
-            cached=None if in_shm else tuple(out.name for out in parsed.outputs))
+            timeout_s=parsed.timeout_s, cached=cached)
         running.append(admitted.future)
         plan = None
-        if plannable and not in_shm and admitted.request.checked is not None:
+        if plannable and not in_shm and not parsed.shm_inputs \
+                and admitted.request.checked is not None:
             plan = self.plans.learn(name, version, body, json_length, parsed,
                                     admitted.request.checked)
         parsed.inputs = {}  # the batch owns them now; nothing here needs them
@@ -206,8 +210,10 @@ class KServeRoutes:
     def _replayable(self, request: Request, plan: Plan, name: str, version: int | None,
                     json_length: int | None, body: memoryview) -> None:
         """Leave a replay on a planned request that came as it is (its Content-Length
-        bytes, not chunked or compressed): its repeats on the connection may take it."""
-        if request.content_length == len(body):
+        bytes, not chunked or compressed): its repeats on the connection may take it. A
+        compressed body is never replayed, whatever its length: a replay runs the bytes as
+        they came (issue 49, item 4: a gzip body as long as its inflated bytes was)."""
+        if request.content_length == len(body) and not encoded(request):
             request.replay = PlanReplay(request, plan, name, version, json_length, len(body),
                                         scheduler=self.scheduler, bodies=self.bodies,
                                         failed=self.failed, handling=self.handling)
@@ -241,8 +247,9 @@ class KServeRoutes:
                       asker: Asker) -> tuple[InferRequest, bool]:
         """The full path: parse and check the request (JSON, or a raw binary body), charging
         what parsing makes before it does; a large body is decoded off the loop. Also
-        whether a plan may be learned from it: a JSON header small enough, that names no
-        shared memory (the text hint: a key spelled with escapes is taken to name it)."""
+        whether a plan may be learned from it: a JSON header small enough (the caller also
+        asks the parse whether it named shared memory: the text hint below only chooses
+        where to decode, and is no proof)."""
         head = len(body) if json_length is None else min(max(json_length, 0), len(body))
         charge.add(head * (JSON_WEIGHT - 1))  # what parsing it will make of it, before it does
         reader, charger = lease.read, charge.add

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from edged.api import tensorbytes
-from edged.api.http.jsondepth import check_depth
+from edged.api.http import jsontext
 from edged.core.errors import InvalidInput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -91,9 +91,11 @@ class InferRequest:
     binary_default: bool = False
     priority: int | None = None
     timeout_s: float | None = None
+    # Whether an input was read from a shared memory region (what the parse found, whatever
+    # the bytes looked like): such a request is never planned, its region may change.
+    shm_inputs: bool = False
 
 
-_DECODER = json.JSONDecoder()
 _INT = frozenset({int})  # the type of a JSON integer (a JSON true is a bool)
 ShmReader = Callable[[ShmRef], memoryview]
 Charger = Callable[[int], None]  # told of memory a request is about to take
@@ -128,6 +130,7 @@ def decode_request(body: bytes | bytearray | memoryview, json_length: int | None
     blob = body[json_length:]
     offset = 0
     inputs: dict[str, np.ndarray] = {}
+    shm_inputs = False
     for i, raw in enumerate(raw_inputs):
         tensor, used = _decode_input(_mapping(raw, f"inputs[{i}]"), i, blob, offset, read_shm,
                                      charge)
@@ -135,6 +138,7 @@ def decode_request(body: bytes | bytearray | memoryview, json_length: int | None
             raise InvalidInput(f"input {tensor.name!r} appears twice")
         inputs[tensor.name] = tensor.array
         offset += used
+        shm_inputs = shm_inputs or tensor.shm
     if offset != len(blob):
         raise InvalidInput(f"the body carries {len(blob)} bytes of binary data but the inputs "
                            f"declare {offset}")
@@ -143,13 +147,14 @@ def decode_request(body: bytes | bytearray | memoryview, json_length: int | None
                         binary_default=_bool(params.get("binary_data_output", False),
                                              "parameters.binary_data_output"),
                         priority=_priority(params.get("priority")),
-                        timeout_s=_timeout(params.get("timeout")))
+                        timeout_s=_timeout(params.get("timeout")), shm_inputs=shm_inputs)
 
 
 @dataclass
 class _Decoded:
     name: str
     array: np.ndarray
+    shm: bool = False  # read from a shared memory region
 
 
 def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
@@ -180,7 +185,7 @@ def _decode_input(raw: Mapping[str, Any], i: int, blob: memoryview, offset: int,
             raise InvalidInput(f"input {name}: shared memory is not available here")
         ref = _shm_ref(params, f"input {name}")
         array = _from_bytes(read_shm(ref), datatype, count, name)
-        return _Decoded(name, array.reshape(shape)), 0
+        return _Decoded(name, array.reshape(shape), shm=True), 0
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -408,32 +413,10 @@ def parse_cost(text: bytes) -> int:
 
 
 def _parse_json(raw: bytes) -> dict[str, Any]:
-    check_depth(raw)  # before the parser meets it
-    try:
-        header = _loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidInput(f"malformed JSON: {exc}") from exc
-    except RecursionError as exc:  # a hostile body nested deeper than the parser can go
-        raise InvalidInput("malformed JSON: nested too deeply") from exc
+    header = jsontext.loads(raw)
     if not isinstance(header, dict):
         raise InvalidInput("the request must be a JSON object")
     return header
-
-
-def _loads(raw: bytes) -> Any:
-    """`json.loads(raw)`, with UTF-8, what every KServe client sends, decoded here rather than
-    sniffed first (and with "utf-8", which needs no codec looked up: a client that has dropped
-    its privileges may no longer import one). json.loads still takes the rest: a NUL in the
-    first two bytes (how it tells UTF-16/32 without a BOM), and what is not strict UTF-8
-    (UTF-16/32 with a BOM, encoded surrogates, bytes that are no text)."""
-    if raw[:2].count(0) == 0:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-        else:
-            return _DECODER.decode(text[1:] if text.startswith("\ufeff") else text)
-    return json.loads(raw)
 
 
 def _mapping(value: Any, what: str) -> Mapping[str, Any]:

@@ -143,8 +143,9 @@ def test_plans_when_the_model_is_swapped_check_the_new_version_afresh(
     served.daemon.cache.swap("tiny_cls", 2)
     answers = [client.infer(x_of(1)) for _ in range(3)]
     assert [a["version"] for a in answers] == ["2", "2", "2"]
-    # The batcher takes the new version on at its first run after the swap; from then on the
-    # old plan is stale and the full path checks the header against version 2 once.
+    # The batcher takes the new version on at the first request after the swap (issue 49,
+    # item 1): the old plan is stale and the full path checks the header against version 2
+    # once.
     assert len(full_path) == 2
     assert all(np.array_equal(a["prob"], answers[0]["prob"]) for a in answers)
 

@@ -3,11 +3,10 @@ object or an InvalidInput that says what is wrong, and typed fields from it."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from edged.api.http import jsontext
 from edged.api.http.budget import read_body
-from edged.api.http.jsondepth import check_depth
 from edged.api.http.messages import Request
 from edged.core.errors import InvalidInput
 
@@ -21,11 +20,7 @@ async def json_body(request: Request, default: dict[str, Any] | None = None
     raw = bytes(await read_body(request, SMALL_BODY_BYTES))
     if not raw.strip() and default is not None:
         return default
-    check_depth(raw)
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InvalidInput(f"malformed JSON: {exc}") from exc
+    body = jsontext.loads(raw)
     if not isinstance(body, dict):
         raise InvalidInput("the request body must be a JSON object")
     return body

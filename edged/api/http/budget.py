@@ -28,6 +28,7 @@ SMALL_BODY = 4096  # bytes; a body this small is not placed (_aligned)
 JSON_WEIGHT = 10
 INFLATE_CHUNK = 1 << 20
 # Bodies are inflated here, bounded and off the loop (the HTTP layer passes them as they come).
+GZIP_MAGIC = b"\x1f\x8b"
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "identity": 0}
 
 
@@ -85,6 +86,12 @@ class Charge:
     def release(self) -> None:
         held, self.bytes = self.bytes, 0
         self.budget.give(held)
+
+
+def encoded(request: Request) -> bool:
+    """Whether the request's body comes compressed (a Content-Encoding other than identity)."""
+    encoding = request.headers.get("Content-Encoding")
+    return encoding is not None and encoding.strip().lower() != "identity"
 
 
 async def read_body(request: Request, limit: int, charge: Charge | None = None,
@@ -187,7 +194,7 @@ def _inflate(raw: memoryview, wbits: int, limit: int, charge: Charge,
     pending: bytes | memoryview = raw
     charge.add(len(raw))  # unconsumed_tail: a copy of the rest of the input, each round
     try:
-        while pending and not inflater.eof:
+        while pending:
             part = inflater.decompress(pending, INFLATE_CHUNK)
             pending = inflater.unconsumed_tail
             size += len(part)
@@ -195,7 +202,16 @@ def _inflate(raw: memoryview, wbits: int, limit: int, charge: Charge,
                 raise TooLarge(f"the body inflates past the {_mb(limit)} allowed here")
             charge.add(len(part))
             parts.append(part)
-            if not part and not pending:
+            if inflater.eof:
+                # gzip may hold several members (RFC 1952 §2.2): the next one inflates in
+                # turn; anything else after the end is no part of the body.
+                pending = inflater.unused_data
+                if pending and not (wbits > zlib.MAX_WBITS and pending[:2] == GZIP_MAGIC):
+                    raise InvalidInput(f"{len(pending)} bytes follow the end of the "
+                                       "compressed body")
+                if pending:
+                    inflater = zlib.decompressobj(wbits)
+            elif not part and not pending:
                 break
     except zlib.error as exc:
         raise InvalidInput(f"the compressed body is corrupt: {exc}") from exc

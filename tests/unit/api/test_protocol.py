@@ -108,7 +108,7 @@ BAD_REQUESTS = [
     (b'{"inputs": [{"name": "x", "shape": [2097152, 1048576, 0], "datatype": "FP32",'
      b' "data": []}]}', None, "describes more than"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}\xff', None,
-     "malformed JSON"),
+     "not UTF-8"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": ["a"]}]}', None,
      "data is not INT32"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}', None, "no data"),
@@ -140,18 +140,30 @@ def test_decode_when_request_is_malformed_raises_invalid_input(body: bytes, leng
         decode_request(body, length)
 
 
+TEXT = '{"id": "\u00e9t\u00e9", "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", ' \
+       '"data": [1.5]}]}'
+
+
 @pytest.mark.parametrize("encode", [
     lambda text: text.encode(),  # what every client sends
     lambda text: b"\xef\xbb\xbf" + text.encode(),  # UTF-8 with a byte order mark
-    lambda text: text.encode("utf-16"),  # json.loads takes UTF-16 and -32: so does edged
-    lambda text: text.encode("utf-32-le"),
 ])
-def test_decode_when_json_is_utf8_or_another_unicode_encoding_reads_it(encode: Any) -> None:
-    text = '{"id": "\u00e9t\u00e9", "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", ' \
-           '"data": [1.5]}]}'
-    request = decode_request(encode(text))
+def test_decode_when_json_is_utf8_reads_it(encode: Any) -> None:
+    request = decode_request(encode(TEXT))
     assert request.id == "\u00e9t\u00e9"
     assert request.inputs["x"].tolist() == [1.5]
+
+
+@pytest.mark.parametrize("encoding,named", [
+    ("utf-16", "UTF-16 with a byte order mark"), ("utf-16-le", "UTF-16"),
+    ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32 with a byte order mark"),
+    ("utf-32-le", "UTF-32"), ("utf-32-be", "UTF-32"), ("latin-1", "invalid continuation"),
+])
+def test_decode_when_json_is_not_utf8_refuses_it_naming_what_it_looks_like(
+        encoding: str, named: str) -> None:
+    """JSON between systems is UTF-8 (RFC 8259 §8.1); json.loads would sniff the others."""
+    with pytest.raises(InvalidInput, match=f"not UTF-8 \\({named}.*RFC 8259"):
+        decode_request(TEXT.encode(encoding))
 
 
 def test_decode_when_shape_has_no_dims_or_a_zero_dim_takes_it() -> None:
