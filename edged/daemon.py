@@ -80,11 +80,15 @@ class Daemon:
             pinned=config.cache.pinned,
             default_backend=config.backends.default,
         )
+        shortcuts = config.api.shortcuts
         self.responses = ResponseCache(config.cache.responses_mb * 1024 * 1024)
         self.cache.session_gone.append(self.responses.forget)
-        self.scheduler = Scheduler(self.cache, responses=self.responses)
+        self.scheduler = Scheduler(self.cache, responses=self.responses
+                                   if self.responses.enabled and "response_cache" in shortcuts
+                                   else None)
         self.repository.on_version_removed(self.scheduler.retire)
-        self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs)
+        self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs
+                               if "shm_views" in shortcuts else "always")
         self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
                               client_id=f"edged-{config.device_id}")
                      if config.mqtt.enabled else None)

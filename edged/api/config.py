@@ -49,6 +49,18 @@ def check_loopback(value: str) -> str | None:
     return None if loopback else f"the HTTP listener is loopback-only, got host {host!r}"
 
 
+# The shortcuts that skip work because they saw something before (issue 49; DESIGN.md,
+# "Shortcuts answer exactly what the full path would"). Turned off, a request takes the full
+# path: the differential test's reference (tools/differential), and a user's way to rule one
+# out.
+Shortcut = Literal["plans", "replays", "response_cache", "shm_views"]
+SHORTCUTS: tuple[Shortcut, ...] = ("plans", "replays", "response_cache", "shm_views")
+
+
+def _check_shortcuts(value: list[str]) -> str | None:
+    return "lists a shortcut twice" if len(set(value)) < len(value) else None
+
+
 @dataclass(frozen=True)
 class ApiConfig:
     socket: Path = setting(factory=default_socket, help="Unix socket of the KServe v2 API; "
@@ -85,6 +97,14 @@ class ApiConfig:
     max_header_line_bytes: int = setting(8192, "longest header line (name and value) and "
                                                "request target; longer is answered 431 (a "
                                                "target: 414)", check=between(1024, 65536))
+    shortcuts: list[Shortcut] = setting(
+        factory=lambda: list(SHORTCUTS),
+        help="the shortcuts on: `plans` (a header seen before is not parsed and checked "
+        "again), `replays` (its repeats on a connection are answered unparsed; needs plans), "
+        "`response_cache` (models that opt in answer repeats from it), `shm_views` (trusted "
+        "peers' shm inputs lent to models as views, not copied); [] = every request takes "
+        "the full path. Each answers what the full path would (tools/differential checks)",
+        check=_check_shortcuts)
     shm_copy_inputs: Literal["auto", "always", "never"] = setting(
         "auto", "copy shm inputs (pread) instead of lending models views of the mapping: "
         "auto copies for peers of another uid than edged's (not root), so that a client "

@@ -58,6 +58,9 @@ class KServeRoutes:
         self.failed = failed
         self.turns = Turns(scheduler)
         self.plans = PlanTable()
+        # The shortcuts on (api.shortcuts): a replay is left on a planned request only.
+        self.planning = "plans" in config.shortcuts
+        self.replaying = self.planning and "replays" in config.shortcuts
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         model = "/v2/models/{model}"
@@ -153,7 +156,7 @@ class KServeRoutes:
             # reused (`edged.api.plans`); it names no shared memory.
             plan = self.plans.find(name, version, body, json_length,
                                    self.scheduler.model(name, version)) \
-                if json_length != 0 else None
+                if json_length != 0 and self.planning else None
             if plan is not None:
                 response = await self._planned(plan, body, name, version, running)
                 self._replayable(request, plan, name, version, json_length, body)
@@ -187,14 +190,13 @@ class KServeRoutes:
         # go to shared memory, nor one whose inputs are views of a region: its owner may write
         # other bytes before the model reads them, and an answer kept under the bytes looked
         # up would be another input's (issue 49, item 3). Inputs copied in are keyed as read.
-        cached = None if in_shm or (parsed.shm_inputs and not lease.copies()) \
-            else tuple(out.name for out in parsed.outputs)
+        cached = None if in_shm or lease.viewed else tuple(out.name for out in parsed.outputs)
         admitted = self.scheduler.admit(
             name, parsed.inputs, version=version, priority=parsed.priority,
             timeout_s=parsed.timeout_s, cached=cached)
         running.append(admitted.future)
         plan = None
-        if plannable and not in_shm and not parsed.shm_inputs \
+        if plannable and self.planning and not in_shm and not parsed.shm_inputs \
                 and admitted.request.checked is not None:
             plan = self.plans.learn(name, version, body, json_length, parsed,
                                     admitted.request.checked)
@@ -213,7 +215,7 @@ class KServeRoutes:
         bytes, not chunked or compressed): its repeats on the connection may take it. A
         compressed body is never replayed, whatever its length: a replay runs the bytes as
         they came (issue 49, item 4: a gzip body as long as its inflated bytes was)."""
-        if request.content_length == len(body) and not encoded(request):
+        if self.replaying and request.content_length == len(body) and not encoded(request):
             request.replay = PlanReplay(request, plan, name, version, json_length, len(body),
                                         scheduler=self.scheduler, bodies=self.bodies,
                                         failed=self.failed, handling=self.handling)

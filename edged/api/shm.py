@@ -275,6 +275,9 @@ class Lease:
         self._asked = False
         self._held: dict[str, Region] = {}
         self._lock = threading.Lock()  # a large body is decoded on a thread
+        # Whether an input was lent as a view of a region's mapping (not copied in): its owner
+        # may write other bytes before the model reads them.
+        self.viewed = False
 
     def hold(self, ref: ShmRef) -> tuple[Region, int]:
         """The referenced region, held for the rest of the request, and the reference's
@@ -291,7 +294,10 @@ class Lease:
 
     def read(self, ref: ShmRef) -> memoryview:
         region, position = self.hold(ref)
-        return _read(region, ref, position, self._charge)
+        data = _read(region, ref, position, self._charge)
+        if region.mapping is not None and data.obj is region.mapping:
+            self.viewed = True
+        return data
 
     def copies(self) -> bool:
         """Whether this request's shm inputs may be copied in (pread) rather than viewed;
