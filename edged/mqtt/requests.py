@@ -38,6 +38,7 @@ from edged.core.errors import (
     RateLimited,
     TooLarge,
 )
+from edged.core.numbers import ascii_int
 from edged.mqtt import topics
 from edged.mqtt.config import RequestClient, RequestsConfig
 from edged.mqtt.link import MqttLink
@@ -151,9 +152,14 @@ class RemoteRequests:
         correlation = getattr(props, "CorrelationData", None)
         reply = _Reply(response_topic, correlation, client.name, model)
         try:
-            json_length = _json_length(props)
             self._admit(client, model, len(message.payload))
         except EdgedError as exc:
+            self._fail(reply, exc)
+            return
+        try:  # after the rate: a malformed request costs its token like any other
+            json_length = _json_length(props)
+        except EdgedError as exc:
+            self._release()
             self._fail(reply, exc)
             return
         payload = bytes(message.payload)
@@ -265,9 +271,12 @@ class RemoteRequests:
 
 
 def _json_length(props: Any) -> int | None:
+    """The binary form's JSON length: ASCII digits (edged.core.numbers), else invalid_input."""
     for key, value in getattr(props, "UserProperty", None) or []:
         if key.lower() == HEADER_LENGTH.lower():
-            if not value.isdigit():
-                raise InvalidInput(f"{HEADER_LENGTH} must be an integer, got {value[:32]!r}")
-            return int(value)
+            length = ascii_int(value)
+            if length is None:
+                raise InvalidInput(f"{HEADER_LENGTH} must be a length in ASCII digits, got "
+                                   f"{value[:32]!r}")
+            return length
     return None

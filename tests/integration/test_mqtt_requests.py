@@ -7,6 +7,7 @@ frame rate while 8 remote clients (in a process of their own) keep asking."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -150,6 +151,37 @@ def test_request_when_a_client_exceeds_its_rate_is_answered_rate_limited(
     assert statuses == [200, 200, 200, 429, 429]
     assert served.daemon.requests is not None
     assert served.daemon.requests.stats()["errors"] == {"rate_limited": 2}
+
+
+def other_digits(length: int) -> list[str]:
+    """`length` written as int() would also take it, but a header's number is not: its
+    Arabic-Indic digits, a sign, an underscore; and "²", a digit to str.isdigit() that int()
+    refuses (issue 49 #7: that one was never answered and logged a traceback each time)."""
+    text = str(length)
+    return ["\u00b2", text.translate(str.maketrans("0123456789", "\u0660\u0661\u0662\u0663"
+                                                  "\u0664\u0665\u0666\u0667\u0668\u0669")),
+            f"+{text}", f"{text[:-1]}_{text[-1]}"]
+
+
+def test_request_when_the_json_length_is_not_ascii_digits_is_answered_invalid_input_in_its_rate(
+        asker: Callable[..., tuple[Served, Requester, str]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    served, requester, infer = asker("t/req/digits", requests_config(
+        "a", extra="rate_per_s: 0.01, burst: 4"))
+    body, length = tensor_request(X, binary=True)
+    assert length is not None and length >= 10
+    caplog.set_level(logging.INFO)
+    answers = [requester.call(f"{infer}/tiny_cls", body, json_length=value)
+               for value in other_digits(length)]
+    for value, answer in zip(other_digits(length), answers, strict=True):
+        assert (answer.status, answer.json()["code"]) == (400, "invalid_input"), value
+        assert HEADER_LENGTH in answer.json()["error"]
+    # Each took its token like any request: the burst of 4 is spent, the next is refused.
+    assert requester.call(f"{infer}/tiny_cls", body, json_length=length).status == 429
+    assert served.daemon.requests is not None and served.daemon.mqtt is not None
+    assert served.daemon.requests.stats()["errors"] == {"invalid_input": 4, "rate_limited": 1}
+    assert served.daemon.mqtt.stats()["handler_errors"] == 0
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
 
 
 @pytest.mark.slow
