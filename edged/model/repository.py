@@ -120,7 +120,7 @@ class ModelRepository:
     def versions_on_disk(self, name: str) -> list[int]:
         model_dir = self.model_dir(name)
         if not model_dir.is_dir():
-            raise ModelNotFound(f"model {name!r} is not in the repository {self.root}")
+            raise ModelNotFound(f"model {name!r} is not in the repository ({self.root})")
         return sorted(int(p.name) for p in model_dir.iterdir()
                       if p.name.isdigit() and int(p.name) > 0 and (p / MODEL_FILE).is_file())
 
@@ -155,7 +155,7 @@ class ModelRepository:
         """The version a request that names none gets: the active pointer, else the latest."""
         served = self.served_versions(name)
         if not served:
-            raise ModelNotFound(f"model {name!r} has no servable version in {self.root / name}")
+            raise ModelNotFound(f"model {name!r} has no servable version ({self.root / name})")
         active = self.active_version(name)
         return active if active in served else served[-1]
 
@@ -186,7 +186,7 @@ class ModelRepository:
     def get(self, name: str, version: int) -> ModelVersion:
         """A version on disk, parsed and validated (cached until its files change)."""
         if version not in self.versions_on_disk(name):
-            raise ModelNotFound(f"model {name!r} has no version {version} in {self.root / name}")
+            raise ModelNotFound(f"model {name!r} has no version {version} ({self.root / name})")
         vdir = self.version_dir(name, version)
         stamp = tuple(_stamp(p) for p in (self.model_dir(name) / CONFIG_FILE, vdir / CONFIG_FILE,
                                            vdir / MODEL_FILE))

@@ -3,7 +3,8 @@ the device reaches publishes a KServe v2 body to `<prefix>/infer/<model>` with a
 and correlation data (MQTT 5 properties; the binary form's JSON length as the user property
 `Inference-Header-Content-Length`), and the answer comes back on its response topic with the
 same correlation data: the body the socket API would answer, or `{"error", "code"}` with the
-socket API's codes, and the HTTP status it would have as the user property `status`.
+socket API's codes (its text with no path of the device: the api room's `describe`), and the
+HTTP status it would have as the user property `status`.
 
 Who may ask: a request's response topic must match a client's filters in the allowlist
 (mqtt.requests.clients); one that matches none gets no answer at all (MQTT carries no sender
@@ -67,6 +68,8 @@ class Inference(Protocol):
     """What the api room lends (edged.api.remote.RemoteInference)."""
 
     def start(self, model: str, body: bytes, json_length: int | None) -> Call: ...
+
+    def describe(self, exc: EdgedError) -> str: ...  # the error's text for a remote caller
 
 
 class TokenBucket:
@@ -241,7 +244,7 @@ class RemoteRequests:
             self.errors[exc.code] = self.errors.get(exc.code, 0) + 1
         props = self._properties(reply, exc.http_status)
         props.ContentType = "application/json"
-        body = json.dumps({"error": str(exc), "code": exc.code}).encode()
+        body = json.dumps({"error": self.inference.describe(exc), "code": exc.code}).encode()
         self.link.reply(reply.topic, body, props)
 
     @staticmethod
