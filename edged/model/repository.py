@@ -19,6 +19,7 @@ from pathlib import Path
 
 from edged.core.errors import ConfigError, InvalidModel, ModelNotFound
 from edged.core.fsutil import copy_synced, file_sha256, fsync_dir, write_atomically
+from edged.core.numbers import ascii_int
 from edged.core.schema import parse, parse_file
 from edged.model.config import MODEL_CHECKS, ModelConfig
 from edged.model.heads import Head
@@ -121,8 +122,8 @@ class ModelRepository:
         model_dir = self.model_dir(name)
         if not model_dir.is_dir():
             raise ModelNotFound(f"model {name!r} is not in the repository ({self.root})")
-        return sorted(int(p.name) for p in model_dir.iterdir()
-                      if p.name.isdigit() and int(p.name) > 0 and (p / MODEL_FILE).is_file())
+        found = ((ascii_int(p.name), p) for p in model_dir.iterdir())  # "²/", "٣/": not ours
+        return sorted(v for v, p in found if v is not None and v > 0 and (p / MODEL_FILE).is_file())
 
     def served_versions(self, name: str) -> list[int]:
         """Versions on disk that the model's version policy serves (plus the active one)."""
@@ -146,10 +147,10 @@ class ModelRepository:
             text = path.read_text().strip()
         except FileNotFoundError:
             return None
-        if not text.isdigit():
+        version = ascii_int(text)
+        if version is None:
             logger.warning("%s: ignoring unreadable active pointer %r", path, text)
-            return None
-        return int(text)
+        return version
 
     def default_version(self, name: str) -> int:
         """The version a request that names none gets: the active pointer, else the latest."""
