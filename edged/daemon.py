@@ -135,7 +135,8 @@ class Daemon:
                     if self.mqtt is not None else None)
         requests = config.mqtt.requests
         self.requests = (RemoteRequests(self.mqtt, requests, RemoteInference(
-            self.scheduler, self.cache, self.api.bodies, requests.max_request_mb * 1024 * 1024))
+            self.scheduler, self.cache, self.api.bodies, requests.max_request_mb * 1024 * 1024,
+            local_dirs=[config.cache.dir]))
             if self.mqtt is not None and requests.enabled else None)
         self.status.requests = self.requests.stats if self.requests is not None else \
             self.status.requests

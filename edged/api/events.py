@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from edged.api.http.messages import Handler, Request, Response, json_response
 from edged.core.errors import InvalidInput
+from edged.core.numbers import ascii_int
 from edged.events.tally import RECENT_OBJECTS, RecentEvents
 
 DEFAULT_LIMIT = 20
@@ -27,10 +28,10 @@ class EventRoutes:
 
     async def index(self, request: Request) -> Response:
         raw = request.query.get("limit")
-        if raw is not None and not (raw.isdigit() and 1 <= int(raw) <= RECENT_OBJECTS):
+        limit = DEFAULT_LIMIT if raw is None else ascii_int(raw)
+        if limit is None or not 1 <= limit <= RECENT_OBJECTS:
             raise InvalidInput(f"limit must be an integer from 1 to {RECENT_OBJECTS}, "
-                               f"got {raw[:16]!r}")
-        limit = DEFAULT_LIMIT if raw is None else int(raw)
+                               f"got {(raw or '')[:16]!r}")
         recent = self.recent()
         rows = [] if recent is None else recent.rows(stream=request.query.get("stream"),
                                                      limit=limit)

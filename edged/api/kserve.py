@@ -12,7 +12,6 @@ under `batcher.INLINE_MAX_NS`: it runs on the loop, skipping two thread hops."""
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -30,6 +29,7 @@ from edged.api.shm import Lease, ShmRegistry
 from edged.api.shm_routes import Asker
 from edged.api.turns import Turns
 from edged.core.errors import EdgedError, InvalidInput, ModelNotFound
+from edged.core.numbers import ascii_int
 from edged.core.states import ModelState
 from edged.inference.cache import ModelCache
 from edged.inference.instances import instance_count
@@ -38,7 +38,7 @@ from edged.inference.scheduler import Admitted, Outputs, Scheduler
 from edged.model.repository import ModelVersion
 
 DECODE_ON_THREAD_BYTES = 256 * 1024
-_VERSION = re.compile(r"^[0-9]{1,9}$")
+MAX_VERSION_DIGITS = 9
 
 
 class KServeRoutes:
@@ -357,9 +357,9 @@ def _model_ref(request: Request) -> tuple[str, int | None]:
     raw = request.match_info.get("version")
     if raw is None or raw == "":
         return name, None
-    if not _VERSION.match(raw) or int(raw) < 1:
+    version = ascii_int(raw, MAX_VERSION_DIGITS)
+    if version is None or version < 1:
         raise InvalidInput(f"model version must be a positive integer, got {raw[:32]!r}")
-    version = int(raw)
     return name, version
 
 
@@ -367,7 +367,8 @@ def _json_length(request: Request) -> int | None:
     raw = request.headers.get(HEADER_LENGTH)
     if raw is None:
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidInput(f"{HEADER_LENGTH} must be an integer, got {raw!r}") from None
+    length = ascii_int(raw)
+    if length is None:
+        raise InvalidInput(f"{HEADER_LENGTH} must be a length in ASCII digits, got "
+                           f"{raw[:32]!r}")
+    return length

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from edged.api.http.messages import BrokenBody, Handler, Request, Response, json_response
 from edged.core.errors import Forbidden, InvalidInput, TooLarge, UpdateRejected
+from edged.core.numbers import ascii_int
 
 MANIFEST_LENGTH = "Edged-Manifest-Length"
 MAX_MANIFEST_BYTES = 64 * 1024
@@ -79,10 +80,11 @@ class OtaRoutes:
         hold = _flag(request.query.get("hold", "false"), "hold")
         tag = request.query.get("tag")
         raw = request.headers.get(MANIFEST_LENGTH)
-        if raw is not None and (not raw.isdigit() or not 0 < int(raw) <= MAX_MANIFEST_BYTES):
+        length = ascii_int(raw)
+        if raw is not None and (length is None or not 0 < length <= MAX_MANIFEST_BYTES):
             raise InvalidInput(f"{MANIFEST_LENGTH} must be 1 to {MAX_MANIFEST_BYTES}, got "
                                f"{raw[:20]!r}")
-        head = int(raw) if raw is not None else MAX_MANIFEST_BYTES
+        head = length if length is not None else MAX_MANIFEST_BYTES
         manifest, rest = await _read_manifest(request, head, exact=raw is not None)
         artifact = None
         if raw is not None:

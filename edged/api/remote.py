@@ -4,20 +4,56 @@ answer body, through the socket's infer route's codec, checks and scheduler: the
 priorities (the request's `priority` parameter, else the model's default, as stream frames
 have theirs) and timeouts, the same error codes, and the same memory bound: a request's body
 and what parsing makes of it are charged to the socket's body budget (api.max_bodies_mb) until
-it is answered. No shared memory: the caller is elsewhere."""
+it is answered. No shared memory: the caller is elsewhere.
+
+Nothing of the device's filesystem goes back to such a caller (`RemoteInference.describe`): an
+error's text names the model, its version and what is wrong, as the socket's does, less the
+paths the socket's local users are told."""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from edged.api.http.budget import JSON_WEIGHT, BodyBudget, Charge
 from edged.api.kserve import check_outputs
 from edged.api.protocol import InferRequest, decode_request, encode_response
-from edged.core.errors import InvalidInput, TooLarge
+from edged.core.errors import EdgedError, InvalidInput, TooLarge
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
+
+# What a path is made of in an error's text: it ends at a space, a quote, a bracket, a comma
+# or a colon ("<file>: what is wrong", as ONNX, ONNX Runtime and edged write it).
+_PATH_CHARS = r"[^\s'\"`,;:()\[\]{}<>]"
+# A path from the root, the home or here, not inside a word, a URL or a relative path.
+_OTHER_PATHS = re.compile(r"(?<![\w.~/:-])(?:file://|~|\.{1,2})?/" + _PATH_CHARS + "+")
+UNSAID = "<path>"  # what stands where a path was
+
+
+def remote_text(text: str, repository: Path, others: Iterable[Path] = ()) -> str:
+    """`text` with nothing of the filesystem: a file or folder of the model repository as the
+    repository names it (`<model>/<version>/model.onnx`: the documented layout, no more), one
+    in parentheses dropped (edged writes its folders there as a detail for its local users),
+    any other path (`others` as written too: a relative one is a path only where a `/`
+    follows it, not the word it also is) as UNSAID."""
+    roots = {str(repository), os.path.abspath(repository), str(Path(repository).resolve())}
+    for root in sorted(roots, key=len, reverse=True):
+        alone = "" if root.startswith("/") else "(?!)"  # a relative root: never alone
+        name = r"(?<![\w.~/-])" + re.escape(root.rstrip("/"))
+        end = r"(?!" + _PATH_CHARS + ")"
+        text = re.sub(r"\s*\(" + name + r"(?:/" + _PATH_CHARS + r"*)?\)", "", text)
+        text = re.sub(name + r"(?:/(?P<rest>" + _PATH_CHARS + r"+)|" + alone + end + ")",
+                      lambda m: m.group("rest") or UNSAID, text)
+    for other in sorted({str(o).rstrip("/") for o in others}, key=len, reverse=True):
+        alone = "" if other.startswith("/") else "(?!)"
+        text = re.sub(r"(?<![\w.~/-])" + re.escape(other) + r"(?:/" + _PATH_CHARS + r"+|" +
+                      alone + r"(?!" + _PATH_CHARS + "))", UNSAID, text)
+    return _OTHER_PATHS.sub(UNSAID, text)
 
 
 @dataclass(frozen=True)
@@ -53,11 +89,18 @@ class RemoteCall:
 
 class RemoteInference:
     def __init__(self, scheduler: Scheduler, cache: ModelCache, bodies: BodyBudget,
-                 max_bytes: int) -> None:
+                 max_bytes: int, local_dirs: Iterable[Path] = ()) -> None:
+        """`local_dirs`: folders besides the model repository that errors may name (the
+        engine cache), as configured: a relative one is known only as written."""
+        self.local_dirs = tuple(local_dirs)
         self.scheduler = scheduler
         self.cache = cache
         self.bodies = bodies
         self.max_bytes = max_bytes
+
+    def describe(self, exc: EdgedError) -> str:
+        """The error's text for the remote caller: no path of the device (remote_text)."""
+        return remote_text(str(exc), self.cache.repository.root, self.local_dirs)
 
     def start(self, model: str, body: bytes, json_length: int | None) -> RemoteCall:
         """Decode and queue one request (on the caller's thread: it may read the model's

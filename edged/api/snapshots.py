@@ -16,6 +16,7 @@ from typing import Any
 
 from edged.api.http.messages import Handler, Request, Response, json_response
 from edged.core.errors import InvalidInput, SnapshotNotFound
+from edged.core.numbers import ascii_int
 from edged.events.store import SnapshotStore, StoredSnapshot, valid_id
 
 DEFAULT_LIMIT, MAX_LIMIT = 100, 10_000
@@ -66,6 +67,7 @@ def _row(item: StoredSnapshot) -> dict[str, Any]:
 def _limit(raw: str | None) -> int:
     if raw is None:
         return DEFAULT_LIMIT
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+    limit = ascii_int(raw)
+    if limit is None or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}, got {raw[:16]!r}")
-    return int(raw)
+    return limit

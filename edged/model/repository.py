@@ -19,6 +19,7 @@ from pathlib import Path
 
 from edged.core.errors import ConfigError, InvalidModel, ModelNotFound
 from edged.core.fsutil import copy_synced, file_sha256, fsync_dir, write_atomically
+from edged.core.numbers import ascii_int
 from edged.core.schema import parse, parse_file
 from edged.model.config import MODEL_CHECKS, ModelConfig
 from edged.model.heads import Head
@@ -120,9 +121,9 @@ class ModelRepository:
     def versions_on_disk(self, name: str) -> list[int]:
         model_dir = self.model_dir(name)
         if not model_dir.is_dir():
-            raise ModelNotFound(f"model {name!r} is not in the repository {self.root}")
-        return sorted(int(p.name) for p in model_dir.iterdir()
-                      if p.name.isdigit() and int(p.name) > 0 and (p / MODEL_FILE).is_file())
+            raise ModelNotFound(f"model {name!r} is not in the repository ({self.root})")
+        found = ((ascii_int(p.name), p) for p in model_dir.iterdir())  # "²/", "٣/": not ours
+        return sorted(v for v, p in found if v is not None and v > 0 and (p / MODEL_FILE).is_file())
 
     def served_versions(self, name: str) -> list[int]:
         """Versions on disk that the model's version policy serves (plus the active one)."""
@@ -146,16 +147,16 @@ class ModelRepository:
             text = path.read_text().strip()
         except FileNotFoundError:
             return None
-        if not text.isdigit():
+        version = ascii_int(text)
+        if version is None:
             logger.warning("%s: ignoring unreadable active pointer %r", path, text)
-            return None
-        return int(text)
+        return version
 
     def default_version(self, name: str) -> int:
         """The version a request that names none gets: the active pointer, else the latest."""
         served = self.served_versions(name)
         if not served:
-            raise ModelNotFound(f"model {name!r} has no servable version in {self.root / name}")
+            raise ModelNotFound(f"model {name!r} has no servable version ({self.root / name})")
         active = self.active_version(name)
         return active if active in served else served[-1]
 
@@ -186,7 +187,7 @@ class ModelRepository:
     def get(self, name: str, version: int) -> ModelVersion:
         """A version on disk, parsed and validated (cached until its files change)."""
         if version not in self.versions_on_disk(name):
-            raise ModelNotFound(f"model {name!r} has no version {version} in {self.root / name}")
+            raise ModelNotFound(f"model {name!r} has no version {version} ({self.root / name})")
         vdir = self.version_dir(name, version)
         stamp = tuple(_stamp(p) for p in (self.model_dir(name) / CONFIG_FILE, vdir / CONFIG_FILE,
                                            vdir / MODEL_FILE))

@@ -3,7 +3,8 @@ the device reaches publishes a KServe v2 body to `<prefix>/infer/<model>` with a
 and correlation data (MQTT 5 properties; the binary form's JSON length as the user property
 `Inference-Header-Content-Length`), and the answer comes back on its response topic with the
 same correlation data: the body the socket API would answer, or `{"error", "code"}` with the
-socket API's codes, and the HTTP status it would have as the user property `status`.
+socket API's codes (its text with no path of the device: the api room's `describe`), and the
+HTTP status it would have as the user property `status`.
 
 Who may ask: a request's response topic must match a client's filters in the allowlist
 (mqtt.requests.clients); one that matches none gets no answer at all (MQTT carries no sender
@@ -38,6 +39,7 @@ from edged.core.errors import (
     RateLimited,
     TooLarge,
 )
+from edged.core.numbers import ascii_int
 from edged.mqtt import topics
 from edged.mqtt.config import RequestClient, RequestsConfig
 from edged.mqtt.link import MqttLink
@@ -66,6 +68,8 @@ class Inference(Protocol):
     """What the api room lends (edged.api.remote.RemoteInference)."""
 
     def start(self, model: str, body: bytes, json_length: int | None) -> Call: ...
+
+    def describe(self, exc: EdgedError) -> str: ...  # the error's text for a remote caller
 
 
 class TokenBucket:
@@ -151,9 +155,14 @@ class RemoteRequests:
         correlation = getattr(props, "CorrelationData", None)
         reply = _Reply(response_topic, correlation, client.name, model)
         try:
-            json_length = _json_length(props)
             self._admit(client, model, len(message.payload))
         except EdgedError as exc:
+            self._fail(reply, exc)
+            return
+        try:  # after the rate: a malformed request costs its token like any other
+            json_length = _json_length(props)
+        except EdgedError as exc:
+            self._release()
             self._fail(reply, exc)
             return
         payload = bytes(message.payload)
@@ -235,7 +244,7 @@ class RemoteRequests:
             self.errors[exc.code] = self.errors.get(exc.code, 0) + 1
         props = self._properties(reply, exc.http_status)
         props.ContentType = "application/json"
-        body = json.dumps({"error": str(exc), "code": exc.code}).encode()
+        body = json.dumps({"error": self.inference.describe(exc), "code": exc.code}).encode()
         self.link.reply(reply.topic, body, props)
 
     @staticmethod
@@ -265,9 +274,12 @@ class RemoteRequests:
 
 
 def _json_length(props: Any) -> int | None:
+    """The binary form's JSON length: ASCII digits (edged.core.numbers), else invalid_input."""
     for key, value in getattr(props, "UserProperty", None) or []:
         if key.lower() == HEADER_LENGTH.lower():
-            if not value.isdigit():
-                raise InvalidInput(f"{HEADER_LENGTH} must be an integer, got {value[:32]!r}")
-            return int(value)
+            length = ascii_int(value)
+            if length is None:
+                raise InvalidInput(f"{HEADER_LENGTH} must be a length in ASCII digits, got "
+                                   f"{value[:32]!r}")
+            return length
     return None

@@ -17,6 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from edged.core.errors import ModelNotFound
+from edged.core.numbers import ascii_int
 from edged.core.states import OtaState
 from edged.model.repository import check_model_name
 from edged.mqtt import topics
@@ -196,9 +197,10 @@ class OtaService:
         root, model = head.rsplit(topics.OTA, 1)
         with self._lock:
             assembler = self._chunks.get((root, model))
-        if assembler is None or not index.isdigit():
-            return  # no chunked update of that model in progress: stale or stray
-        assembler.add(int(index), payload)
+        number = ascii_int(index)
+        if assembler is None or number is None:
+            return  # no chunked update of that model in progress, or no chunk's number
+        assembler.add(number, payload)
 
     def _on_command(self, topic: str, payload: bytes) -> None:
         root, rest = topic.rsplit(topics.OTA, 1)

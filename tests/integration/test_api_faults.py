@@ -78,6 +78,11 @@ CASES: dict[str, tuple[str, bytes, dict[str, str], int, str]] = {
                      "microseconds"),
     "superscript version": ("/v2/models/tiny_cls/versions/%C2%B2/infer", tensor_json(), {}, 400,
                             "positive integer"),
+    # "1\n" fitted the version's old pattern (`$` matches before a final newline): version 1.
+    "version with a newline": ("/v2/models/tiny_cls/versions/1%0A/infer", tensor_json(), {}, 400,
+                               "positive integer"),
+    "superscript header length": ("/v2/models/tiny_cls/infer", tensor_json(),
+                                  {HEADER_LENGTH: "\u00b2"}, 400, HEADER_LENGTH),
     "17 dimensions": ("/v2/models/tiny_cls/infer", tensor_json(shape=[1] * 17, data=[0.0]), {},
                       400, "17 dimensions"),
     "huge dimension": ("/v2/models/tiny_cls/infer", tensor_json(shape=[2**63], data=[]), {},
@@ -104,6 +109,38 @@ def test_api_when_request_is_bad_answers_status_and_error_then_still_serves(
     with served.client() as client:  # after a broken body the server may close the connection
         still_serves(client)
         assert 'edged_api_errors_total{code="' in client.metrics()
+
+
+BINARY_HEAD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 8, 8],
+                                     "parameters": {"binary_data_size": X.nbytes}}]}).encode()
+# The binary request's true JSON length, written as int() takes it but a header's number is not
+# (issue 49 #7): each was read as the length and answered 200.
+LENGTH_FORMS = {"signed": f"+{len(BINARY_HEAD)}",
+                "underscored": f"{str(len(BINARY_HEAD))[:-1]}_{str(len(BINARY_HEAD))[-1]}"}
+
+
+@pytest.mark.parametrize("form", sorted(LENGTH_FORMS))
+def test_api_when_the_json_length_is_not_ascii_digits_answers_400_then_still_serves(
+        served: Served, form: str) -> None:
+    with served.client() as client:
+        status, _, raw = client.request("POST", "/v2/models/tiny_cls/infer",
+                                        BINARY_HEAD + X.tobytes(),
+                                        {HEADER_LENGTH: LENGTH_FORMS[form]})
+        assert (status, json.loads(raw)["code"]) == (400, "invalid_input"), raw
+        assert client.request("POST", "/v2/models/tiny_cls/infer", BINARY_HEAD + X.tobytes(),
+                              {HEADER_LENGTH: str(len(BINARY_HEAD))})[0] == 200
+
+
+@pytest.mark.parametrize("path", ["/v2/edged/events?limit=%C2%B2",
+                                  "/v2/edged/snapshots?limit=%C2%B2",
+                                  "/v2/edged/snapshots?limit=%D9%A3"])
+def test_api_when_a_limit_is_not_ascii_digits_answers_400_not_an_internal_error(
+        served: Served, path: str) -> None:
+    """A "²" passed str.isdigit() and then failed int(): a 500, a traceback in the log."""
+    with served.client() as client:
+        status, _, raw = client.request("GET", path)
+        assert (status, json.loads(raw)["code"]) == (400, "invalid_input"), raw
+        still_serves(client)
 
 
 def test_api_when_body_exceeds_max_request_size_answers_413(make_served: ServeFactory) -> None:

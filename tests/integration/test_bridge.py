@@ -2,7 +2,9 @@
 (deploy/mosquitto/edged-bridge.conf), two real mosquittos: edged talks only to the site
 broker; what it publishes reaches the fleet over TLS with a password, what it publishes during
 a 30 s outage of the fleet broker all arrives after it returns, in order, and a manifest
-published on the fleet broker reaches the device through the bridge."""
+published on the fleet broker reaches the device through the bridge. Across a cut of the link
+itself (both brokers up, the fleet broker restarted inside it), what the fleet published for
+the device meanwhile arrives after; and MQTT 5 requests cross the bridge both ways."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from support.bridge import Sites
 from support.broker import Received, Subscriber
 from support.daemon import ServeFactory
 from support.mqtt_requests import HEADER_LENGTH, Requester, tensor_request
-from support.ota import Pusher, X, expected, fresh, tiny_cls_bytes
+from support.ota import Pusher, X, command, expected, fresh, tiny_cls_bytes
+from support.polling import wait_until
 
 from edged.ota.manifest import sign_document
 
@@ -203,3 +206,131 @@ def test_bridge_when_a_fleet_client_asks_for_an_inference_the_answer_comes_back_
     got = triton.InferenceServerClient.parse_response_body(
         answer.payload, header_length=int(answer.properties[HEADER_LENGTH]))
     np.testing.assert_allclose(got.as_numpy("prob"), expected(0), rtol=1e-5)
+
+
+def answered(requester: Requester, topic: str, timeout: float) -> Any:
+    """Ask until one is answered (bounded): a request published before the requests bridge
+    has subscribed again at the fleet broker is dropped there, as MQTT drops what nobody
+    reads."""
+    body, length = tensor_request(X, binary=True)
+
+    def ask() -> Any:
+        try:
+            return requester.call(topic, body, json_length=length, timeout=2)
+        except TimeoutError:
+            return None
+
+    return wait_until(ask, timeout=timeout, interval=0, what=f"an answer on {topic}")
+
+
+def test_bridge_when_the_link_is_cut_what_the_fleet_publishes_meanwhile_arrives_after(
+        make_sites: Callable[..., Sites], make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path]) -> None:
+    """Both brokers run; the link between them goes down, and the fleet broker restarts during
+    the outage. A manifest on the fleet's topic and a command on the device's, published QoS 1
+    and not retained while the bridge is away, wait in the bridge's session at the fleet broker
+    (kept through its restart) and reach the device once the link is back; the events the
+    device published meanwhile reach the fleet, in order; an MQTT 5 request is answered
+    through the bridge after. With the bridge on MQTT 5 alone (mosquitto 2.0 sends no Session
+    Expiry Interval) the fleet broker ended the session at the cut, CONNACK (0, 0) after it,
+    and both messages were lost (issue 49 #8)."""
+    private, public = key
+    sites = make_sites(relay=True)
+    relay = sites.relay
+    assert relay is not None
+    p, fleet_prefix = sites.prefix, sites.fleet_prefix
+    sub = fleet_subscriber(sites)
+    requester = None
+    try:
+        sub.collect(f"{p}/bridge", until=lambda got: got[-1].payload == b"1", timeout=30,
+                    what="the bridge's notification: connected")
+        served = make_served(mqtt=f"host: 127.0.0.1, port: {sites.site.port}, prefix: {p}, "
+                                  f"fleet_prefix: {fleet_prefix}, requests: {{enabled: true, "
+                                  "clients: [{name: hq, response_topics: ['replies/hq/#']}]}",
+                             ota=f"trusted_keys: [{public}]", device_id="site-dev")
+        link, ota = served.daemon.mqtt, served.daemon.ota
+        assert link is not None and ota is not None and ota.wait_listening(10)
+
+        relay.cut()  # the uplink is gone; the fleet broker sees the bridge's will
+        sub.collect(f"{p}/bridge", until=lambda got: got[-1].payload == b"0", timeout=30,
+                    what="the bridge's will at the fleet broker: lost")
+        pusher = Pusher(sub, artifacts, private)
+        pusher.push(f"{fleet_prefix}/ota/tiny_cls", 2, tiny_cls_bytes(1))
+        pusher.publish(f"{p}/ota/tiny_cnn/command",
+                       json.dumps(command(private, p, model="tiny_cnn")).encode())
+        for seq in range(1, 21):
+            link.publish("events", "events", event(seq))
+        sites.fleet.stop()  # ... and the fleet broker restarts inside the outage
+        sites.fleet.start()
+        log = sites.fleet.directory / "mosquitto.log"
+        since = log.stat().st_size
+        relay.restore()
+
+        got = sub.collect(f"{p}/events", f"{p}/ota/tiny_cls/status", f"{p}/ota/tiny_cnn/status",
+                          until=lambda got: all_after_the_cut(got, p), timeout=90,
+                          what="the fleet's manifest and command answered, the events")
+        assert [m.payload for m in got if m.topic == f"{p}/events"] == [
+            event(i) for i in range(1, 21)]
+        refused = [json.loads(m.payload) for m in got if m.topic == f"{p}/ota/tiny_cnn/status"]
+        assert refused[-1]["state"] == "failed" and refused[-1]["reason"] == "no_previous"
+        assert served.daemon.cache.repository.active_version("tiny_cls") == 2
+        # The fleet broker kept the bridge's session: "session present" in its CONNACK.
+        connacks = [line for line in log.read_text()[since:].splitlines()
+                    if "Sending CONNACK to site-dev-bridge " in line]
+        assert connacks and connacks[0].endswith("(1, 0)"), connacks
+
+        requester = Requester(sites.fleet.port, "hq")
+        answer = answered(requester, f"{p}/infer/tiny_cls", timeout=30)
+        assert answer.status == 200
+        got_back = triton.InferenceServerClient.parse_response_body(
+            answer.payload, header_length=int(answer.properties[HEADER_LENGTH]))
+        np.testing.assert_allclose(got_back.as_numpy("prob"), expected(1), rtol=1e-5)
+    finally:
+        if requester is not None:
+            requester.close()
+        sub.close()
+
+
+def all_after_the_cut(got: list[Received], p: str) -> bool:
+    events = sum(m.topic == f"{p}/events" for m in got)
+    installed = any(m.topic == f"{p}/ota/tiny_cls/status" and
+                    json.loads(m.payload)["state"] in ("active", "failed") for m in got)
+    refused = any(m.topic == f"{p}/ota/tiny_cnn/status" for m in got)
+    return events >= 20 and installed and refused
+
+
+def test_bridge_when_the_site_broker_restarts_a_retained_manifest_reaches_the_device(
+        make_sites: Callable[..., Sites], make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path]) -> None:
+    """The device's own broker restarts (a reboot, an upgrade of mosquitto) while the fleet
+    pushes. Its bridge can be back, and hand over what waited in its session, before edged has
+    reconnected and subscribed again (seen in mosquitto's log: the bridge's PUBLISH a second
+    before edged's CONNECT), and a message that is only queued then reaches no one; a retained
+    manifest (`edged ota push --retain`) is kept by the site broker and reaches edged when it
+    subscribes again."""
+    private, public = key
+    sites = make_sites()
+    p, fleet_prefix = sites.prefix, sites.fleet_prefix
+    sub = fleet_subscriber(sites)
+    pusher = Pusher(sub, artifacts, private)
+    try:
+        sub.collect(f"{p}/bridge", until=lambda got: got[-1].payload == b"1", timeout=30,
+                    what="the bridge's notification: connected")
+        served = make_served(mqtt=f"host: 127.0.0.1, port: {sites.site.port}, prefix: {p}, "
+                                  f"fleet_prefix: {fleet_prefix}",
+                             ota=f"trusted_keys: [{public}]", device_id="site-dev")
+        ota = served.daemon.ota
+        assert ota is not None and ota.wait_listening(10)
+        sites.site.stop()
+        sub.collect(f"{p}/bridge", until=lambda got: got[-1].payload == b"0", timeout=30,
+                    what="the bridge's will at the fleet broker: lost")
+        pusher.push(f"{fleet_prefix}/ota/tiny_cls", 2, tiny_cls_bytes(1), retain=True)
+        sites.site.start()
+        done = sub.collect(f"{p}/ota/tiny_cls/status",
+                           until=lambda got: json.loads(got[-1].payload)["state"] in (
+                               "active", "failed"), timeout=60, what="the retained manifest")
+        assert json.loads(done[-1].payload)["state"] == "active"
+        assert served.daemon.cache.repository.active_version("tiny_cls") == 2
+    finally:
+        pusher.publish(f"{fleet_prefix}/ota/tiny_cls", b"", retain=True)  # clear it
+        sub.close()

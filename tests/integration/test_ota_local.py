@@ -148,6 +148,9 @@ BAD = {
     "oversize": (lambda k, d: (manifest(k, 2, d), bytes(2 << 20), {}), 413, None),
     "bad-length-header": (lambda k, d: (manifest(k, 2, d), d,
                                         {"Edged-Manifest-Length": "-4"}), 400, None),
+    # "²" passed str.isdigit() and then failed int(): an internal error (issue 49 #7).
+    "superscript-length-header": (lambda k, d: (manifest(k, 2, d), d,
+                                                {"Edged-Manifest-Length": "\u00b2"}), 400, None),
     "length-past-the-body": (lambda k, d: (manifest(k, 2, d), b"",
                                            {"Edged-Manifest-Length": "999999"}), 400, None),
     "bad-tag": (lambda k, d: (manifest(k, 2, d), d, {"tag": "a b/c"}), 400, "bad_request"),

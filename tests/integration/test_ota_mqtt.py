@@ -5,19 +5,25 @@ brings the old version back."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import logging
+import queue
 import shutil
 import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.artifacts import ArtifactServer
 from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
-from support.ota import Pusher, X, command, expected, statuses, tiny_cls_bytes
+from support.ota import Pusher, X, command, expected, fresh, statuses, tiny_cls_bytes
 from support.polling import wait_until
+
+from edged.ota.manifest import sign_document
 
 
 def test_ota_over_mqtt_when_pushed_goes_live_reports_and_rolls_back_on_command(
@@ -164,4 +170,52 @@ def test_ota_when_pushed_to_the_fleet_reaches_every_device(
             assert served.daemon.cache.repository.active_version("tiny_cls") == 2
     finally:
         sub.client.publish(f"{fleet}/ota/tiny_cls", b"", qos=1, retain=True).wait_for_publish(5)
+        sub.close()
+
+
+def test_ota_when_a_chunk_topic_is_not_numbered_in_ascii_digits_ignores_that_chunk(
+        broker: Broker, make_served: ServeFactory, key: tuple[Ed25519PrivateKey, Path],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An inline artifact in two chunks, and among them chunks on `chunk/²` (a digit to
+    str.isdigit() that int() refuses: a traceback in the MQTT thread, issue 49 #7) and on
+    `chunk/٠` (Arabic-Indic zero: int() read it as chunk 0, and its bytes broke the update):
+    both are strays, the update goes live from the real ones."""
+    private, public = key
+    prefix = "t/ota/chunks"
+    status = f"{prefix}/ota/tiny_cls/status"
+    data = tiny_cls_bytes(1)
+    half = len(data) // 2
+    doc = sign_document({"model": "tiny_cls", "version": 2, "format": "onnx",
+                         "artifact": {"chunks": 2, "size": len(data),
+                                      "sha256": hashlib.sha256(data).hexdigest()},
+                         **fresh(prefix)}, private)
+    caplog.set_level(logging.INFO)
+    sub = Subscriber(broker, status)
+    try:
+        served = make_served(mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}",
+                             ota=f"trusted_keys: [{public}]")
+        link = served.daemon.mqtt
+        assert link is not None and link.wait_connected(10)
+
+        def publish(topic: str, payload: bytes) -> None:
+            sub.client.publish(topic, payload, qos=1).wait_for_publish(5)
+
+        def received() -> bool:  # a repeat of the manifest being applied is a no-op
+            publish(f"{prefix}/ota/tiny_cls", json.dumps(doc).encode())
+            try:
+                return json.loads(sub.wait_for(status, 0.5).payload)["state"] == "received"
+            except queue.Empty:
+                return False
+
+        wait_until(received, timeout=30, interval=0, what="'received' on the status topic")
+        for index, payload in (("\u00b2", b"stray"), ("\u0660", b"x" * half),
+                               ("0", data[:half]), ("1", data[half:])):
+            publish(f"{prefix}/ota/tiny_cls/chunk/{index}", payload)
+        assert statuses(sub, status, "active")[-1]["version"] == 2
+        with served.client() as client:
+            np.testing.assert_allclose(client.infer("tiny_cls", {"x": X}).outputs["prob"],
+                                       expected(1), rtol=1e-5)
+        assert link.stats()["handler_errors"] == 0
+        assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+    finally:
         sub.close()

@@ -71,9 +71,10 @@ class Requester:
                 self._answers[bytes(correlation)] = answer
             self._arrived.notify_all()
 
-    def ask(self, topic: str, body: bytes, *, json_length: int | None = None,
+    def ask(self, topic: str, body: bytes, *, json_length: int | str | None = None,
             response_topic: str | None = None, correlation: bytes | None = None) -> bytes:
-        """Publish one request; returns its correlation data."""
+        """Publish one request; returns its correlation data. `json_length` goes out as the
+        user property's text (a str as it is: a test's malformed one)."""
         self._next += 1
         correlation = correlation if correlation is not None else f"c{self._next}".encode()
         props = Properties(PacketTypes.PUBLISH)

@@ -183,3 +183,17 @@ def test_repository_when_versions_differ_reads_each_own_file(tmp_path: Path) -> 
     assert repo.get("tiny_cls", 1).onnx_path != repo.get("tiny_cls", 2).onnx_path
     assert repo.get("tiny_cls", 1).sha256() != repo.get("tiny_cls", 2).sha256()
     assert np.dtype("float32") == repo.get("tiny_cls", 1).inputs[0].dtype
+
+
+def test_repository_when_a_folder_or_the_pointer_is_not_ascii_digits_ignores_it(
+        repo: ModelRepository, repo_dir: Path) -> None:
+    """A "²" passed str.isdigit() and failed int(): listing the versions raised ValueError, and
+    every request for the model was an internal error; "٣" was taken as version 3."""
+    model = (repo_dir / "tiny_cls" / "1" / "model.onnx").read_bytes()
+    for stray in ("\u00b2", "\u0663"):
+        (repo_dir / "tiny_cls" / stray).mkdir()
+        (repo_dir / "tiny_cls" / stray / "model.onnx").write_bytes(model)
+    assert repo.versions_on_disk("tiny_cls") == [1]
+    (repo_dir / "tiny_cls" / "active").write_text("\u00b2\n")
+    assert repo.active_version("tiny_cls") is None
+    assert repo.default_version("tiny_cls") == 1
