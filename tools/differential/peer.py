@@ -254,9 +254,10 @@ class RemotePeer:
         try:
             self._call("close_all")
         finally:
-            assert self._proc.stdin is not None
+            assert self._proc.stdin is not None and self._proc.stdout is not None
             self._proc.stdin.close()
             self._proc.wait(10)
+            self._proc.stdout.close()
 
 
 def python_for_others() -> str:
