@@ -8,13 +8,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cv2
 import numpy as np
 import pytest
 
-from edged.api.live import BOUNDARY, KEEPALIVE_S, _parts, _Watch
+from edged.api.http.messages import Body, Headers, Request
+from edged.api.live import BOUNDARY, DRAWINGS_AT_ONCE, KEEPALIVE_S, LiveRoutes, _parts, _Watch
 from edged.events.config import LineConfig, ZoneConfig
 from edged.processing.detections import Detections
 from edged.processing.draw import colour_of
@@ -286,3 +288,48 @@ def test_watch_closing_when_the_client_left_before_the_first_part_gives_the_plac
     asyncio.run(stream.aclose())
     assert released == [True]
 
+
+def test_latest_when_many_ask_at_once_gives_a_few_of_them_worker_threads() -> None:
+    """A burst of latest.jpg askers (a sweep of sizes from many connections) waits its turn
+    on the loop: at most DRAWINGS_AT_ONCE of them hold a worker thread, the ones live viewers
+    draw on, and every one is answered."""
+    lock, entered, gate = threading.Lock(), threading.Semaphore(0), threading.Event()
+    inside = [0, 0]  # now, most at once
+
+    class SlowView:
+        def picture(self, *, raw: bool, height: int | None, max_age_s: float) -> Picture:
+            with lock:
+                inside[0] += 1
+                inside[1] = max(inside[1], inside[0])
+            entered.release()
+            assert gate.wait(30)
+            with lock:
+                inside[0] -= 1
+            return Picture(1, 1e9, b"\xff\xd8jpeg\xff\xd9")
+
+        def watch(self) -> None:
+            return None
+
+    slow = SlowView()
+    routes = LiveRoutes(lambda name: slow, max_fps=5.0)
+
+    async def burst() -> list[int]:
+        asks = [asyncio.ensure_future(routes.latest(request(f"h={16 + i}"))) for i in range(6)]
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as own:  # not the loop's workers: the askers may hold them
+            for _ in range(DRAWINGS_AT_ONCE):  # the first ones are drawing ...
+                assert await loop.run_in_executor(own, entered.acquire, True, 30)
+        for _ in range(10):
+            await asyncio.sleep(0)  # ... and the others had every chance to start
+        gate.set()
+        return [answer.status for answer in await asyncio.gather(*asks)]
+
+    assert asyncio.run(burst()) == [200] * 6
+    assert inside[1] == DRAWINGS_AT_ONCE
+
+
+def request(query: str) -> Request:
+    made = Request("GET", "/v2/edged/streams/cam/latest.jpg", query, Headers(), "1.1", True,
+                   Body(None), None, True, 30.0)  # type: ignore[arg-type]
+    made.match_info = {"name": "cam"}
+    return made
