@@ -10,12 +10,16 @@
 
 Pictures are drawn on a worker thread when asked for, from the stream's last results, and
 shared by every viewer of the same size: at most one drawing per frame and per 1/live_fps,
-whoever asks. The stream's own thread never draws; nobody watching costs nothing."""
+whoever asks. The stream's own thread never draws; nobody watching costs nothing. At most
+DRAWINGS_AT_ONCE `latest.jpg` askers of a stream have a worker thread at once (the rest wait
+their turn on the loop): a client asking for hundreds of sizes at once takes neither the
+workers live viewers draw on, nor more memory than those few drawings."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
@@ -33,6 +37,7 @@ MAX_HEIGHT = 4320
 KEEPALIVE_S = 5.0  # a stream with no new frame sends its last one again this often
 STOP_CHECK_S = 0.25  # a live view notices the server stopping within this
 NO_STORE = {**SAME_ORIGIN, "Cache-Control": "no-store"}
+DRAWINGS_AT_ONCE = 2  # latest.jpg pictures in the works per stream
 
 
 class Picture(Protocol):
@@ -60,6 +65,9 @@ class LiveRoutes:
         self.views = views
         self.max_fps = max_fps
         self.stopping = stopping
+        # Per live view (gone with it): the turns of its latest.jpg askers.
+        self._turns: weakref.WeakKeyDictionary[Viewable, asyncio.Semaphore] = \
+            weakref.WeakKeyDictionary()
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         base = "/v2/edged/streams/{name}"
@@ -76,8 +84,12 @@ class LiveRoutes:
     async def latest(self, request: Request) -> Response:
         view = self._view(request)
         raw, height = _options(request)
-        picture = await asyncio.to_thread(view.picture, raw=raw, height=height,
-                                          max_age_s=SHARED_SHARE / self.max_fps)
+        turns = self._turns.get(view)
+        if turns is None:
+            turns = self._turns[view] = asyncio.Semaphore(DRAWINGS_AT_ONCE)
+        async with turns:
+            picture = await asyncio.to_thread(view.picture, raw=raw, height=height,
+                                              max_age_s=SHARED_SHARE / self.max_fps)
         if picture is None:
             raise NoPicture(f"stream {request.match_info['name']!r} has no frame yet")
         return Response(picture.jpeg, content_type="image/jpeg",

@@ -3,9 +3,10 @@ JavaScript, the files shipped in `edged/web/` (read once, served from memory). T
 reads the daemon's own GET endpoints; it changes nothing.
 
 On the loopback TCP listener the listener's guards apply as to any request (a loopback Host
-only, no browser-style POSTs). The answers add what keeps another site from using them: a
-Content-Security-Policy that allows this origin only (no inline script, nothing fetched from
-elsewhere), no framing, and `Cross-Origin-Resource-Policy: same-origin`."""
+only, nothing another site's page sends: `edged.api.http.browsers`). The answers add what
+keeps another site from using them: a Content-Security-Policy that allows this origin only
+(no inline script, nothing fetched from elsewhere), no framing, and
+`Cross-Origin-Resource-Policy: same-origin`."""
 
 from __future__ import annotations
 

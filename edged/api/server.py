@@ -203,11 +203,21 @@ class ApiServer:
         return error_response(status, message, code)
 
     def _check_not_a_browser(self, request: Request) -> None:
-        """The loopback TCP listener refuses what a web page can make a browser send."""
+        """Refuse what a web page can make a browser send (`edged.api.http.browsers`): on
+        the loopback TCP listener, and on the Unix socket for what a proxy may pass on."""
+        headers = request.headers
+        origin, site = headers.get("origin"), headers.get("sec-fetch-site")
         if request.is_unix:
-            return  # no browser reaches a Unix socket
-        why = browsers.refusal(request.method, request.headers.get("host"),
-                               request.content_type)
+            if origin is None and site is None:
+                return  # an API client's (the hot path: two lookups)
+            why = browsers.unix_refusal(request.method, origin, site,
+                                        headers.get("sec-fetch-mode"),
+                                        headers.get("sec-fetch-dest"))
+        else:
+            why = browsers.refusal(request.method, headers.get("host"), request.content_type,
+                                   origin, site, headers.get("sec-fetch-mode"),
+                                   headers.get("sec-fetch-dest"),
+                                   None if origin is None else _local_port(request))
         if why is not None:
             raise Forbidden(why)
 
@@ -259,3 +269,12 @@ class ApiServer:
             return json_response(logsettings.current())
         body = await json_body(request)
         return json_response(logsettings.apply(body))
+
+
+def _local_port(request: Request) -> int | None:
+    """The port a TCP request came in on: its listener's (None where it has no socket)."""
+    sock = request.sock
+    try:
+        return int(sock.getsockname()[1]) if sock is not None else None
+    except OSError:  # the connection is gone already
+        return None

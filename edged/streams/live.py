@@ -5,13 +5,17 @@ thread, once per frame and size however many ask.
 
 The frame is the pipeline's own array and is never written to (the drawing is on a scaled
 copy): sources hand each frame in an array of its own (OpenCV allocates one per read), so
-holding the latest costs one frame of memory per stream and nothing else."""
+holding the latest costs one frame of memory per stream, plus the last pictures of a few sizes
+(KEEP_SIZES, at most KEEP_BYTES of JPEG, the least recently asked for dropped first): a client
+that asks for hundreds of heights keeps no more. Any height at or above the frame's is the
+full size, one picture. Sizes are drawn side by side: a drawing holds up only the askers of
+its own size, who then share it."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +27,11 @@ from edged.processing.draw import Box, Overlay, annotate, encode_jpeg
 from edged.streams.config import StreamConfig
 
 FPS_WINDOW = 32  # frames the fps estimate covers
+# Pictures kept per view: the sizes its viewers ask for (the page's, Home Assistant's, the
+# zone helper's full one), each the last drawn of its size, within KEEP_BYTES (the latest one
+# is kept even if larger alone: a 4K frame's).
+KEEP_SIZES = 8
+KEEP_BYTES = 4 * 1024 * 1024
 Visible = tuple[str | None, str, float, Sequence[float], str | None]  # id, label, score, box, sub
 
 
@@ -45,6 +54,9 @@ class Picture:
     jpeg: bytes
 
 
+Size = tuple[bool, int | None]  # (raw, height): None is the frame's own height
+
+
 class LiveView:
     def __init__(self, cfg: StreamConfig, *, state: Callable[[], str], max_viewers: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -61,9 +73,14 @@ class LiveView:
         self._latest: Seen | None = None
         self._times: deque[float] = deque(maxlen=FPS_WINDOW)
         self._lock = threading.Lock()  # viewers, the frame times
-        self._draw_lock = threading.Lock()  # one drawing at a time; the next asker reuses it
-        # (raw, height) -> the last picture drawn of that kind, and when (clock)
-        self._drawn: dict[tuple[bool, int | None], tuple[Picture, float]] = {}
+        # The pictures kept, least recently asked for first: size -> the last drawn of that
+        # size, and when its drawing began (clock); their JPEG bytes; the sizes being drawn
+        # now, each with the event its drawing sets when done. Held for lookups only, never
+        # for a drawing.
+        self._kept_lock = threading.Lock()
+        self._kept: OrderedDict[Size, tuple[Picture, float]] = OrderedDict()
+        self._kept_bytes = 0
+        self._drawing: dict[Size, threading.Event] = {}
 
     # -- on the stream's thread ------------------------------------------------------------
     def record(self, seq: int, captured: float, frame: np.ndarray, results: dict[str, Any],
@@ -114,24 +131,57 @@ class LiveView:
         None before the first frame. Drawn at most once per frame and size, and no more often
         than `max_age_s` per size: a picture that young is answered even if a newer frame
         came, so viewers out of step with one another (or a burst of askers) cost no more
-        drawings than one viewer."""
+        drawings than one viewer. An asker waits only for a drawing of its own size."""
         seen = self._latest
         if seen is None:
             return None
-        key = (raw, height)
-        with self._draw_lock:
-            held = self._drawn.get(key)
-            if held is not None and (held[0].seq == seen.seq
-                                     or self.clock() - held[1] < max_age_s):
-                return held[0]
+        if height is not None and height >= seen.frame.shape[0]:
+            height = None  # never enlarged: the full size, whatever larger height was asked
+        size = (raw, height)
+        while True:
+            with self._kept_lock:
+                held = self._kept.get(size)
+                if held is not None and (held[0].seq >= seen.seq
+                                         or self.clock() - held[1] < max_age_s):
+                    self._kept.move_to_end(size)
+                    return held[0]
+                drawing = self._drawing.get(size)
+                if drawing is None:
+                    done = self._drawing[size] = threading.Event()
+                    break
+            drawing.wait()  # this size is being drawn: its picture is shared (checked above)
+        try:
             started = self.clock()
             overlay = Overlay() if raw else Overlay(boxes=boxes_of(seen), zones=self.zones,
                                                     lines=self.lines, corner=self._corner(seen))
             picture = Picture(seen.seq, seen.captured,
                               encode_jpeg(annotate(seen.frame, overlay, height)))
-            self._drawn[key] = (picture, started)
-            self.pictures += 1
+            with self._kept_lock:
+                self._keep(size, picture, started)
+                self.pictures += 1
+        finally:
+            with self._kept_lock:
+                del self._drawing[size]
+            done.set()
         return picture
+
+    def kept(self) -> tuple[int, int]:
+        """The sizes whose last picture is kept, and their JPEG bytes together."""
+        with self._kept_lock:
+            return len(self._kept), self._kept_bytes
+
+    def _keep(self, size: Size, picture: Picture, started: float) -> None:
+        """Keep `picture` as its size's last (under _kept_lock), dropping the least recently
+        asked for sizes past KEEP_SIZES or KEEP_BYTES (never the one just kept)."""
+        old = self._kept.pop(size, None)
+        if old is not None:
+            self._kept_bytes -= len(old[0].jpeg)
+        self._kept[size] = (picture, started)
+        self._kept_bytes += len(picture.jpeg)
+        while len(self._kept) > 1 and (len(self._kept) > KEEP_SIZES
+                                       or self._kept_bytes > KEEP_BYTES):
+            _, (dropped, _) = self._kept.popitem(last=False)
+            self._kept_bytes -= len(dropped.jpeg)
 
     def _corner(self, seen: Seen) -> list[str]:
         fps = self.fps()

@@ -15,8 +15,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,9 @@ class BrowserError(RuntimeError):
 
 class Browser:
     def __init__(self, binary: str, profile: Path, *, width: int = 1280,
-                 height: int = 1500) -> None:
+                 height: int = 1500, flags: Sequence[str] = ()) -> None:
+        """`flags`: more Chromium switches (`--host-resolver-rules=...` gives a page a host
+        name of another site while it is served on loopback)."""
         to_child, from_parent = os.pipe()  # we write, it reads (its fd 3)
         from_child, to_parent = os.pipe()  # it writes (its fd 4), we read
         # Above 10, so that moving them to 3 and 4 in the child cannot close one another.
@@ -63,7 +66,7 @@ class Browser:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 ["bash", "-c", script, binary, *FLAGS, f"--user-data-dir={profile / 'user'}",
-                 f"--window-size={width},{height}", "about:blank"],
+                 f"--window-size={width},{height}", *flags, "about:blank"],
                 pass_fds=(child_in, child_out), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=log)
         os.close(child_in)
@@ -160,15 +163,18 @@ class Browser:
 
 
 class Page:
-    """One tab. `requests` holds every URL it asked for, in order."""
+    """One tab. `requests` holds every URL it asked for, in order, `responses` every answer's
+    head as it came."""
 
     def __init__(self, browser: Browser, session: str) -> None:
         self.browser = browser
         self.session = session
         self.requests: list[dict[str, Any]] = []
+        self.responses: list[dict[str, Any]] = []  # what DevTools saw answered (opaque ones too)
         self.loads: list[dict[str, Any]] = []
         self.console: list[dict[str, Any]] = []
         browser.listen(session, "Network.requestWillBeSent", self.requests)
+        browser.listen(session, "Network.responseReceived", self.responses)
         browser.listen(session, "Page.loadEventFired", self.loads)
         browser.listen(session, "Runtime.exceptionThrown", self.console)
         for domain in ("Page", "Network", "Runtime"):
@@ -213,19 +219,26 @@ class Page:
         return png
 
 
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    """Headless Chromium with a fresh profile; skipped, saying why, where none is installed
-    (`.ci/run` installs Debian's)."""
+@contextmanager
+def running_browser(flags: Sequence[str] = ()) -> Iterator[Browser]:
+    """Headless Chromium with a fresh profile (and `flags`), closed after the block; the test
+    is skipped, saying why, where none is installed (`.ci/run` installs Debian's)."""
     binary = chromium()
     if binary is None:
         if os.environ.get("CI"):  # CI installs it (.ci/run): its absence is a failure there
             pytest.fail("no Chromium: .ci/run should have installed Debian's chromium")
         pytest.skip("no Chromium here: apt-get install chromium (.ci/run does)")
     profile = Path(tempfile.mkdtemp(prefix="edged-chromium-"))
-    running = Browser(binary, profile)
+    running = Browser(binary, profile, flags=flags)
     try:
         yield running
     finally:
         running.close()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    """Headless Chromium with a fresh profile (see `running_browser`)."""
+    with running_browser() as running:
+        yield running
