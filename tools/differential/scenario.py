@@ -195,8 +195,12 @@ class Scenario:
             call = replace(call, encoding="deflate", padded=rng.random() < 0.5)
         if rng.random() < 0.05:
             call = replace(call, chunked=True)
-        if rng.random() < 0.05:
-            call = replace(call, extra_headers=(("User-Agent", "diff/1"), ("Accept", "*/*")))
+        if rng.random() < 0.08:
+            call = replace(call, extra_headers=rng.choice((
+                (("User-Agent", "diff/1"), ("Accept", "*/*")),
+                (("Sec-Fetch-Site", "same-origin"), ("Sec-Fetch-Mode", "cors")),
+                (("Origin", "https://evil.example"),),  # another site's page: refused
+                (("Sec-Fetch-Site", "cross-site"), ("Sec-Fetch-Mode", "no-cors")))))
         return call
 
     def _version(self) -> int | None:

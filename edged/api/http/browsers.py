@@ -29,6 +29,8 @@ from __future__ import annotations
 import ipaddress
 from functools import lru_cache
 
+from edged.core.numbers import ascii_int
+
 # The Content-Types a browser sends cross-site without asking the server first (CORS).
 SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded",
                           "multipart/form-data"})
@@ -81,9 +83,10 @@ def own_origin(origin: str, port: int | None) -> bool:
     if ":" in name and not authority.startswith("["):
         return False  # an IPv6 address is bracketed in an origin
     given = authority[len(name) + (2 if authority.startswith("[") else 0):]
-    if given and not (given.startswith(":") and given[1:].isdigit()):
-        return False  # a path, user info or anything else an origin never has
-    return _is_loopback(name) and (int(given[1:]) if given else 80) == port
+    number = ascii_int(given[1:]) if given.startswith(":") else None
+    if given and number is None:
+        return False  # a path, user info, a port in other digits: no origin has them
+    return _is_loopback(name) and (80 if number is None else number) == port
 
 
 def _from_another_site(method: str, site: str | None, mode: str | None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from edged.api.http.browsers import refusal, unix_refusal
+from edged.api.http.browsers import own_origin, refusal, unix_refusal
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1:8000", "127.0.0.1", "localhost:8000", "[::1]:8000",
@@ -88,3 +88,9 @@ def test_unix_refusal_when_a_proxy_passes_a_browsers_request_applies_what_it_can
     # A proxy's public name is not the socket's to know: its own page's origin passes.
     assert unix_refusal("POST", "https://edge.example", "same-origin", "cors", "empty") is None
     assert unix_refusal("POST", None, None, None, None) is None
+
+
+@pytest.mark.parametrize("origin", ["http://127.0.0.1:\u00b2", "http://127.0.0.1:\u0663",
+                                    "http://127.0.0.1:+80", "http://127.0.0.1:8_0"])
+def test_own_origin_when_the_port_is_not_ascii_digits_is_not_the_listeners(origin: str) -> None:
+    assert not own_origin(origin, 80)
