@@ -63,6 +63,7 @@ class Daemon:
     def neutral(self, data: bytes) -> bytes:
         """`data` with what names this daemon written as the other daemon's is."""
         data = data.replace(self.prefix.encode(), KEYSLOT.encode())
+        data = data.replace(f"port {self.port}".encode(), b"port <port>")
         for i, folder in enumerate(self.folders):
             data = data.replace(folder.encode(), f"<folder{i}>".encode())
         return data
