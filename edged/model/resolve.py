@@ -51,6 +51,8 @@ FAMILY_PREPROCESS: dict[str, dict[str, Any]] = {
                 "interpolation": "linear", "rounding": "round"},
     "rfdetr": {"keep_ratio": False, "color": "rgb", "scale": 1 / 255,
                "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "layout": "nchw"},
+    "dfine": {"keep_ratio": False, "color": "rgb", "scale": 1 / 255, "mean": [0.0],
+              "std": [1.0], "layout": "nchw"},
 }
 # An NHWC image input with 3 channels last (TF's image_tensor): the model scales and resizes
 # what it is given itself; uint8 pixels go in as they are.
@@ -198,8 +200,12 @@ def _family_preprocess(head: Head, pre: PreprocessConfig | None, said: frozenset
                        ) -> PreprocessConfig | None:
     """The exporter's own pre-processing for a head told from the graph or outputs, where
     neither model.yaml nor Ultralytics' metadata said it."""
-    family = "rfdetr" if head.format == "detr" and head.activation == "sigmoid" and (
-        head.boxes or "").lower().startswith("dets") else head.format
+    family: str = head.format
+    if head.format == "detr" and head.activation == "sigmoid" and (
+            head.boxes or "").lower().startswith("dets"):
+        family = "rfdetr"
+    elif head.format == "detr" and head.classes is not None:  # labels + boxes + scores
+        family = "dfine"
     derived = FAMILY_PREPROCESS.get(family)
     if derived is None or metadata.ultralytics:
         return pre

@@ -302,9 +302,9 @@ def read_inputs(meta: dict[str, Any], model: str, given: list[str]
         if not path.is_file():
             raise InvalidInput(f"--input {file}: no such file")
         if path.suffix.lower() in IMAGE_SUFFIXES:
+            label = f"{model}:{meta['edged'].get('version', '?')}"
             frame, inputs[name], geometry = _image_tensor(
-                path, f"{model}:{meta['edged']['version']}", meta["edged"].get("preprocess"),
-                specs[name], batched)
+                path, label, meta["edged"].get("preprocess"), specs[name], batched)
             images[name] = (frame, geometry)
         else:
             inputs[name] = _batched(path, np.load(path, allow_pickle=False), specs[name],
