@@ -234,3 +234,36 @@ def test_yolox_when_served_gives_the_boxes_and_scores_ddddocr_itself_gives(
                 assert same.any(), (name, box.tolist(), float(score), out)
                 compared += 1
     assert compared >= 10, compared
+
+
+def test_yolov8_when_model_yaml_states_nudenets_own_preprocess_gives_nudenets_detections(
+        real_models: Path, make_served: ServeFactory, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """nudenet's own detect code (its wheel's nudenet.py, imported) pads the image square at
+    the bottom right with black, resizes it with INTER_LINEAR and feeds BGR (it converts to
+    RGB, then blobFromImage swaps back): stated in model.yaml, on a square photo the tensor is
+    nudenet's to the bit, and its detection comes out with its score. (On other shapes nudenet
+    resizes the padded square, which no resize-then-pad rule reproduces to the pixel, and its
+    NMS runs across classes.)"""
+    yaml = "preprocess: {keep_ratio: true, pad: end, pad_value: 0, color: bgr, " \
+           "interpolation: linear}\npostprocess: {score_threshold: 0.2}\n"
+    root = repository(tmp_path / "models", real_models, {"faces": ("nudenet_320n.onnx", yaml)})
+    served = make_served(cache="preload: [faces]", models_dir=root)
+    nudenet = ref.package(real_models, "ref_nudenet.py")
+    image = real_models / "astronaut.png"
+    frame = cv2.imread(str(image), cv2.IMREAD_COLOR)
+    blob, x_ratio, y_ratio, x_pad, y_pad, width, height = nudenet._read_image(frame, 320)
+    session = ref.session(str(root / "faces" / "1" / "model.onnx"))
+    theirs = nudenet._postprocess(session.run(None, {"images": blob}), x_pad, y_pad, x_ratio,
+                                  y_ratio, width, height, 320, 320)
+    assert [d["class"] for d in theirs] == ["FACE_FEMALE"]
+    code, out, err = infer(served, capsys, "faces", image)
+    assert code == 0, err
+    boxes, scores = printed(out)
+    labels = [LINE.match(line).group(1) for line in out.splitlines()[2:]  # type: ignore
+              if LINE.match(line)]
+    for d in theirs:
+        x, y, w, h = d["box"]  # int() of x, y, w, h: a pixel or two from the float box
+        same = (np.abs(boxes - [x, y, x + w, y + h]).max(axis=1) <= 2.0) & (
+            np.abs(scores - d["score"]) <= 0.0015) & (np.array(labels) == d["class"])
+        assert same.any(), (d, out)
