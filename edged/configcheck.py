@@ -2,7 +2,8 @@
 them, every problem at once (the models that streams name are checked even where other keys
 are wrong: `ConfigError.partial`). Errors stop `run` (a model file that is not ONNX, a stream or a
 secondary model that is not in the repository, a stream's `labels:` its model cannot
-produce); warnings are paths that exist only where the
+produce, a camera stream whose model cannot take its frames: no known pre-processing, or one
+whose tensors are not the model's input); warnings are paths that exist only where the
 service runs (a device's models folder, keys, a video file, a systemd credential), so a
 shipped config checks clean on a developer's machine and says what it could not see."""
 
@@ -20,6 +21,7 @@ from edged.events.config import check_labels, outputs
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelRepository
 from edged.processing.post import Postprocessor
+from edged.processing.pre import KEYS, mismatch
 from edged.streams.config import StreamConfig
 
 _Line = Callable[[str], str]  # a key path -> " (line N)" or ""
@@ -84,6 +86,7 @@ def _check_models(config: DaemonConfig, streams: list[tuple[str, StreamConfig]],
                                 f"{line(f'{at}.model')}")
         else:
             _check_labels(repository, stream, at, found, line)
+            _check_frames(repository, stream, at, found, line)
         for j, secondary in enumerate(stream.secondary):
             key = f"{at}.secondary[{j}].model"
             if secondary.model not in names:
@@ -111,6 +114,30 @@ def _check_labels(repository: ModelRepository, stream: StreamConfig, at: str,
     except ConfigError as exc:
         found.errors += [f"{issue}; the stream would not start{line(issue.path)}"
                          for issue in exc.issues]
+
+
+def _check_frames(repository: ModelRepository, stream: StreamConfig, at: str,
+                  found: Findings, line: _Line) -> None:
+    """A camera stream's model must say how a frame becomes its input (nothing is guessed),
+    and that pre-processing must make the tensor its input takes (layout, channels, size).
+    Sensor streams (mqtt://) send tensors as they are."""
+    if stream.source.partition("://")[0] == "mqtt":
+        return
+    try:
+        model = repository.get(stream.model, repository.default_version(stream.model))
+    except EdgedError:
+        return  # reported with the models above
+    pre, spec = model.config.preprocess, model.inputs[0]
+    why: str | None
+    if pre is None:
+        why = (f"{model.label} has no known pre-processing for frames (its input "
+               f"{spec.name} {list(spec.shape)}): set `preprocess:` in its model.yaml "
+               f"(keys: {', '.join(KEYS)})")
+    else:
+        why = mismatch(pre, spec, model.max_batch_size > 0)
+        why = None if why is None else f"{model.label}: {why}"
+    if why is not None:
+        found.errors.append(f"{at}.model: {why}; every frame would fail{line(f'{at}.model')}")
 
 
 def _check_secrets(config: DaemonConfig, found: Findings, line: _Line) -> None:

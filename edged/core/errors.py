@@ -123,6 +123,13 @@ class InvalidInput(EdgedError):
     http_status = 400
 
 
+class PreprocessUnknown(InvalidInput):
+    """An image or frame for a model whose pre-processing neither model.yaml states nor its
+    ONNX file tells: edged guesses none, and names the `preprocess:` keys to set."""
+
+    code = "preprocess_unknown"
+
+
 class Forbidden(EdgedError):
     """A socket peer whose uid/gid is not on the allowlist."""
 

@@ -166,7 +166,16 @@ class PreprocessConfig:
                                 check=_check_triple)
     std: list[float] = setting(factory=lambda: [1.0], help="divided by after the mean",
                                check=_check_triple)
-    layout: Literal["nchw", "nhwc"] = setting("nchw", "tensor layout")
+    layout: Literal["nchw", "nhwc"] = setting(
+        "nchw", "tensor layout; unset: told from the input's shape (a last dim of 1, 3 or 4 "
+        "after the spatial dims is nhwc)")
+    interpolation: Literal["auto", "linear", "area", "nearest", "cubic"] = setting(
+        "auto", "how the image is resized (OpenCV's INTER_*); auto = area when shrinking, "
+        "linear when growing. An exporter's own rule where edged knows it (YOLOX, Ultralytics: "
+        "linear)")
+    rounding: Literal["round", "floor", "ceil"] = setting(
+        "round", "keep_ratio: how the scaled size is made whole: round (Ultralytics, YOLO-NAS), "
+        "floor (YOLOX truncates), ceil (PaddleOCR's text lines)")
 
 
 HeadFormat = Literal["auto", "yolo", "yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas",
@@ -277,7 +286,11 @@ class ModelConfig:
     precision: Literal["auto", "fp32", "fp16", "int8"] = setting(
         "auto", "auto: INT8 where a gated variant exists and is faster (TensorRT: always); "
         "int8: the gated variant or no load")
-    preprocess: PreprocessConfig | None = setting(None, "frame pre-processing (images, streams)")
+    preprocess: PreprocessConfig | None = setting(
+        None, "how an image or frame becomes the input tensor; null = read from the ONNX "
+        "file where it can tell (Ultralytics metadata, a known head's exporter, TF's uint8 "
+        "image input), else unknown: images and stream frames are then refused, naming these "
+        "keys, and only tensors are served")
     postprocess: PostprocessConfig | None = setting(None, "result post-processing (streams)")
     version_policy: VersionPolicy = setting(factory=lambda: VersionPolicy(latest=1),
                                             help="which versions on disk are served")

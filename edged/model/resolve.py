@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,21 +30,29 @@ from edged.model.tensor import TensorSpec
 logger = logging.getLogger(__name__)
 
 # Ultralytics' LetterBox and its predictor: centred, grey 114, RGB, 0..1, no mean/std.
+# LetterBox rounds the scaled size (int(round(...))) and resizes with INTER_LINEAR.
 ULTRALYTICS_DETECT = {"keep_ratio": True, "pad": "center", "pad_value": 114.0, "color": "rgb",
-                      "scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "nchw"}
-# Its classifiers centre-crop; edged has no crop, so the whole frame is resized.
-ULTRALYTICS_CLASSIFY = {**ULTRALYTICS_DETECT, "keep_ratio": False}
+                      "scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "nchw",
+                      "interpolation": "linear", "rounding": "round"}
+# Its classifiers centre-crop; edged has no crop, so the whole frame is resized (edged's rule).
+ULTRALYTICS_CLASSIFY = {**ULTRALYTICS_DETECT, "keep_ratio": False, "interpolation": "auto"}
 # What each exporter's own pre-processing is, for heads told without Ultralytics' metadata.
-# YOLOX (ValTransform, legacy=False): resized into the top-left corner, grey 114, BGR, 0..255.
-# YOLO-NAS (super-gradients): longest side rescaled, padded bottom-right with 114, RGB, 0..1.
+# YOLOX (ValTransform, legacy=False; ddddocr's preproc): resized into the top-left corner with
+# the scaled size truncated (int(w * r)) and INTER_LINEAR, grey 114, BGR, 0..255.
+# YOLO-NAS (super-gradients): longest side rescaled (sizes rounded, INTER_LINEAR), padded
+# bottom-right with 114, RGB, 0..1.
 # RF-DETR: resized square, RGB, 0..1 with ImageNet's mean and std. D-FINE: resized, RGB, 0..1.
 FAMILY_PREPROCESS: dict[str, dict[str, Any]] = {
     "yolox": {"keep_ratio": True, "pad": "end", "pad_value": 114.0, "color": "bgr",
-              "scale": 1.0, "mean": [0.0], "std": [1.0], "layout": "nchw"},
+              "scale": 1.0, "mean": [0.0], "std": [1.0], "layout": "nchw",
+              "interpolation": "linear", "rounding": "floor"},
     "yolonas": {"keep_ratio": True, "pad": "end", "pad_value": 114.0, "color": "rgb",
-                "scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "nchw"},
+                "scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "nchw",
+                "interpolation": "linear", "rounding": "round"},
     "rfdetr": {"keep_ratio": False, "color": "rgb", "scale": 1 / 255,
                "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "layout": "nchw"},
+    "dfine": {"keep_ratio": False, "color": "rgb", "scale": 1 / 255, "mean": [0.0],
+              "std": [1.0], "layout": "nchw"},
 }
 # An NHWC image input with 3 channels last (TF's image_tensor): the model scales and resizes
 # what it is given itself; uint8 pixels go in as they are.
@@ -71,6 +79,7 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
     reasons: dict[str, str] = {}
     said_pre = _said(lines, "preprocess")
     pre = _preprocess(config.preprocess, said_pre, metadata, inputs, outputs, reasons)
+    pre = _shape_layout(pre, said_pre, inputs, reasons)
     said_post = _said(lines, "postprocess")
     post = _postprocess(config.postprocess, said_post, metadata, outputs, labels_dir, reasons,
                         signature.marks)
@@ -129,7 +138,7 @@ def _preprocess(cfg: PreprocessConfig | None, said: frozenset[str], metadata: Ex
     if metadata.imgsz is not None and inputs:
         height, width = metadata.imgsz
         layout = cfg.layout if cfg is not None and "layout" in said else \
-            derived.get("layout", "nchw")
+            derived.get("layout", layout_of(inputs[0]) or "nchw")
         own = _spatial(inputs[0], layout)
         if own is None or own == (width, height):
             derived["resize"] = [width, height]
@@ -147,6 +156,35 @@ def _preprocess(cfg: PreprocessConfig | None, said: frozenset[str], metadata: Ex
     return dataclasses.replace(cfg or PreprocessConfig(), **chosen)
 
 
+def layout_of(spec: TensorSpec) -> Literal["nchw", "nhwc"] | None:
+    """What an image input's shape says of its layout: channels last when the last dim is 1,
+    3 or 4 and the one before the spatial dims is not ([N, 224, 224, 3]); channels first when
+    the dim after the batch is ([N, 3, H, W]); None when the shape tells neither."""
+    if len(spec.shape) < 3:
+        return None
+    first, last = spec.shape[-3], spec.shape[-1]
+    if last in (1, 3, 4) and first not in (1, 3, 4):
+        return "nhwc"
+    if first in (1, 3, 4):
+        return "nchw"
+    return None
+
+
+def _shape_layout(pre: PreprocessConfig | None, said: frozenset[str],
+                  inputs: tuple[TensorSpec, ...], reasons: dict[str, str]
+                  ) -> PreprocessConfig | None:
+    """A pre-processing that does not say its layout gets the one the input's shape tells."""
+    if pre is None or "layout" in said or not inputs:
+        return pre
+    told = layout_of(inputs[0])
+    if told is None or told == pre.layout:
+        return pre
+    reasons["preprocess"] = "; ".join(filter(None, [
+        reasons.get("preprocess"), f"layout {told} from the input's shape "
+                                   f"{list(inputs[0].shape)}"]))
+    return dataclasses.replace(pre, layout=told)
+
+
 def _tf_image(spec: TensorSpec, outputs: tuple[TensorSpec, ...]) -> bool:
     """A TF-style image input: [N, H, W, 3], uint8 (pixels), or float beside the TF Object
     Detection API's outputs (which take 0..255 floats as its uint8 input)."""
@@ -162,8 +200,12 @@ def _family_preprocess(head: Head, pre: PreprocessConfig | None, said: frozenset
                        ) -> PreprocessConfig | None:
     """The exporter's own pre-processing for a head told from the graph or outputs, where
     neither model.yaml nor Ultralytics' metadata said it."""
-    family = "rfdetr" if head.format == "detr" and head.activation == "sigmoid" and (
-        head.boxes or "").lower().startswith("dets") else head.format
+    family: str = head.format
+    if head.format == "detr" and head.activation == "sigmoid" and (
+            head.boxes or "").lower().startswith("dets"):
+        family = "rfdetr"
+    elif head.format == "detr" and head.classes is not None:  # labels + boxes + scores
+        family = "dfine"
     derived = FAMILY_PREPROCESS.get(family)
     if derived is None or metadata.ultralytics:
         return pre

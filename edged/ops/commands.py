@@ -5,6 +5,7 @@ an operator's machine as well as on the device; the daemon never imports them.""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -301,8 +302,9 @@ def read_inputs(meta: dict[str, Any], model: str, given: list[str]
         if not path.is_file():
             raise InvalidInput(f"--input {file}: no such file")
         if path.suffix.lower() in IMAGE_SUFFIXES:
-            frame, inputs[name], geometry = _image_tensor(path, meta["edged"].get("preprocess"),
-                                                          specs[name])
+            label = f"{model}:{meta['edged'].get('version', '?')}"
+            frame, inputs[name], geometry = _image_tensor(
+                path, label, meta["edged"].get("preprocess"), specs[name], batched)
             images[name] = (frame, geometry)
         else:
             inputs[name] = _batched(path, np.load(path, allow_pickle=False), specs[name],
@@ -334,18 +336,23 @@ def _batched(path: Path, array: np.ndarray, spec: TensorSpec, batched: bool) -> 
                        f"{wanted}")
 
 
-def _image_tensor(path: Path, pre: dict[str, object] | None, spec: TensorSpec
-                  ) -> tuple[np.ndarray, np.ndarray, Geometry]:
+def _image_tensor(path: Path, model: str, pre: dict[str, object] | None, spec: TensorSpec,
+                  batched: bool) -> tuple[np.ndarray, np.ndarray, Geometry]:
+    """The image as the daemon's config says the model takes it: exactly its `preprocess`,
+    and none guessed where it has none (PreprocessUnknown)."""
     try:
         import cv2
 
-        from edged.processing.pre import preprocess
+        from edged.processing.pre import image_preprocess, preprocess
     except ImportError as exc:
         raise InvalidInput("reading images needs OpenCV: pip install 'edged[video]'") from exc
+    known = {f.name for f in dataclasses.fields(PreprocessConfig)}
+    stated = None if pre is None else PreprocessConfig(
+        **{k: v for k, v in pre.items() if k in known})  # type: ignore[arg-type]
+    config = image_preprocess(stated, model, spec, batched)
     frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
     if frame is None:
         raise InvalidInput(f"{path}: not an image OpenCV can read")
-    config = PreprocessConfig(**(pre or {}))  # type: ignore[arg-type]
     tensor, geometry = preprocess(frame, config, spec)
     return frame, tensor, geometry
 

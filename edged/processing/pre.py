@@ -1,16 +1,20 @@
 """Frame → input tensor: resize or letterbox, colour order, scale, mean/std, layout, written
-into a buffer the caller may reuse. The geometry is returned so results can be mapped back."""
+into a buffer the caller may reuse. The geometry is returned so results can be mapped back.
+
+Only a stated pre-processing is applied (`image_preprocess`): a model whose config has none
+(neither model.yaml nor its ONNX file said) refuses images, naming the keys to set."""
 
 from __future__ import annotations
 
+import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-from edged.core.errors import InvalidInput
+from edged.core.errors import InvalidInput, PreprocessUnknown
 from edged.model.config import PreprocessConfig
 from edged.model.tensor import TensorSpec
 
@@ -20,6 +24,12 @@ from edged.model.tensor import TensorSpec
 # pipeline CPU. Keyed by id() with a weak reference that must still be the very array (an
 # id, like an address, is reused by a new array with other contents); dropped with it.
 _BARS: dict[int, tuple[weakref.ref[np.ndarray], tuple[object, ...]]] = {}
+INTERPOLATION = {"linear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA,
+                 "nearest": cv2.INTER_NEAREST, "cubic": cv2.INTER_CUBIC}
+ROUNDING: dict[str, Callable[[float], int]] = {"round": round, "floor": math.floor,
+                                               "ceil": math.ceil}
+KEYS = ("resize", "keep_ratio", "pad", "pad_value", "color", "scale", "mean", "std", "layout",
+        "interpolation", "rounding")
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,45 @@ class Geometry:
     pad_x: int
     pad_y: int
     frame_size: tuple[int, int]  # width, height
+
+
+def image_preprocess(cfg: PreprocessConfig | None, model: str, spec: TensorSpec,
+                     batched: bool) -> PreprocessConfig:
+    """The pre-processing to apply to an image for `model`'s input `spec`: the stated one.
+    PreprocessUnknown when none is (nothing is guessed), InvalidInput when the stated one
+    cannot make a tensor this input takes."""
+    if cfg is None:
+        raise PreprocessUnknown(
+            f"{model}: no pre-processing is known for images (neither model.yaml nor the ONNX "
+            f"file says how an image becomes {spec.name} {list(spec.shape)}), and edged does "
+            f"not guess one: set `preprocess:` in the model's model.yaml (keys: "
+            f"{', '.join(KEYS)}), or send tensors")
+    why = mismatch(cfg, spec, batched)
+    if why is not None:
+        raise InvalidInput(f"{model}: {why}")
+    return cfg
+
+
+def mismatch(cfg: PreprocessConfig, spec: TensorSpec, batched: bool) -> str | None:
+    """Why the tensors `cfg` makes cannot feed `spec` (its layout, channels or fixed size),
+    or None when they can."""
+    dims = tuple(spec.shape[1:] if batched else spec.shape)
+    if len(dims) != 3:
+        return (f"input {spec.name} {list(spec.shape)} is not an image input (C, H, W or "
+                f"H, W, C{' after the batch dim' if batched else ''}); send tensors")
+    channels, height, width = dims if cfg.layout == "nchw" else (dims[2], dims[0], dims[1])
+    made = 1 if cfg.color == "gray" else 3
+    given = f"preprocess (layout: {cfg.layout}, color: {cfg.color}) makes {made}-channel " \
+            f"{cfg.layout.upper()} tensors, but input {spec.name} is {list(spec.shape)}"
+    if channels > 0 and channels != made:
+        other = dims[0] if cfg.layout == "nhwc" else dims[2]
+        hint = f"; set preprocess.layout: {'nhwc' if cfg.layout == 'nchw' else 'nchw'}" \
+            if other == made else ""
+        return given + hint
+    if cfg.resize is not None and (height, width) != (cfg.resize[1], cfg.resize[0]) and \
+            min(height, width) > 0:
+        return given + f"; preprocess.resize {cfg.resize} is not its {width}x{height}"
+    return None
 
 
 def target_size(cfg: PreprocessConfig, spec: TensorSpec, frame: np.ndarray) -> tuple[int, int]:
@@ -99,8 +148,10 @@ def preprocess(frame: np.ndarray, cfg: PreprocessConfig, spec: TensorSpec,
     offset = np.asarray(cfg.mean, np.float32) * np.ones(channels, np.float32) / std
     frame_h, frame_w = frame.shape[:2]
     if cfg.keep_ratio:
-        ratio = min(width / frame_w, height / frame_h)
-        new_w, new_h = max(1, round(frame_w * ratio)), max(1, round(frame_h * ratio))
+        ratio = min(width / frame_w, height / frame_h)  # the exporters' float arithmetic
+        whole = ROUNDING[cfg.rounding]
+        new_w = min(width, max(1, whole(frame_w * ratio)))
+        new_h = min(height, max(1, whole(frame_h * ratio)))
         pad_x, pad_y = ((width - new_w) // 2, (height - new_h) // 2) if cfg.pad == "center" \
             else (0, 0)
         value = np.float32(cfg.pad_value) * gain - offset
@@ -112,11 +163,13 @@ def preprocess(frame: np.ndarray, cfg: PreprocessConfig, spec: TensorSpec,
             key = id(out)
             _BARS[key] = (weakref.ref(out, lambda _gone: _BARS.pop(key, None)), bars)
         region = image[pad_y:pad_y + new_h, pad_x:pad_x + new_w]
-        geometry = Geometry(new_w / frame_w, new_h / frame_h, pad_x, pad_y, (frame_w, frame_h))
+        # Boxes go back through the ratio, as the exporters' own code maps them (Ultralytics'
+        # scale_boxes, YOLOX's demo), not through the whole-pixel size.
+        geometry = Geometry(ratio, ratio, pad_x, pad_y, (frame_w, frame_h))
     else:
         new_w, new_h, region = width, height, image
         geometry = Geometry(width / frame_w, height / frame_h, 0, 0, (frame_w, frame_h))
-    resized = _resize(frame, new_w, new_h)
+    resized = _resize(frame, new_w, new_h, cfg.interpolation)
     if out.dtype == np.float32 and cfg.layout == "nchw" and resized.dtype == np.uint8:
         for c, plane in enumerate(_planes(resized, cfg.color)):
             target = region[:, :, c]  # the plane's rows in the NCHW tensor
@@ -172,12 +225,15 @@ def _limits(dtype: np.dtype) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
-def _resize(frame: np.ndarray, width: int, height: int) -> np.ndarray:
+def _resize(frame: np.ndarray, width: int, height: int, interpolation: str) -> np.ndarray:
     if frame.shape[1] == width and frame.shape[0] == height:
         return frame
-    smaller = width * height < frame.shape[0] * frame.shape[1]
-    resized = cv2.resize(frame, (width, height),
-                         interpolation=cv2.INTER_AREA if smaller else cv2.INTER_LINEAR)
+    if interpolation == "auto":
+        smaller = width * height < frame.shape[0] * frame.shape[1]
+        flag = cv2.INTER_AREA if smaller else cv2.INTER_LINEAR
+    else:
+        flag = INTERPOLATION[interpolation]
+    resized = cv2.resize(frame, (width, height), interpolation=flag)
     return resized if resized.ndim == 3 else resized[:, :, None]
 
 

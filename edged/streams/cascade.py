@@ -17,11 +17,11 @@ import numpy as np
 
 from edged.core.errors import EdgedError, InvalidModel, Timeout
 from edged.inference.scheduler import Outputs, Scheduler
-from edged.model.config import PostprocessConfig, PreprocessConfig
+from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.detections import Detections
 from edged.processing.post import Postprocessor, published
-from edged.processing.pre import preprocess, tensor_shape
+from edged.processing.pre import image_preprocess, mismatch, preprocess, tensor_shape
 from edged.streams.config import SecondaryConfig
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,8 @@ class Cascade:
             return 0
         model = self.scheduler.model(self.cfg.model)  # the version serving now
         spec = model.inputs[0]
-        pre = model.config.preprocess or PreprocessConfig()
+        pre = image_preprocess(model.config.preprocess, model.label, spec,
+                               model.max_batch_size > 0)
         batch = self._rows(model, frame)
         for row, index in enumerate(chosen):
             preprocess(crop(frame, detections.boxes[index].tolist(), self.cfg.crop_margin), pre,
@@ -72,7 +73,8 @@ class Cascade:
     def _rows(self, model: ModelVersion, frame: np.ndarray) -> np.ndarray:
         """The pooled batch: room for max_crops crops at the model's input size."""
         spec = model.inputs[0]
-        pre = model.config.preprocess or PreprocessConfig()
+        pre = image_preprocess(model.config.preprocess, model.label, spec,
+                               model.max_batch_size > 0)
         # The size is fixed (check_model), so any crop gives every crop's shape.
         shape = (self.cfg.max_crops, *tensor_shape(pre, spec, frame)[1:])
         if self._batch is None or self._batch.shape != shape or self._batch.dtype != spec.dtype:
@@ -113,10 +115,11 @@ def check_model(cfg: SecondaryConfig, model: ModelVersion) -> None:
     if len(model.inputs) != 1:
         raise InvalidModel(f"secondary model {model.label} has {len(model.inputs)} inputs; a "
                            "cascade feeds one image input")
-    pre = model.config.preprocess or PreprocessConfig()
+    pre = model.config.preprocess
     spec = model.inputs[0]
-    dims = spec.shape[-2:] if pre.layout == "nchw" else spec.shape[-3:-1]
-    if pre.resize is None and min(dims, default=-1) <= 0:
+    layout = pre.layout if pre is not None else "nchw"
+    dims = spec.shape[-2:] if layout == "nchw" else spec.shape[-3:-1]
+    if (pre is None or pre.resize is None) and min(dims, default=-1) <= 0:
         raise InvalidModel(f"secondary model {model.label} has a dynamic input size "
                            f"{list(spec.shape)}: set preprocess.resize in its model.yaml")
     post = model.config.postprocess or PostprocessConfig()
@@ -124,6 +127,12 @@ def check_model(cfg: SecondaryConfig, model: ModelVersion) -> None:
         raise InvalidModel(f"secondary model {model.label} is not a classify model "
                            f"(postprocess.kind: {post.kind}): use `as: attributes`, or give it "
                            "postprocess: {kind: classify}")
+    if pre is None:
+        raise InvalidModel(f"secondary model {model.label} has no known pre-processing for its "
+                           "crops: set `preprocess:` in its model.yaml")
+    why = mismatch(pre, spec, model.max_batch_size > 0)
+    if why is not None:
+        raise InvalidModel(f"secondary model {model.label}: {why}")
 
 
 def crop(frame: np.ndarray, box: list[float], margin: float) -> np.ndarray:

@@ -30,11 +30,10 @@ from edged.core.errors import EdgedError
 from edged.events.publish import compact
 from edged.hardware.host import name_os_thread
 from edged.inference.scheduler import Outputs, Scheduler
-from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.detections import Detections
 from edged.processing.post import Postprocessor, published
-from edged.processing.pre import Geometry, preprocess, size_inputs
+from edged.processing.pre import Geometry, image_preprocess, preprocess, size_inputs
 from edged.sources import Frame, Source, worth_logging
 from edged.streams.cascade import Cascade, run_all
 from edged.streams.config import StreamConfig
@@ -189,10 +188,10 @@ class StreamPipeline:
         if self.source.kind == "sensor":
             tensor = frame.data[None] if model.max_batch_size > 0 else frame.data
             return {spec.name: np.ascontiguousarray(tensor, spec.dtype)}, None, None
-        cfg = model.config.preprocess or PreprocessConfig()
+        batched = model.max_batch_size > 0
+        cfg = image_preprocess(model.config.preprocess, model.label, spec, batched)
         buffer = self._free.pop() if self._free else None
         tensor, geometry = preprocess(frame.data, cfg, spec, buffer)
-        batched = model.max_batch_size > 0
         inputs = {spec.name: tensor if batched else tensor[0]}
         if len(model.inputs) > 1:  # D-FINE's orig_target_sizes beside the image
             inputs.update(size_inputs(model.inputs, tensor, cfg.layout, batched))

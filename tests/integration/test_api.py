@@ -199,7 +199,13 @@ def test_cli_when_listing_models_prints_version_backend_providers_and_state(
 
 
 def test_cli_when_inferring_an_npy_and_an_image_prints_outputs(
-        served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        make_served: ServeFactory, repo_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An image goes in as the model's stated `preprocess` says (tiny_cnn's: RGB, x1/255);
+    tiny_cls states none, so an image for it is refused naming the keys (nothing guessed)."""
+    (repo_dir / "tiny_cnn" / "model.yaml").write_text(
+        test_models.MODEL_YAML["tiny_cnn"] + "preprocess: {color: rgb}\n")  # x1/255: the default
+    served = make_served()
     x = cls_input(5)
     np.save(tmp_path / "x.npy", x)
     assert main(["infer", "tiny_cls", "-i", str(tmp_path / "x.npy"), "--json",
@@ -216,6 +222,9 @@ def test_cli_when_inferring_an_npy_and_an_image_prints_outputs(
                          .astype(np.float32), "tiny_cnn")
     printed = np.array(out.split("[[")[1].split("]]")[0].split(), np.float32)
     np.testing.assert_allclose(printed, expected[0], atol=1e-4)
+    assert main(["infer", "tiny_cls", "-i", str(tmp_path / "frame.png"),
+                 "--socket", str(served.socket)]) == 1
+    assert "tiny_cls:1: no pre-processing is known for images" in capsys.readouterr().err
 
 
 def test_cli_when_daemon_is_not_running_says_so(

@@ -1,7 +1,8 @@
 """A stock detector served end to end with no model.yaml: the real repository reads its head,
 labels and letterbox from the file, the cache loads it on ONNX Runtime, the scheduler batches
 its frames, and a stream pipeline plays a video OpenCV wrote (a dark 160x120 frame, then a lit
-square at a known place) and publishes boxes in frame pixels."""
+square at a known place) and publishes boxes in frame pixels. An SSD or a DETR pair whose file
+says nothing of its pre-processing has it stated in a model.yaml (edged guesses none)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def write_square_video(path: Path) -> Path:
 def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
     names = ["det_yolov8", "det_yolov5", "det_end2end", "det_ssd_background", "det_detr_pair"]
     root = test_models.write_repository(tmp_path / "models", names=names)
+    for name in ("det_ssd_background", "det_detr_pair"):  # no metadata to read it from
+        (root / name / "model.yaml").write_text("preprocess: {color: rgb}\n")
     cache = ModelCache(ModelRepository(root), budget_bytes=1 << 30, options=options(tmp_path))
     scheduler = Scheduler(cache)
     try:

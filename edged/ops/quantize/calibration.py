@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 
 from edged.core.errors import InvalidInput
-from edged.model.config import PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.model.tensor import TensorSpec
 
@@ -94,14 +93,14 @@ def _read_image(path: Path) -> np.ndarray:
 
 def image_inputs(model: ModelVersion, frame: np.ndarray) -> dict[str, np.ndarray]:
     """A BGR frame as the model's one input, pre-processed as its `model.yaml` says."""
-    from edged.processing.pre import preprocess
+    from edged.processing.pre import image_preprocess, preprocess
 
     if len(model.inputs) != 1:
         names = ", ".join(i.name for i in model.inputs)
         raise InvalidInput(f"{model.label} has inputs {names}: images need a one-input model; "
                            "give .npz files with one array per input")
     spec = model.inputs[0]
-    cfg = model.config.preprocess or PreprocessConfig()
+    cfg = image_preprocess(model.config.preprocess, model.label, spec, model.max_batch_size > 0)
     tensor, _geometry = preprocess(frame, cfg, spec)  # always a batch of one
     return {spec.name: tensor[0]}
 
