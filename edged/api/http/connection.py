@@ -45,6 +45,7 @@ from edged.api.http.messages import (
 )
 from edged.api.http.replays import Replays
 from edged.api.http.streaming import send_stream
+from edged.api.http.timing import Timing
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ FEED_BYTES = 64 * 1024  # a read is parsed in slices this large, so that a pause
 PIPELINED_FEED_BYTES = 4 * 1024
 MAX_QUEUED = 8  # pipelined requests parsed ahead of their turn before reading pauses
 LINGER_S = 2.0
-TIMER_SLACK_S = 0.005  # a timer this close to its bound acts (loops round to their clock)
 
 
 class HttpServer:
@@ -110,7 +110,7 @@ class HttpServer:
             connection.abort()
 
 
-class _Connection(asyncio.Protocol, Replays):
+class _Connection(asyncio.Protocol, Replays, Timing):
     """One connection: parses requests, queues them, answers them in order.
 
     One timer at a time bounds what the client owes: its request's head (`header_timeout_s`,
@@ -126,14 +126,12 @@ class _Connection(asyncio.Protocol, Replays):
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Request] = deque()  # parsed (headers complete), not yet answered
         self.parsing: Request | None = None  # headers complete, body still coming
-        # The bound in force: what it bounds ("head", "send", "linger", "idle"; "" none), when
-        # it falls due (loop time), what then happens. Re-arming moves `due`: the one loop
-        # timer wakes at the earliest due it was set for and sleeps on to a later one.
+        # The one timer's bound (edged.api.http.timing): set here, as the hot path reads them.
         self.timing = ""
         self.due: float | None = None
         self.then: Callable[[], None] = self.close
         self.timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # see loop()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.paused = False
         self.buffered = 0  # body bytes parsed and not yet read, all requests together
         self.unparsed: bytes | memoryview = b""  # the rest of a read, while reading is paused
@@ -438,45 +436,6 @@ class _Connection(asyncio.Protocol, Replays):
                 self.transport.resume_reading()
             if self.unparsed:
                 asyncio.get_running_loop().call_soon(self._parse)
-
-    def _arm(self, delay: float, then: Callable[[], None], timing: str) -> None:
-        loop = self.loop()
-        due = loop.time() + delay
-        self.timing, self.due, self.then = timing, due, then
-        if self.timer is None or self.timer.when() > due:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer = loop.call_at(due, self._on_timer)
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The connection's event loop, asked once: CPython 3.11's get_running_loop() makes a
-        getpid system call each time (it checks for a fork), one or two a request."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
-
-    def _disarm(self) -> None:
-        self.timing, self.due = "", None  # a timer still set finds nothing due, and goes
-
-    def _on_timer(self) -> None:
-        self.timer = None
-        due = self.due
-        if due is None:
-            return
-        loop = self.loop()
-        if due - loop.time() > TIMER_SLACK_S:  # re-armed since: sleep on to the new due
-            self.timer = loop.call_at(due, self._on_timer)
-            return
-        then = self.then
-        self._disarm()
-        then()
-
-    def _drop_timer(self) -> None:
-        self._disarm()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
 
     def _too_slow(self) -> None:
         self.server.timed_out += 1
