@@ -106,8 +106,18 @@ def test_bench_soak_when_run_briefly_meets_every_fault_and_reports_each_bound(
     assert measured and all(w["cpu_percent"] > 0 and w["cpu_ms_per_request"] > 0
                             for w in measured)
     assert set(r["checks"]) == {"0 failed requests outside the faults",
-                                "RSS growth <= 1.5% after the first window", "fd count flat",
+                                "RSS trend once settled <= 2% an hour", "fd count flat",
                                 "p99 within 1.5x of the first window"}
+
+
+def test_bench_differential_when_run_briefly_compares_both_daemons_answers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["differential", "--minutes", "0.2", "--seed", "7", "--out",
+                  str(tmp_path)]) == 0
+    assert "MISMATCHES 0" in capsys.readouterr().out
+    r = json.loads((tmp_path / "differential.json").read_text())
+    assert r["seed"] == 7 and r["requests"] > 100 and r["mismatches"] == 0, r["examples"]
+    assert r["statuses"].get("200", 0) > 0 and r["statuses"].get("400", 0) > 0
 
 
 def test_bench_post_when_run_quick_keeps_the_same_detections_before_and_after(

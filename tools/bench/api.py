@@ -79,15 +79,17 @@ logging: {{level: warning}}
 
 
 @contextmanager
-def run_edged(workdir: Path, config_text: str) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
-    """`edged run` as a subprocess on `config_text` (from edged_config); yields its socket
-    path and process once the daemon is ready."""
+def run_edged(workdir: Path, config_text: str, env: dict[str, str] | None = None
+              ) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """`edged run` as a subprocess on `config_text` (from edged_config), with `env` added to
+    its environment; yields its socket path and process once the daemon is ready."""
     sock = workdir / "s.sock"
     config = workdir / "edged.yaml"
     config.write_text(config_text)
     log = (workdir / "edged.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "edged.cli", "run", "--config", str(config)],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **env} if env else None)
     try:
         deadline = time.monotonic() + 120
         while True:
