@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,9 @@ INFER_JSON = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [
 EVIL = "https://evil.example"
 NO_CORS = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors",
            "Sec-Fetch-Dest": "empty"}
+
+
+pytestmark = pytest.mark.usefixtures("restore_log_level")
 
 
 def ask(address: str, method: str, path: str, headers: dict[str, str] | None = None,
@@ -63,15 +65,6 @@ def untouched(served: Served, count: int) -> None:
         assert client.model_ready("tiny_cls"), "another site's POST unloaded the model"
     assert logging.getLogger().getEffectiveLevel() > logging.DEBUG, "it turned on verbose"
     assert inferences(served) == count, "another site's POST ran an inference"
-
-
-@pytest.fixture(autouse=True)
-def log_level() -> Iterator[None]:
-    """The daemon runs in this process: a POST to /v2/logging that got through is undone."""
-    root = logging.getLogger()
-    level = root.level
-    yield
-    root.setLevel(level)
 
 
 @pytest.mark.parametrize(("path", "body"), [(UNLOAD, None), (LOGGING, VERBOSE),

@@ -72,13 +72,7 @@ def chromium() -> Iterator[Browser]:
         yield browser
 
 
-@pytest.fixture(autouse=True)
-def log_level() -> Iterator[None]:
-    """The daemon runs in this process: a POST to /v2/logging that got through is undone."""
-    root = logging.getLogger()
-    level = root.level
-    yield
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_log_level")
 
 
 def statuses(page: Page, target: str) -> dict[str, int]:

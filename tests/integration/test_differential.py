@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.daemon import Served, ServeFactory
-from support.ota import key  # noqa: F401  (a fixture)
 
 from edged.inference import batcher
 from tools.differential.models import write_repository
@@ -58,7 +57,7 @@ def peers(short_dir: Path) -> Iterator[dict[str, LocalPeer | RemotePeer]]:
 
 def test_shortcuts_when_a_seeded_sequence_is_played_answer_as_the_full_path(
         make_served: ServeFactory, tmp_path: Path, peers: dict[str, LocalPeer | RemotePeer],
-        key: tuple[Ed25519PrivateKey, Path]) -> None:  # noqa: F811
+        key: tuple[Ed25519PrivateKey, Path]) -> None:
     on_served, on = daemon(make_served, tmp_path, "son", key[1], "")
     off_served, off = daemon(make_served, tmp_path, "sff", key[1], "shortcuts: []")
     player = Player(on, off, peers, ota_installer(key[0]))  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from support.polling import wait_until
 from support.ports import free_port
 
 from tools.assets import models as test_models
+from tools.bench.broker import stop_process
 
 WIDTH, HEIGHT = 640, 480
 HEIGHTS = range(240, 840)  # 600: 240 below the frame's height, 360 at or above it
@@ -80,12 +81,7 @@ streams: [{{name: cam, source: "file://{video}", model: colors, loop: true, fps:
                    what="the daemon's first picture")
         yield proc, address
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, 20)
 
 
 def _answers(address: str) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.daemon import Served, ServeFactory
-from support.ota import fresh, key  # noqa: F401  (a fixture)
+from support.ota import fresh
 from support.polling import wait_until
 
 from edged.ops.client import ApiError, EdgedClient
@@ -36,7 +36,7 @@ def scale_repo(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def device(make_served: ServeFactory, scale_repo: Path,
-           key: tuple[Ed25519PrivateKey, Path]) -> Served:  # noqa: F811
+           key: tuple[Ed25519PrivateKey, Path]) -> Served:
     return make_served(models_dir=scale_repo, cache="preload: [scale]",
                        ota=f"trusted_keys: [{key[1]}]")
 
@@ -78,7 +78,7 @@ def input_shape(client: EdgedClient) -> list[int]:
 
 
 def test_admission_when_an_install_changes_the_inputs_checks_against_the_new_version(
-        device: Served, key: tuple[Ed25519PrivateKey, Path]) -> None:  # noqa: F811
+        device: Served, key: tuple[Ed25519PrivateKey, Path]) -> None:
     four = np.arange(4, dtype=np.float32).reshape(1, 4)
     eight = np.arange(8, dtype=np.float32).reshape(1, 8)
     with device.client() as client:

@@ -8,6 +8,7 @@ taken is started again on a fresh one, a bounded number of times."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import tempfile
 import threading
@@ -116,6 +117,15 @@ health: {{{health}}}
     finally:
         for running in reversed(stack):
             next(running, None)
+
+
+@pytest.fixture
+def restore_log_level() -> Iterator[None]:
+    """The daemon runs in the test's process: a log level a request set is undone after."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)
 
 
 @pytest.fixture
