@@ -131,7 +131,8 @@ class Daemon:
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
                                groups=config.ota.groups,
                                chunk_timeout_s=config.ota.chunk_timeout_s,
-                               max_downloads=config.ota.max_parallel_downloads)
+                               max_downloads=config.ota.max_parallel_downloads,
+                               local_dirs=[config.cache.dir])
                     if self.mqtt is not None else None)
         requests = config.mqtt.requests
         self.requests = (RemoteRequests(self.mqtt, requests, RemoteInference(

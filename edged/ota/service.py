@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 from typing import Any
 
 from edged.core.errors import ModelNotFound
 from edged.core.numbers import ascii_int
+from edged.core.redact import remote_text
 from edged.core.states import OtaState
 from edged.model.repository import check_model_name
 from edged.mqtt import topics
@@ -42,8 +44,12 @@ NOT_A_MODEL_STATE = frozenset({"busy", "stale", "replayed", "expired", "wrong_ta
 
 class OtaService:
     def __init__(self, updater: Updater, link: MqttLink, *, fleet_prefix: str,
-                 groups: list[str], chunk_timeout_s: float, max_downloads: int = 4) -> None:
+                 groups: list[str], chunk_timeout_s: float, max_downloads: int = 4,
+                 local_dirs: Iterable[Path] = ()) -> None:
+        """`local_dirs`: folders besides the model repository (and its staging) that an
+        update's detail may name: published without them (edged.core.redact)."""
         self.updater = updater
+        self.local_dirs = tuple(local_dirs)
         self.link = link
         self.roots = [link.prefix, fleet_prefix.rstrip("/"),
                       *(f"{fleet_prefix.rstrip('/')}/groups/{g}" for g in groups)]
@@ -88,8 +94,16 @@ class OtaService:
 
     def report_shadow(self, model: str, progress: Mapping[str, Any]) -> None:
         """A shadow rollout's progress, retained on `<prefix>/ota/<model>/shadow`."""
-        payload = json.dumps(progress, separators=(",", ":")).encode()
+        told = dict(progress)
+        if isinstance(told.get("detail"), str):
+            told["detail"] = self._remote(told["detail"])
+        payload = json.dumps(told, separators=(",", ":")).encode()
         self.link.publish("ota", topics.ota_shadow(model), payload, retain=True)
+
+    def _remote(self, text: str) -> str:
+        """`text` as the fleet may read it: nothing of the device's filesystem (its staging
+        folders name files the fleet has no business knowing)."""
+        return remote_text(text, self.updater.repository.root, self.local_dirs)
 
     def defer(self, job: Callable[[], None]) -> None:
         """Run `job` on the OTA worker, after the updates and commands queued before it."""
@@ -103,7 +117,9 @@ class OtaService:
 
     def report(self, event: Event) -> None:
         """Updater events to `<prefix>/ota/<model>/status`; final states retained."""
-        payload = json.dumps(event.to_dict(), separators=(",", ":")).encode()
+        body = event.to_dict()
+        body["detail"] = self._remote(event.detail)
+        payload = json.dumps(body, separators=(",", ":")).encode()
         retain = event.state in FINAL and not event.transient
         self.link.publish("ota", topics.ota_status(event.model), payload, retain=retain)
         log = logger.warning if event.state in (OtaState.FAILED, OtaState.ROLLED_BACK) \

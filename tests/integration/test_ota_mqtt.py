@@ -219,3 +219,28 @@ def test_ota_when_a_chunk_topic_is_not_numbered_in_ascii_digits_ignores_that_chu
         assert [r.getMessage() for r in caplog.records if r.exc_info] == []
     finally:
         sub.close()
+
+
+def test_ota_when_an_update_fails_publishes_its_detail_with_no_path_of_the_device(
+        broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
+        key: tuple[Ed25519PrivateKey, Path], repo_dir: Path) -> None:
+    """The status goes to the fleet: an ONNX Runtime error names the staged file, which is
+    the device's business (issue 49, item 9); the local log keeps it whole."""
+    private, public = key
+    prefix = "t/ota/paths"
+    status = f"{prefix}/ota/tiny_cls/status"
+    sub = Subscriber(broker, status)
+    try:
+        served = make_served(mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}",
+                             ota=f"trusted_keys: [{public}]")
+        assert served.daemon.mqtt is not None and served.daemon.mqtt.wait_connected(10)
+        corrupt = b"\x08\x07" + bytes(range(256)) * 2  # an ONNX header, then no model
+        Pusher(sub, artifacts, private).push_until_received(f"{prefix}/ota/tiny_cls", status,
+                                                            2, corrupt)
+        failed = statuses(sub, status, "failed")[-1]
+        assert failed["reason"] == "corrupt_model", failed
+        detail = failed["detail"]
+        assert detail and str(repo_dir) not in detail and "/tmp" not in detail, detail
+        assert "/" not in detail.replace("tiny_cls/", "").replace("<path>", ""), detail
+    finally:
+        sub.close()

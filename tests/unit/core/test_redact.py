@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.api.remote import UNSAID, remote_text
+from edged.core.redact import UNSAID, remote_text
 
 MODELS = Path("/var/lib/edged/models")
 CACHE = Path("/var/cache/edged")
@@ -64,3 +64,8 @@ def test_remote_text_when_the_repository_has_a_space_takes_the_whole_path(
         tmp_path: Path) -> None:
     root = tmp_path / "my models"
     assert remote_text(f"{root}/a/1/model.onnx: bad", root) == "a/1/model.onnx: bad"
+
+
+def test_remote_text_when_a_file_is_in_the_repositorys_hidden_folders_names_no_path() -> None:
+    text = f"corrupt_model: {MODELS}/.staging/ota-cls-2-ab12/version/model.onnx: not ONNX"
+    assert remote_text(text, MODELS) == f"corrupt_model: {UNSAID}: not ONNX"
