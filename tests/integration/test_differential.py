@@ -64,7 +64,7 @@ def test_shortcuts_when_a_seeded_sequence_is_played_answer_as_the_full_path(
     report = player.play(Scenario(SEED, tuple(peers)), steps=STEPS)
     assert report.mismatches == 0, report.examples
     # What was compared: answers of every kind, writes into shared memory, swaps.
-    assert report.requests > 2500 and report.read_backs > 40 and report.swaps >= 20
+    assert report.requests > 2500 and report.read_backs > 15 and report.swaps >= 20
     assert report.statuses.get(200, 0) > 1200 and report.statuses.get(400, 0) > 500
     # The shortcuts were taken on one daemon, and none on the other.
     plans = on_served.daemon.api.kserve.plans

@@ -16,6 +16,8 @@ from tools.differential.models import MODELS, SCALE_VERSIONS, scale_version
 from tools.differential.wire import TEXT_ENCODINGS, Call, Output, Tensor, render
 
 REGION_BYTES = 256
+INPUT_REGIONS = ("r0", "r1", "r2")
+OUTPUT_REGION = "out"
 KEYSLOT = "~" * 12  # in a register body: the daemon's own prefix for its objects' names
 
 
@@ -90,8 +92,11 @@ class Scenario:
     def __init__(self, seed: int, peers: tuple[str, ...] = ("root",)) -> None:
         self.rng = random.Random(seed)
         self.peers = peers
+        # Each peer's regions: three that requests read inputs from, one they write outputs
+        # into (never an input: what a request in flight reads must not be what another in
+        # flight writes, whose order is no one's to say).
         self.regions: dict[tuple[str, str], _Region] = {
-            (p, f"r{i}"): _Region() for p in peers for i in range(3)}
+            (p, r): _Region() for p in peers for r in (*INPUT_REGIONS, OUTPUT_REGION)}
         self.scale_width = 4
         self.version = 1  # scale's latest
         self.swaps = 0
@@ -108,7 +113,7 @@ class Scenario:
         if r < 0.68:
             return [self._mixed(self._peer())]
         if r < 0.76:
-            return [Together([self._loop(p, conn=i) for i, p in
+            return [Together([self._loop(p, conn=i, together=True) for i, p in
                               enumerate(self.rng.choices(self.peers, k=3))])]
         if r < 0.88:
             return self._shm_step(self._peer())
@@ -126,25 +131,30 @@ class Scenario:
         transport = self.rng.choice(("unix", "tcp"))
         return f"{peer}-{transport}-{self.rng.randrange(3) if index is None else index}"
 
-    def _loop(self, peer: str, conn: int | None = None) -> Burst:
+    def _loop(self, peer: str, conn: int | None = None, together: bool = False) -> Burst:
         """A client's loop: one request sent 2-6 times with other tensors, one at a time (what
-        plans and replays are for), now and then pipelined."""
+        plans and replays are for), now and then pipelined. Requests in flight together
+        (pipelined, or beside other connections' in a Together) write no shared memory."""
         name = self._conn(peer, conn)
+        pipelined = self.rng.random() < 0.15
+        concurrent = pipelined or together
         call = self.calls.get(name) if self.rng.random() < 0.4 else None
-        if call is None:
-            call = self._call(peer)
+        if call is None or (concurrent and self._read_back(call)):
+            call = self._call(peer, shm_out=not concurrent)
             self.calls[name] = call
         pool = self.rng.randrange(4)
         requests = [self._request(call.again(pool + self.rng.randrange(3)))
                     for _ in range(self.rng.randint(2, 6))]
-        return Burst(peer, name, requests, pipelined=self.rng.random() < 0.15,
+        return Burst(peer, name, requests, pipelined=pipelined,
                      read_back=self._read_back(call))
 
     def _mixed(self, peer: str) -> Burst:
-        calls = [self._call(peer) for _ in range(self.rng.randint(2, 5))]
+        pipelined = self.rng.random() < 0.4
+        calls = [self._call(peer, shm_out=not pipelined)
+                 for _ in range(self.rng.randint(2, 5))]
         read_back = [spot for call in calls for spot in self._read_back(call)]
         return Burst(peer, self._conn(peer), [self._request(c) for c in calls],
-                     pipelined=self.rng.random() < 0.4, read_back=read_back)
+                     pipelined=pipelined, read_back=read_back)
 
     def _request(self, call: Call) -> Request:
         raw, head = render(call)
@@ -154,13 +164,16 @@ class Scenario:
         return [(o.region, o.offset, o.byte_size) for o in call.outputs or ()
                 if o.mode == "shm"]
 
-    def _call(self, peer: str) -> Call:
+    def _call(self, peer: str, shm_out: bool = True) -> Call:
         rng = self.rng
         name = rng.choice(list(MODELS)) if rng.random() > 0.02 else "missing"
         model = MODELS.get(name, MODELS["scale"])
         batch = rng.choice((1, 1, 2, 3))
         inputs = []
-        mine = [r for (p, r), state in self.regions.items() if p == peer and state.registered]
+        mine = [r for (p, r), state in self.regions.items()
+                if p == peer and state.registered and r in INPUT_REGIONS]
+        outs = [r for (p, r), state in self.regions.items()
+                if shm_out and p == peer and state.registered and r == OUTPUT_REGION]
         for spec in model.inputs:
             width = spec.width or rng.choice((1, 3, 5))
             if name == "scale":
@@ -181,7 +194,7 @@ class Scenario:
                 tensor = replace(tensor, name="nope")
             inputs.append(tensor)
         one = len(inputs) == 1 and inputs[0].mode == "binary" and inputs[0].byte_size is None
-        call = Call(name, self._version(), tuple(inputs), self._outputs(model.outputs, mine),
+        call = Call(name, self._version(), tuple(inputs), self._outputs(model.outputs, outs),
                     params=self._params(), request_id=rng.choice((None, None, "r1", "é-2")),
                     raw_binary=one and rng.random() < 0.1, key_order=rng.randrange(1000),
                     compact=rng.random() < 0.7, escaped=rng.random() < 0.1,
