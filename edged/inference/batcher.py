@@ -134,7 +134,15 @@ class Batcher(CallerRuns):
         version a worker last ran (issue 49, item 1). Queued requests it cannot run fail."""
         self._epoch = self.cache.epoch  # read first: a later move is seen next time
         model = self.cache.serving(self.name, self.version)
-        if model is not None and model is not self._model:
+        if model is None:
+            # Swapped in, then unloaded before a request came: what a request loads now is
+            # the version the cache would serve, read as the constructor reads it (the
+            # 30-minute differential run found the batcher left on the version swapped out).
+            try:
+                model = self.cache.describe(self.name, self.version)
+            except EdgedError:
+                return  # gone from the disk too: the load that follows says why
+        if model is not self._model:
             for deliver in self._adopt(model):
                 deliver()
 

@@ -107,3 +107,23 @@ def test_admission_when_a_version_is_reloaded_from_a_changed_file_checks_the_new
         assert input_shape(client) == [-1, 8]
         np.testing.assert_array_equal(infer(client, eight), 2 * eight)
         assert "[-1, 8]" in refused(client, four)
+
+
+@pytest.mark.parametrize("shortcuts", ["", "shortcuts: []"])
+def test_admission_when_a_swapped_in_version_is_unloaded_before_any_request_checks_against_it(
+        make_served: ServeFactory, scale_repo: Path, key: tuple[Ed25519PrivateKey, Path],
+        shortcuts: str) -> None:
+    """The 30-minute differential run's find: install a version of another shape, unload it
+    before any request comes, and the next request, which loads it, was checked against the
+    version swapped out (400 "expected [-1, 4]"), with the shortcuts on or off."""
+    device = make_served(models_dir=scale_repo, cache="preload: [scale]", api=shortcuts,
+                         ota=f"trusted_keys: [{key[1]}]")
+    four = np.ones((1, 4), np.float32)
+    eight = np.ones((1, 8), np.float32)
+    with device.client() as client:
+        np.testing.assert_array_equal(infer(client, four), 2 * four)
+        done = install(client, key[0], 2, scale_bytes(8), allow_io_change=True)
+        assert done["state"] == "active", done
+        client.unload("scale")
+        np.testing.assert_array_equal(infer(client, eight), 2 * eight)
+        assert "[-1, 8]" in refused(client, four)
