@@ -178,6 +178,11 @@ class PreprocessConfig:
         "floor (YOLOX truncates), ceil (PaddleOCR's text lines)")
 
 
+def _check_kpt_shape(shape: list[int]) -> str | None:
+    return None if len(shape) == 2 and shape[0] > 0 and shape[1] in (2, 3) else \
+        "kpt_shape must be [points, 2 or 3]"
+
+
 HeadFormat = Literal["auto", "yolo", "yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas",
                      "detr"]
 
@@ -187,9 +192,13 @@ class PostprocessConfig:
     """What a stream publishes from the outputs: top-k classes, detections (boxes in frame
     pixels, after a score threshold and NMS), or the raw tensors (small ones in full)."""
 
-    kind: Literal["classify", "detect", "raw"] = setting(
-        "raw", "what the outputs are read as: classify (top-k classes), detect (boxes in frame "
-        "pixels) or raw (the tensors); unset: the ONNX metadata's task, else raw")
+    kind: Literal["classify", "detect", "segment", "pose", "text", "raw"] = setting(
+        "raw", "what the outputs are read as (the task): classify (top-k classes), detect "
+        "(boxes in frame pixels), segment (boxes with a mask polygon each: a detection table "
+        "with mask coefficients + a prototypes output), pose (boxes with keypoints), text "
+        "(a CTC recogniser: [N, T, C] over `names`, the character set, blank first) or raw "
+        "(the tensors); unset: told by edged.tasks from the ONNX metadata and outputs, else "
+        "raw with the reason")
     output: str | None = setting(None, "output to read (classify; detect: the one table); "
                                  "null = the first")
     labels: str | None = setting(None, "labels file, one per line, beside model.yaml")
@@ -222,6 +231,18 @@ class PostprocessConfig:
     max_detections: int = setting(100, "most detections kept", check=at_least(1))
     max_values: int = setting(64, "raw: tensors up to this many values go in full",
                               check=at_least(0))
+    proto: str | None = setting(None, "segment: the mask prototypes output [M, H, W]; null = "
+                                "the one 4-d output")
+    mask_threshold: float = setting(0.5, "segment: a pixel is in the mask at this probability "
+                                    "(Ultralytics: 0.5)", check=between(0, 1))
+    mask_points: int = setting(64, "segment: most points of a mask's polygon (the outer "
+                               "contour, simplified until it fits)", check=between(4, 4096))
+    kpt_shape: list[int] | None = setting(None, "pose: [points, 2 or 3] per detection (x, y "
+                                          "and a score); null = the metadata's kpt_shape",
+                                          check=_check_kpt_shape)
+    keypoint_names: list[str] | None = setting(None, "pose: the points' names; null = the "
+                                               "metadata's kpt_names, COCO's 17 for 17 points, "
+                                               "else their index")
 
 
 @dataclass(frozen=True)

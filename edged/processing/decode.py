@@ -26,16 +26,22 @@ class Candidates:
     scores: np.ndarray  # [K] float32, all >= the threshold
     classes: np.ndarray  # [K] int64
     normalized: bool  # boxes are 0..1 of the input tensor
+    # [K] the candidates' rows in a YOLO table (where a head's `extra` columns are read);
+    # None for other heads
+    index: np.ndarray | None = None
 
 
 def decode(head: Head, outputs: Mapping[str, np.ndarray], score_threshold: float,
            top_k: int) -> Candidates:
     """The candidates of one image (a batch of one) scoring at least `score_threshold`, at most
     `top_k` of them (the best)."""
+    index = None
     if head.format == "yolov8":
-        boxes, scores, classes = _yolov8(_table(head, outputs), head, score_threshold, top_k)
+        boxes, scores, classes, index = _yolov8(_table(head, outputs), head, score_threshold,
+                                                top_k)
     elif head.format == "yolov5":
-        boxes, scores, classes = _yolov5(_table(head, outputs), head, score_threshold, top_k)
+        boxes, scores, classes, index = _yolov5(_table(head, outputs), head, score_threshold,
+                                                top_k)
     elif head.format == "yolox":
         boxes, scores, classes = _yolox(_table(head, outputs), head, score_threshold, top_k)
     elif head.format == "end2end":
@@ -49,10 +55,22 @@ def decode(head: Head, outputs: Mapping[str, np.ndarray], score_threshold: float
     if normalized is None:  # the head does not say: 0..1 boxes stay within the unit square
         normalized = not boxes.size or float(np.abs(boxes).max()) <= NORMALIZED_LIMIT
     return Candidates(boxes, scores.astype(np.float32, copy=False),
-                      classes.astype(np.int64, copy=False), normalized)
+                      classes.astype(np.int64, copy=False), normalized, index)
 
 
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes as encoded, scores, classes
+
+
+def extra_values(head: Head, outputs: Mapping[str, np.ndarray],
+                 index: np.ndarray) -> np.ndarray:
+    """[K, head.extra]: the values after the class scores (mask coefficients, keypoints) of
+    the YOLO table's candidates at `index` (`Candidates.index`), float32."""
+    if not head.extra:
+        return np.zeros((len(index), 0), np.float32)
+    table = _table(head, outputs)
+    if head.transposed:
+        return np.ascontiguousarray(table[-head.extra:, index].T)
+    return np.ascontiguousarray(table[index, -head.extra:])
 
 
 def _output(outputs: Mapping[str, np.ndarray], name: str | None) -> np.ndarray:
@@ -80,37 +98,44 @@ def _best(keep: np.ndarray, scores: np.ndarray, top_k: int) -> np.ndarray:
     return best
 
 
-def _yolov8(table: np.ndarray, head: Head, threshold: float, top_k: int) -> Decoded:
-    """[4+C, N] (transposed) or [N, 4+C]: box, then class scores; no objectness."""
-    if (table.shape[0] if head.transposed else table.shape[1]) <= 4:
-        raise InvalidModel(f"detect/yolov8: expected [4+classes, N], got {table.shape}")
+def _yolov8(table: np.ndarray, head: Head, threshold: float, top_k: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[4+C(+E), N] (transposed) or [N, 4+C(+E)]: box, then class scores (then the head's
+    `extra` values: not scores); no objectness. Also the kept candidates' indices."""
+    width = table.shape[0] if head.transposed else table.shape[1]
+    end = width - head.extra
+    if end <= 4:
+        raise InvalidModel(f"detect/yolov8: expected [4+classes{'+' if head.extra else ''}"
+                           f"{head.extra or ''}, N], got {table.shape}")
     if head.transposed:  # reduce over the class rows: contiguous, no transposed copy
-        class_scores = table[4:]
+        class_scores = table[4:end]
         best = class_scores.max(axis=0)
         keep = _best(np.flatnonzero(best >= threshold), best, top_k)
-        return table[:4, keep].T, best[keep], class_scores[:, keep].argmax(axis=0)
-    class_scores = table[:, 4:]
+        return table[:4, keep].T, best[keep], class_scores[:, keep].argmax(axis=0), keep
+    class_scores = table[:, 4:end]
     best = class_scores.max(axis=1)
     keep = _best(np.flatnonzero(best >= threshold), best, top_k)
-    return table[keep, :4], best[keep], class_scores[keep].argmax(axis=1)
+    return table[keep, :4], best[keep], class_scores[keep].argmax(axis=1), keep
 
 
-def _yolov5(table: np.ndarray, head: Head, threshold: float, top_k: int) -> Decoded:
-    """[N, 5+C]: box, objectness, class scores; the score is objectness x class score."""
+def _yolov5(table: np.ndarray, head: Head, threshold: float, top_k: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[N, 5+C(+E)]: box, objectness, class scores (then `extra` values); the score is
+    objectness x class score."""
     rows = table.T if head.transposed else table
-    if rows.shape[1] <= 5:
+    if rows.shape[1] - head.extra <= 5:
         raise InvalidModel(f"detect/yolov5: expected [N, 5+classes], got {table.shape}")
-    keep, scores, classes = _objectness_rows(rows, threshold, top_k)
-    return rows[keep, :4], scores, classes
+    keep, scores, classes = _objectness_rows(rows, threshold, top_k, head.extra)
+    return rows[keep, :4], scores, classes, keep
 
 
-def _objectness_rows(rows: np.ndarray, threshold: float, top_k: int
+def _objectness_rows(rows: np.ndarray, threshold: float, top_k: int, extra: int = 0
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices, scores and classes of the rows whose objectness x class score reaches the
     threshold (the top_k best). Rows whose objectness is under it cannot (class scores are
     <= 1): they are never multiplied out."""
     likely = np.flatnonzero(rows[:, 4] >= threshold)
-    class_scores = rows[likely, 5:] * rows[likely, 4:5]
+    class_scores = rows[likely, 5:rows.shape[1] - extra] * rows[likely, 4:5]
     classes = class_scores.argmax(axis=1)
     scores = class_scores[np.arange(len(likely)), classes]
     keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
