@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 from edged.core.errors import ConfigError, ConfigIssue
 from edged.core.schema import Parsed, at_least, between, setting
 from edged.events.geometry import self_intersection
+from edged.tasks import BOXED_TASKS
 
 MAX_COORD = 100_000  # frame pixels: larger than any sensor, small enough to catch typos
 Anchor = Literal["bottom_center", "center"]
@@ -131,7 +132,7 @@ def outputs(publish: PublishConfig, kind: str) -> Outputs:
     """A detect stream tracks and publishes events (unless `events: false`) and then no
     per-frame results unless `frames: true` asks for them; classify and raw streams have no
     objects to track and publish every frame's results (unless `frames: false`)."""
-    events = publish.events and kind == "detect"
+    events = publish.events and kind in BOXED_TASKS
     frames = publish.frames if publish.frames is not None else not events
     return Outputs(frames, events)
 

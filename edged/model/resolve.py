@@ -26,6 +26,7 @@ from edged.model.heads import Head, choose_head
 from edged.model.metadata import ExportMetadata, read_metadata
 from edged.model.signature import Signature
 from edged.model.tensor import TensorSpec
+from edged.tasks import BOXED_TASKS as BOXED
 from edged.tasks.keypoints import point_names
 from edged.tasks.recognise import Layout, recognise
 from edged.tasks.recognise import layout as task_layout
@@ -63,7 +64,6 @@ TF_IMAGE = {"layout": "nhwc", "color": "rgb", "scale": 1.0, "mean": [0.0], "std"
             "keep_ratio": False}
 LABELS_FILE = "labels.txt"  # beside the versions: class names where nothing else gives them
 BOX_NAMES = ("box", "bbox", "loc", "dets")
-BOXED = ("detect", "segment", "pose")  # tasks whose outputs hold a detection head
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,7 @@ class LiveView:
         try:
             started = self.clock()
             overlay = Overlay() if raw else Overlay(boxes=boxes_of(seen), zones=self.zones,
+                                                    masks=masks_of(seen), poses=poses_of(seen),
                                                     lines=self.lines, corner=self._corner(seen))
             picture = Picture(seen.seq, seen.captured,
                               encode_jpeg(annotate(seen.frame, overlay, height)))
@@ -208,6 +209,24 @@ def boxes_of(seen: Seen) -> list[Box]:
             for box, label, score, object_id, sub_label in zip(
                 found.boxes.tolist(), found.labels, found.scores.tolist(), found.ids,
                 found.sub_labels, strict=True)]
+
+
+def masks_of(seen: Seen) -> list[tuple[str, list[list[float]]]]:
+    """A segment model's masks in the frame: (label, polygon)."""
+    found = seen.results.get("detections")
+    if not isinstance(found, Detections):
+        return []
+    return [(label, mask) for label, mask in zip(found.labels, found.masks, strict=True)
+            if mask]
+
+
+def poses_of(seen: Seen) -> list[tuple[str, dict[str, list[float]]]]:
+    """A pose model's keypoints in the frame: (label, {name: [x, y, score]})."""
+    found = seen.results.get("detections")
+    if not isinstance(found, Detections):
+        return []
+    return [(label, points) for label, points in zip(found.labels, found.keypoints,
+                                                     strict=True) if points]
 
 
 def answer_of(results: dict[str, Any]) -> str | None:
