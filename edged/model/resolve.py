@@ -30,6 +30,7 @@ from edged.tasks import BOXED_TASKS as BOXED
 from edged.tasks.keypoints import point_names
 from edged.tasks.recognise import Layout, recognise
 from edged.tasks.recognise import layout as task_layout
+from edged.tasks.text import charset
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,10 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
             post = dataclasses.replace(post, kind="raw")
             reasons["postprocess"] = f"raw: {why}, but {exc}"
             reasons["task"] = f"raw: {exc}"
+    if post is not None and post.kind == "text":
+        first = [o for o in outputs if post.output in (None, o.name)][:1]
+        width = first[0].shape[-1] if first else -1
+        charset(post.names, width, f"{onnx_path}: text")  # a character set that misfits: no load
     resolved = dataclasses.replace(config, preprocess=pre, postprocess=post)
     return Resolved(resolved, head, reasons)
 

@@ -251,7 +251,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 
 # The tasks `edged infer` reads the outputs of (else it prints the tensors).
-MEANT = ("classify", *BOXED_TASKS)
+MEANT = ("classify", "text", *BOXED_TASKS)
 
 
 def _results(meta: dict[str, Any], outputs: dict[str, np.ndarray],
@@ -267,6 +267,8 @@ def describe_results(results: dict[str, Any], *, framed: bool) -> list[str]:
     """A person's reading of post-processed results: one line a class or a detection."""
     if "classes" in results:
         return [f"  {c['label']:<20} {c['score']:.4f}" for c in results["classes"]]
+    if "text" in results:
+        return [f"  {results['text']['text']!r} {results['text']['score']:.4f}"]
     detections = results["detections"]
     where = "image pixels" if framed else "input-tensor pixels"
     lines = [f"  {len(detections)} detection(s), boxes x1,y1,x2,y2 in {where}"]
@@ -275,6 +277,8 @@ def describe_results(results: dict[str, Any], *, framed: bool) -> list[str]:
         more = ""
         if "mask" in d:
             more += f"  mask of {len(d['mask'])} points"
+        if "text" in d:
+            more += f"  text {d['text']!r} {d['text_score']:.3f}"
         if "keypoints" in d:
             sure = sum(1 for p in d["keypoints"].values() if len(p) < 3 or p[2] >= 0.5)
             more += f"  {sure}/{len(d['keypoints'])} keypoints"

@@ -8,6 +8,7 @@ results, and draws the mask on the image."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,27 @@ def test_infer_cli_when_given_an_image_prints_the_masks_as_a_stream_publishes_th
     inside = picture[60, 70].astype(int)  # the ellipse's centre: green tinted by the mask
     assert inside[1] < 255 and inside[0] > 0, inside
     assert tuple(picture[5, 150]) == (0, 0, 0)  # outside: untouched
+
+
+def test_infer_cli_when_a_text_recogniser_reads_a_line_prints_the_text(
+        make_served: ServeFactory, repo_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.bench.assets import PPOCR_REC, ppocr_model
+
+    (repo_dir / "rec" / "1").mkdir(parents=True)
+    shutil.copyfile(ppocr_model(PPOCR_REC), repo_dir / "rec" / "1" / "model.onnx")
+    (repo_dir / "rec" / "model.yaml").write_text(
+        "preprocess: {resize: [320, 48], keep_ratio: true, pad: end, pad_value: 127.5, "
+        "color: bgr, mean: [0.5], std: [0.5], interpolation: linear, rounding: ceil}\n")
+    line = np.full((48, 200, 3), 255, np.uint8)
+    cv2.putText(line, "edged 2026", (4, 36), cv2.FONT_HERSHEY_SIMPLEX, 1.2, (0, 0, 0), 2,
+                cv2.LINE_AA)
+    image = tmp_path / "line.png"
+    cv2.imwrite(str(image), line)
+    served = make_served(cache="preload: [rec]")
+    assert main(["infer", "rec", "-i", str(image), "--json", "--socket",
+                 str(served.socket)]) == 0
+    read = json.loads(capsys.readouterr().out)["results"]["text"]
+    assert read["text"].strip() == "edged 2026" and 0.5 < read["score"] <= 1
+    assert main(["infer", "rec", "-i", str(image), "--socket", str(served.socket)]) == 0
+    assert "'edged 2026" in capsys.readouterr().out
