@@ -65,9 +65,10 @@ def mask_bitmap(proto: np.ndarray, coefficients: np.ndarray, box: np.ndarray,
     if c1 <= c0 or r1 <= r0:
         return np.zeros((0, 0), np.uint8), 0, 0
     w0, w1, h0, h1 = max(0, c0 - 1), min(mw, c1 + 1), max(0, r0 - 1), min(mh, r1 + 1)
-    window = proto[:, r0:r1, c0:c1]
+    window = proto[:, r0:r1, c0:c1].reshape(len(proto), -1)  # one copy of the window
     logits = np.zeros((h1 - h0, w1 - w0), np.float32)
-    logits[r0 - h0:r1 - h0, c0 - w0:c1 - w0] = np.tensordot(coefficients, window, axes=1)
+    logits[r0 - h0:r1 - h0, c0 - w0:c1 - w0] = (coefficients @ window).reshape(r1 - r0,
+                                                                                c1 - c0)
     up_x, up_y = width / mw, height / mh
     size_out = (round((w1 - w0) * up_x), round((h1 - h0) * up_y))
     upsampled = cv2.resize(logits, size_out, interpolation=cv2.INTER_LINEAR)
@@ -86,7 +87,7 @@ def _polygon(proto: np.ndarray, coefficients: np.ndarray, box: np.ndarray,
     points = outer.reshape(-1, 2).astype(np.float64) + np.array([x0, y0], np.float64)
     if geometry is not None:
         points = to_frame_points(points, geometry)
-    return [[round(x, 1), round(y, 1)] for x, y in points.tolist()]
+    return np.round(points, 1).tolist()
 
 
 def simplify(contour: np.ndarray, max_points: int) -> np.ndarray:
