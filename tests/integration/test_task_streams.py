@@ -2,8 +2,8 @@
 export and a YOLO-pose export with no model.yaml; a stream plays a real video OpenCV wrote (a
 lit ellipse, then a lit square) and publishes to a real mosquitto each frame's detections with
 their mask polygon or keypoints in frame pixels, and the tracked object's events with its
-latest mask, all in the published schemas; `edged infer --json` on an image prints the same
-results, and draws the mask on the image."""
+latest mask, all in the published schemas, and latest.jpg draws it; `edged infer --json` on
+an image prints the same results, and draws the mask on the image."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 from support import ultralytics_masks as ref
 from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
+from support.demo import get, image
 
 from edged.cli import main
 from tools.assets import tasks as task_models
@@ -72,11 +73,18 @@ def test_segment_stream_when_an_object_is_lit_publishes_its_mask_in_results_and_
     prefix = "t/seg"
     sub = Subscriber(broker, f"{prefix}/#")
     try:
-        make_served(cache="preload: [seg_yolo]", streams=stream(video, "seg_yolo"),
-                    mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}")
+        served = make_served(cache="preload: [seg_yolo]", streams=stream(video, "seg_yolo"),
+                             mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}")
         got = sub.collect(until=ended(prefix), timeout=60, what="the object's end")
     finally:
         sub.close()
+    # the live view draws the mask: the ellipse tinted, the corner far from it as it was
+    status, _, body = get(served.http, "/v2/edged/streams/cam/latest.jpg")
+    status_raw, _, body_raw = get(served.http, "/v2/edged/streams/cam/latest.jpg?raw=1")
+    assert (status, status_raw) == (200, 200)
+    drawn, raw = image(body).astype(int), image(body_raw).astype(int)
+    assert np.abs(drawn[60, 70] - raw[60, 70]).max() > 40  # inside the mask, away from text
+    assert np.abs(drawn[110, 150] - raw[110, 150]).max() < 12  # outside everything drawn
     results = messages(got, f"{prefix}/streams/cam/results")
     assert len(results) == FRAMES
     lit = lit_frame("ellipse").max(axis=2) > 127
