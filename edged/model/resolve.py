@@ -287,7 +287,8 @@ def _postprocess(cfg: PostprocessConfig | None, said: frozenset[str], metadata: 
         reasons["task"] = f"kind {kind} from model.yaml"
     meta_names, meta_key = (metadata.names, "names") if metadata.names is not None else \
         (metadata.labels, metadata.labels_key)
-    if kind == "text" and metadata.character is not None:
+    if metadata.character is not None and (kind == "text" or (kind == "classify"
+                                                             and meta_names is None)):
         meta_names, meta_key = metadata.character, "character"
     if "names" not in said and "labels" not in said and meta_names is None and (
             labels_file).is_file():

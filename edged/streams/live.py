@@ -230,7 +230,11 @@ def poses_of(seen: Seen) -> list[tuple[str, dict[str, list[float]]]]:
 
 
 def answer_of(results: dict[str, Any]) -> str | None:
-    """A classifier's answer in a few words (`red 1.00`); None for other results."""
+    """A classifier's answer in a few words (`red 1.00`), a text recogniser's reading
+    (`'A12345' 0.98`); None for other results."""
+    read = results.get("text")
+    if isinstance(read, dict) and "text" in read:
+        return f"{read['text']!r} {read['score']:.2f}"
     classes = results.get("classes")
     if not classes:
         return None

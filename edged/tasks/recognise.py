@@ -1,10 +1,11 @@
 """Which task a model does, told from its outputs and its ONNX metadata where model.yaml does
 not say (`postprocess.kind`): Ultralytics' `task` (detect, classify, segment, pose; obb is not
 decoded), classifiers of any origin ([N, C] with C class names from the metadata's `names`,
-`labels` or `classes`, or the labels file), CTC text recognisers ([N, T, C] with a character
-set from the metadata's `character`), and the detector families `edged.model.heads` reads. An
-output that fits none is served raw with the reason; one that fits two is refused at load,
-naming the keys that settle it. Every answer keeps a one-line reason for the model config API.
+`labels`, `classes` or `character` (PaddleClas' exports), or the labels file), CTC text
+recognisers ([N, T, C] with a character set from the metadata's `character`), and the
+detector families `edged.model.heads` reads. An output that fits none is served raw with the
+reason; one that fits two is refused at load, naming the keys that settle it. Every answer
+keeps a one-line reason for the model config API.
 
 The room sits below `model/` (whose resolution calls it when a version is read): it reads
 tensor specs and the metadata through their fields (the protocols below), and takes the
@@ -99,6 +100,7 @@ def _fits(metadata: Metadata, outputs: Sequence[Spec], batched: bool,
     if one is not None and len(dims) == 1:
         for key, names in (("names", metadata.names),
                            (metadata.labels_key or "labels", metadata.labels),
+                           ("character", metadata.character),
                            ("labels file", file_names)):
             if names is not None and len(names) == dims[0]:
                 source = f"the labels file's {len(names)} lines" if key == "labels file" \

