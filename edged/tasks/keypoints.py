@@ -17,6 +17,8 @@ COCO_KEYPOINTS = ("nose", "left_eye", "right_eye", "left_ear", "right_ear", "lef
                   "right_shoulder", "left_elbow", "right_elbow", "left_wrist", "right_wrist",
                   "left_hip", "right_hip", "left_knee", "right_knee", "left_ankle",
                   "right_ankle")
+# A face's five landmarks, in RetinaFace's (and SCRFD's, YuNet's) order.
+FACE_LANDMARKS = ("left_eye", "right_eye", "nose", "mouth_left", "mouth_right")
 # Pairs of COCO keypoints drawn as a skeleton (Ultralytics' own list, 0-based).
 COCO_SKELETON = ((15, 13), (13, 11), (16, 14), (14, 12), (11, 12), (5, 11), (6, 12), (5, 6),
                  (5, 7), (6, 8), (7, 9), (8, 10), (1, 2), (0, 1), (0, 2), (1, 3), (2, 4),
@@ -27,15 +29,18 @@ Keypoints = dict[str, list[float]]
 
 def point_names(count: int, names: Sequence[str] | None) -> list[str]:
     """The names of `count` points: `names` when given (InvalidModel when their number is
-    not the count), COCO's for 17, else their index."""
+    not the count), COCO's for 17, a face's for 5, else their index."""
     if names is not None:
         if len(names) != count:
             raise InvalidModel(f"pose: {len(names)} keypoint names for {count} keypoints")
         if len(set(names)) != len(names):
             raise InvalidModel("pose: keypoint names repeat")
         return list(names)
-    return list(COCO_KEYPOINTS) if count == len(COCO_KEYPOINTS) else [str(i)
-                                                                     for i in range(count)]
+    if count == len(COCO_KEYPOINTS):
+        return list(COCO_KEYPOINTS)
+    if count == len(FACE_LANDMARKS):
+        return list(FACE_LANDMARKS)
+    return [str(i) for i in range(count)]
 
 
 def keypoints(values: np.ndarray, kpt_shape: Sequence[int], names: Sequence[str],
