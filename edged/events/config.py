@@ -18,6 +18,7 @@ from edged.tasks import BOXED_TASKS
 
 MAX_COORD = 100_000  # frame pixels: larger than any sensor, small enough to catch typos
 Anchor = Literal["bottom_center", "center"]
+ZoneAnchor = Literal["bottom_center", "center", "mask"]
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -84,8 +85,12 @@ class ZoneConfig:
     name: str = setting(help="zone name (in topics)", check=_check_topic_name)
     polygon: list[list[float]] = setting(help="[[x, y], ...] in frame pixels, 3 points or more",
                                          check=_check_polygon)
-    anchor: Anchor = setting("bottom_center", "the point of a box that must be inside: "
-                                              "bottom_center (feet, wheels) or center")
+    anchor: ZoneAnchor = setting(
+        "bottom_center", "what must be inside: a point of the box, bottom_center (feet, "
+        "wheels) or center; or mask: at least `min_overlap` of a segment model's mask (an "
+        "object without a mask is tested by its bottom centre)")
+    min_overlap: float = setting(0.5, "anchor mask: the share of the mask's area inside the "
+                                      "zone for the object to be in it", check=between(0.01, 1))
     inertia: int = setting(2, "frames in a row inside (outside) before an object enters "
                               "(leaves) the zone: a box jittering on the edge stays put",
                            check=between(1, 100))

@@ -178,7 +178,7 @@ class StreamEvents:
             return
         boxes = np.array([obj.track.box for obj in seen])
         if self.zones.names:
-            inside = self.zones.inside(boxes).tolist()
+            inside = self.zones.inside(boxes, [obj.mask for obj in seen]).tolist()
             for obj, row in zip(seen, inside, strict=True):
                 if self.zones.observe(obj.zones, row):
                     obj.current_zones = self.zones.current(obj.zones)

@@ -51,9 +51,15 @@ def write_video(path: Path, shape: str) -> Path:
     return path
 
 
-def stream(video: Path, model: str) -> str:
+def stream(video: Path, model: str, extra: str = "") -> str:
     return (f"[{{name: cam, source: 'file://{video}', model: {model}, backpressure: block, "
-            f"publish: {{frames: true}}, track: {{min_hits: 2}}}}]")
+            f"publish: {{frames: true}}, track: {{min_hits: 2}}{extra}}}]")
+
+
+# The ellipse's upper two thirds: its box's bottom centre is outside, most of its mask inside
+ZONES = (", zones: [{name: upper, polygon: [[20, 10], [130, 10], [130, 70], [20, 70]], "
+         "anchor: mask}, {name: upper_by_point, polygon: [[20, 10], [130, 10], [130, 70], "
+         "[20, 70]]}]")
 
 
 def messages(got: list[Received], topic: str) -> list[dict[str, Any]]:
@@ -73,7 +79,8 @@ def test_segment_stream_when_an_object_is_lit_publishes_its_mask_in_results_and_
     prefix = "t/seg"
     sub = Subscriber(broker, f"{prefix}/#")
     try:
-        served = make_served(cache="preload: [seg_yolo]", streams=stream(video, "seg_yolo"),
+        served = make_served(cache="preload: [seg_yolo]",
+                             streams=stream(video, "seg_yolo", ZONES),
                              mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}")
         got = sub.collect(until=ended(prefix), timeout=60, what="the object's end")
     finally:
@@ -99,6 +106,7 @@ def test_segment_stream_when_an_object_is_lit_publishes_its_mask_in_results_and_
         jsonschema.validate(event, EVENT)
     assert events[0]["type"] == "new" and events[-1]["type"] == "end"
     assert all(len(e["after"]["mask"]) >= 4 for e in events)
+    assert events[-1]["after"]["entered_zones"] == ["upper"]  # by its mask, not its box
 
 
 def test_pose_stream_when_a_person_is_lit_publishes_named_keypoints_in_frame_pixels(
