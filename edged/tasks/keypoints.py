@@ -51,6 +51,10 @@ def keypoints(values: np.ndarray, kpt_shape: Sequence[int], names: Sequence[str]
         raise InvalidModel(f"pose: {values.shape[1]} values per detection, but kpt_shape "
                            f"{list(kpt_shape)} needs {count * dims}")
     points = values.reshape(len(values), count, dims).astype(np.float64)
+    # A point the model gave no number for (NaN, inf) is a point not seen: 0, 0, score 0;
+    # published JSON never carries NaN.
+    lost = ~np.isfinite(points).all(axis=2)
+    points[lost] = 0.0
     if geometry is not None:
         points = to_frame_points(points, geometry)
     found = []

@@ -50,5 +50,6 @@ def ctc_decode(probs: np.ndarray, characters: Sequence[str]) -> list[tuple[str, 
         kept[1:] = index[1:] != index[:-1]
         kept &= index != BLANK
         text = "".join(classes[i] for i in index[kept].tolist())
-        read.append((text, float(score[kept].mean()) if kept.any() else 0.0))
+        mean = float(score[kept].mean()) if kept.any() else 0.0
+        read.append((text, mean if np.isfinite(mean) else 0.0))  # never NaN in JSON
     return read

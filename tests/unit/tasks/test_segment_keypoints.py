@@ -180,3 +180,11 @@ def test_segment_when_served_from_tensors_alone_maps_masks_in_input_pixels() -> 
     assert (min(xs), min(ys), max(xs), max(ys)) == (cols_lit.min(), rows_lit.min(),
                                                     cols_lit.max(), rows_lit.max())
     assert (min(xs), min(ys), max(xs), max(ys)) == (14, 14, 49, 49)
+
+
+def test_keypoints_when_the_model_gives_nan_are_published_unseen_never_nan() -> None:
+    from edged.tasks.keypoints import keypoints
+
+    values = np.array([[10, 20, 0.9, np.nan, 5, 0.8, 7, np.inf, 0.7]], np.float32)
+    [points] = keypoints(values, (3, 3), ["a", "b", "c"], None)
+    assert points == {"a": [10.0, 20.0, 0.9], "b": [0.0, 0.0, 0.0], "c": [0.0, 0.0, 0.0]}

@@ -168,3 +168,11 @@ def test_ctc_decode_when_steps_repeat_merges_them_drops_blanks_and_scores_the_ke
     assert ctc_decode(np.eye(4, dtype=np.float32)[[0, 0]][None], chars) == [("", 0.0)]
     with pytest.raises(InvalidModel, match="2 characters do not fit the output's 6 classes"):
         ctc_decode(np.zeros((1, 3, 6), np.float32), chars)
+
+
+def test_ctc_decode_when_the_model_gives_nan_scores_zero_never_nan() -> None:
+    steps = np.zeros((1, 2, 3), np.float32)
+    steps[0, :, 1] = np.nan
+    steps[0, 0, 2] = 1.0
+    # numpy's argmax takes the NaN (class 1, "a"), its max is NaN: read, scored 0
+    assert ctc_decode(steps, ["a", "b"]) == [("a", 0.0)]
