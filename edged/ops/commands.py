@@ -242,16 +242,17 @@ def cmd_infer(args: argparse.Namespace) -> int:
     for line in describe_results(results, framed=image is not None):
         print(line)
     if args.output is not None:
-        if image is None or "detections" not in results:
+        if image is None or not {"detections", "segments"} & set(results):
             raise InvalidInput("--output draws detections on the input image: give an image "
                                "to a detect model")
-        write_drawing(args.output, image[0], results["detections"])
+        write_drawing(args.output, image[0], results.get("detections", []),
+                      results.get("segments", []))
         print(f"drawn: {args.output}")
     return 0
 
 
 # The tasks `edged infer` reads the outputs of (else it prints the tensors).
-MEANT = ("classify", "text", *BOXED_TASKS)
+MEANT = ("classify", "text", "semantic", *BOXED_TASKS)
 
 
 def _results(meta: dict[str, Any], outputs: dict[str, np.ndarray],
@@ -269,6 +270,9 @@ def describe_results(results: dict[str, Any], *, framed: bool) -> list[str]:
         return [f"  {c['label']:<20} {c['score']:.4f}" for c in results["classes"]]
     if "text" in results:
         return [f"  {results['text']['text']!r} {results['text']['score']:.4f}"]
+    if "segments" in results:
+        return [f"  {s['label']:<20} {s['area']:.4f} of the picture, "
+                f"{len(s['polygons'])} region(s)" for s in results["segments"]]
     detections = results["detections"]
     where = "image pixels" if framed else "input-tensor pixels"
     lines = [f"  {len(detections)} detection(s), boxes x1,y1,x2,y2 in {where}"]
@@ -286,13 +290,15 @@ def describe_results(results: dict[str, Any], *, framed: bool) -> list[str]:
     return lines
 
 
-def write_drawing(path: Path, frame: np.ndarray, detections: list[dict[str, Any]]) -> None:
+def write_drawing(path: Path, frame: np.ndarray, detections: list[dict[str, Any]],
+                  regions: list[dict[str, Any]] | None = None) -> None:
     import cv2
 
     from edged.processing.draw import Overlay, annotate
 
     drawn = annotate(frame, Overlay(
-        masks=[(d["label"], d["mask"]) for d in detections if d.get("mask")],
+        masks=[(d["label"], d["mask"]) for d in detections if d.get("mask")]
+        + [(s["label"], p) for s in regions or () for p in s["polygons"]],
         poses=[(d["label"], d["keypoints"]) for d in detections if d.get("keypoints")]))
     for d in detections:
         x1, y1, x2, y2 = (round(v) for v in d["box"])

@@ -23,6 +23,7 @@ from edged.processing.pre import Geometry
 from edged.tasks.keypoints import keypoints, point_names
 from edged.tasks.recognise import layout
 from edged.tasks.segment import check_proto, mask_polygons
+from edged.tasks.semantic import class_ids, segments
 from edged.tasks.text import ctc_decode
 
 Results = dict[str, Any]
@@ -52,6 +53,9 @@ class Postprocessor:
     def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None) -> Results:
         if self.cfg.kind == "classify":
             return {"classes": classify(self._first(outputs), self.cfg.top_k, self.labels)}
+        if self.cfg.kind == "semantic":
+            return {"segments": segments(class_ids(self._first(outputs)), self.labels,
+                                         geometry, self.cfg.mask_points)}
         if self.cfg.kind == "text":
             text, score = ctc_decode(self._first(outputs), self.labels)[0]
             return {"text": {"text": text, "score": round(score, 5)}}

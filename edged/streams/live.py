@@ -212,7 +212,10 @@ def boxes_of(seen: Seen) -> list[Box]:
 
 
 def masks_of(seen: Seen) -> list[tuple[str, list[list[float]]]]:
-    """A segment model's masks in the frame: (label, polygon)."""
+    """A segment model's masks in the frame, a semantic model's regions: (label, polygon)."""
+    regions = seen.results.get("segments")
+    if isinstance(regions, list):
+        return [(s["label"], polygon) for s in regions for polygon in s["polygons"]]
     found = seen.results.get("detections")
     if not isinstance(found, Detections):
         return []
@@ -231,10 +234,13 @@ def poses_of(seen: Seen) -> list[tuple[str, dict[str, list[float]]]]:
 
 def answer_of(results: dict[str, Any]) -> str | None:
     """A classifier's answer in a few words (`red 1.00`), a text recogniser's reading
-    (`'A12345' 0.98`); None for other results."""
+    (`'A12345' 0.98`), a class map's biggest classes (`road 45%`); None for other results."""
     read = results.get("text")
     if isinstance(read, dict) and "text" in read:
         return f"{read['text']!r} {read['score']:.2f}"
+    regions = results.get("segments")
+    if isinstance(regions, list) and regions:
+        return ", ".join(f"{s['label']} {s['area']:.0%}" for s in regions[:3])
     classes = results.get("classes")
     if not classes:
         return None

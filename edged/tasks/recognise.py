@@ -2,10 +2,11 @@
 not say (`postprocess.kind`): Ultralytics' `task` (detect, classify, segment, pose; obb is not
 decoded), classifiers of any origin ([N, C] with C class names from the metadata's `names`,
 `labels`, `classes` or `character` (PaddleClas' exports), or the labels file), CTC text
-recognisers ([N, T, C] with a character set from the metadata's `character`), and the
-detector families `edged.model.heads` reads. An output that fits none is served raw with the
-reason; one that fits two is refused at load, naming the keys that settle it. Every answer
-keeps a one-line reason for the model config API.
+recognisers ([N, T, C] with a character set from the metadata's `character`), semantic
+segmentation ([N, C, H, W] class maps with C names), and the detector families
+`edged.model.heads` reads. An output that fits none is served raw with the reason; one that
+fits two is refused at load, naming the keys that settle it. Every answer keeps a one-line
+reason for the model config API.
 
 The room sits below `model/` (whose resolution calls it when a version is read): it reads
 tensor specs and the metadata through their fields (the protocols below), and takes the
@@ -20,6 +21,7 @@ from typing import Protocol
 
 from edged.core.errors import InvalidModel
 
+MIN_MAP = 8  # a class map is at least this many cells a side (a [N, C, 2, 2] is no map)
 CTC_BLANKS = 1  # PaddleOCR's CTCLabelDecode: "blank" is class 0, before the character set
 
 
@@ -116,6 +118,17 @@ def _fits(metadata: Metadata, outputs: Sequence[Spec], batched: bool,
                                            f"[N, T, C] over metadata character "
                                            f"({len(metadata.character)} characters, the "
                                            f"blank{space})"))
+    if one is not None and len(dims) == 3 and dims[0] >= 2 and min(dims[1:]) >= MIN_MAP:
+        for key, names in (("names", metadata.names),
+                           (metadata.labels_key or "labels", metadata.labels),
+                           ("labels file", file_names)):
+            if names is not None and len(names) == dims[0]:
+                source = f"the labels file's {len(names)} lines" if key == "labels file" \
+                    else f"metadata {key}: {len(names)} names"
+                fits.append(Recognised("semantic", f"kind semantic: {one.name} "
+                                                   f"{list(one.shape)} is a class map "
+                                                   f"[N, C, H, W] with {source}"))
+                break
     return fits
 
 

@@ -139,6 +139,29 @@ def test_pose_stream_when_a_person_is_lit_publishes_named_keypoints_in_frame_pix
         assert set(event["after"]["keypoints"]) == set(points)
 
 
+def test_semantic_stream_when_regions_are_lit_publishes_each_class_share_and_polygons(
+        broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> None:
+    task_models.write_task_models(repo_dir, ["semantic"])
+    video = write_video(tmp_path / "square.avi", "square")
+    prefix = "t/sem"
+    sub = Subscriber(broker, f"{prefix}/#")
+    try:
+        make_served(cache="preload: [semantic]", streams=stream(video, "semantic"),
+                    mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}")
+        got = sub.collect(f"{prefix}/streams/cam/results",
+                          until=lambda got: len(got) >= FRAMES, timeout=60,
+                          what="each frame's segments")
+    finally:
+        sub.close()
+    lit = lit_frame("square").max(axis=2) > 127
+    for message in messages(got, f"{prefix}/streams/cam/results"):
+        jsonschema.validate(message, RESULT)
+        [green] = message["results"]["segments"]
+        assert green["label"] == "green"
+        assert green["area"] == pytest.approx(lit.mean(), abs=0.03)
+        assert ref.iou(ref.raster(np.array(green["polygons"][0]), SIZE), lit) > 0.85
+
+
 def test_infer_cli_when_given_an_image_prints_the_masks_as_a_stream_publishes_them(
         make_served: ServeFactory, repo_dir: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

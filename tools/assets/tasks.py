@@ -115,16 +115,45 @@ def _rename_input(model: onnx.ModelProto, old: str, new: str) -> None:
         node.input[:] = [new if name == old else name for name in node.input]
 
 
+SEMANTIC_LABELS = ("background", "green", "red")
+
+
+def make_semantic(seed: int = 0) -> onnx.ModelProto:
+    """A DeepLab-style export: `logits` [1, 3, H/4, W/4] over background, green and red (the
+    lit share of each 4 x 4 cell in the G and R channels, against a flat 0.5 background), no
+    metadata: its class names are the labels file's, as torchvision's exports ship them."""
+    del seed
+    nodes = [_N("AveragePool", ["x"], ["cells"], kernel_shape=[4, 4], strides=[4, 4]),
+             _N("Split", ["cells", "split3"], ["r", "g", "b"], axis=1),
+             _N("Mul", ["g", "zero"], ["g0"]), _N("Add", ["g0", "half"], ["background"]),
+             _N("Concat", ["background", "g", "r"], ["logits"], axis=1)]
+    model = build_model("semantic", nodes, [declare_float("x", [1, 3, DETECT_SIZE,
+                                                                DETECT_SIZE])],
+                        [declare_float("logits", [1, 3, PROTO, PROTO])],
+                        [_const("split3", [1, 1, 1], np.int64), _const("zero", 0.0),
+                         _const("half", 0.5)])
+    return model
+
+
 TASK_MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "seg_yolo": make_seg_yolo,
     "pose_yolo": make_pose_yolo,
+    "semantic": make_semantic,
+}
+# Beside a model's versions: what its file does not say (its labels, its pre-processing)
+TASK_FILES: dict[str, dict[str, str]] = {
+    "semantic": {"labels.txt": "\n".join(SEMANTIC_LABELS) + "\n",
+                 "model.yaml": "preprocess: {resize: [64, 64], keep_ratio: true, "
+                               "pad_value: 0, color: rgb}\n"},
 }
 
 
 def write_task_models(root: Path, names: list[str] | None = None) -> Path:
-    """DIR/<name>/1/model.onnx for each task model (no model.yaml: the file says it all)."""
+    """DIR/<name>/1/model.onnx for each task model, and the files its file does not say."""
     for name in names or list(TASK_MODELS):
         write_model(TASK_MODELS[name](0), root / name / "1" / "model.onnx")
+        for file, text in TASK_FILES.get(name, {}).items():
+            (root / name / file).write_text(text)
     return root
 
 
