@@ -4,9 +4,10 @@ outputs named, shaped and laid out as Ultralytics' exporter writes them (a YOLO-
 [1, 4+1+17*3, N]; its metadata: author, task, stride, imgsz, names, kpt_shape), around one
 answer a test can compute: the lit pixels of a dark frame (`tools.assets.models`' bright box).
 
-No wheel on PyPI ships a trained YOLO-seg or YOLO-pose ONNX export (docs/models.md): these
-stand in for them, and the reference they are held to is a numpy port of Ultralytics' own
-`process_mask` (tests/support/ultralytics_masks.py).
+No wheel on PyPI was found to ship a trained YOLO-seg, YOLO-pose or semantic-segmentation ONNX
+export (docs/models.md): these stand in for them, and the masks are held to a numpy port of
+Ultralytics' own `process_mask` (tests/support/ultralytics_masks.py). The DeepLab-style class
+map (`semantic`) comes with its labels file and stated pre-processing, as such exports need.
 
     python -m tools.assets.tasks DIR      # writes DIR/<name>/1/model.onnx for each
 """
