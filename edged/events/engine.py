@@ -167,7 +167,8 @@ class StreamEvents:
                 self.lines.new_state())
         assert tr.detection is not None  # a track seen this frame has its detection
         index = kept[tr.detection]
-        obj.observe(frame_time, detections.sub_labels[index], detections.sub_label_scores[index])
+        obj.observe(frame_time, detections.sub_labels[index], detections.sub_label_scores[index],
+                    detections.masks[index], detections.keypoints[index])
         return obj
 
     def _place(self, seen: list[TrackedObject], frame: np.ndarray | None,
@@ -177,7 +178,7 @@ class StreamEvents:
             return
         boxes = np.array([obj.track.box for obj in seen])
         if self.zones.names:
-            inside = self.zones.inside(boxes).tolist()
+            inside = self.zones.inside(boxes, [obj.mask for obj in seen]).tolist()
             for obj, row in zip(seen, inside, strict=True):
                 if self.zones.observe(obj.zones, row):
                     obj.current_zones = self.zones.current(obj.zones)

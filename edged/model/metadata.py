@@ -1,5 +1,7 @@
-"""What an ONNX file says about itself in `metadata_props`: the class names, input size, stride
-and task that Ultralytics (and YOLOv5's exporter) write there as Python literals.
+"""What an ONNX file says about itself in `metadata_props`: the class names, input size, stride,
+task and keypoint shape that Ultralytics (and YOLOv5's exporter) write there as Python literals;
+the class names other exporters write as `labels` or `classes`; the character set PaddleOCR's
+text recognisers carry as `character` (one per line).
 
 Values are parsed with `ast.literal_eval`, never `eval`. A value that cannot be read is treated
 as absent, with a warning naming the file and the key: a model with odd metadata still loads,
@@ -32,6 +34,11 @@ class ExportMetadata:
     stride: int | None = None
     task: str | None = None
     end2end: bool | None = None
+    kpt_shape: tuple[int, int] | None = None  # pose: (points, 2 or 3 values per point)
+    kpt_names: tuple[str, ...] | None = None
+    labels: tuple[str, ...] | None = None  # class names under `labels` or `classes`
+    labels_key: str | None = None  # which of the two gave them
+    character: tuple[str, ...] | None = None  # a text recogniser's character set
     description: str = ""
     author: str = ""
     raw: Mapping[str, str] = field(default_factory=dict)
@@ -90,8 +97,48 @@ def read_metadata(props: Mapping[str, str], source: str) -> ExportMetadata:
     if end2end is not None and not isinstance(end2end, bool):
         bad("end2end", "expected True or False")
         end2end = None
+    kpt_shape = literal("kpt_shape")
+    if kpt_shape is not None and not (isinstance(kpt_shape, (list, tuple)) and len(kpt_shape) == 2
+                                      and all(_positive_int(v) for v in kpt_shape)
+                                      and kpt_shape[1] in (2, 3)):
+        bad("kpt_shape", "expected [points, 2 or 3]")
+        kpt_shape = None
+    kpt_names = _kpt_names(literal("kpt_names"))
+    labels, labels_key = None, None
+    for key in ("labels", "classes"):
+        if key in props and labels is None:
+            labels = _names(_literal_or_lines(props[key]))
+            labels_key = key if labels is not None else None
+    character = None
+    if "character" in props and len(props["character"]) <= MAX_VALUE_CHARS:
+        character = tuple(props["character"].splitlines()) or None
     return ExportMetadata(names, imgsz, stride, task, end2end,
+                          tuple(kpt_shape) if kpt_shape is not None else None, kpt_names,
+                          labels, labels_key, character,
                           props.get("description", ""), props.get("author", ""), dict(props))
+
+
+def _literal_or_lines(text: str) -> Any:
+    """A Python literal (a list or a dict of names), else the text's lines (a labels file
+    written into the metadata), else its comma-separated parts."""
+    if len(text) > MAX_VALUE_CHARS:
+        return None
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if len(lines) == 1:
+            lines = [part.strip() for part in lines[0].split(",") if part.strip()]
+        return lines or None
+
+
+def _kpt_names(value: Any) -> tuple[str, ...] | None:
+    """`kpt_names`: a list of point names, or Ultralytics' {class: [names]} (the first)."""
+    if isinstance(value, dict) and value:
+        value = next(iter(value.values()))
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return None
 
 
 def _positive_int(value: Any) -> bool:

@@ -20,12 +20,17 @@ from typing import Any, Literal
 import numpy as np
 
 from edged.core.errors import InvalidModel
-from edged.model.boxsets import tf_od_outputs
+from edged.model.boxsets import landmark_outputs, tf_od_outputs
 from edged.model.config import ModelConfig, PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.metadata import ExportMetadata, read_metadata
 from edged.model.signature import Signature
 from edged.model.tensor import TensorSpec
+from edged.tasks import BOXED_TASKS as BOXED
+from edged.tasks.keypoints import point_names
+from edged.tasks.recognise import Layout, recognise
+from edged.tasks.recognise import layout as task_layout
+from edged.tasks.text import charset
 
 logger = logging.getLogger(__name__)
 
@@ -81,31 +86,73 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
     pre = _preprocess(config.preprocess, said_pre, metadata, inputs, outputs, reasons)
     pre = _shape_layout(pre, said_pre, inputs, reasons)
     said_post = _said(lines, "postprocess")
+    batched = (config.max_batch_size or 0) > 0
     post = _postprocess(config.postprocess, said_post, metadata, outputs, labels_dir, reasons,
-                        signature.marks)
+                        signature.marks, batched)
     head = None
-    if post is not None and post.kind == "detect":
+    if post is not None and post.kind in BOXED:
         try:
             # A labels file's line count is no class count: files often carry a background
             # line or a 91-line COCO list for 80 classes.
             counted = post if "labels" not in said_post or "names" in said_post else \
                 dataclasses.replace(post, names=None)
-            head = choose_head(outputs, metadata, counted, said=said_post,
+            table, extra = outputs, 0
+            if post.kind == "segment" or (post.kind == "pose" and len(outputs) == 1):
+                shape = post.kpt_shape if post.kpt_shape is not None else metadata.kpt_shape
+                parts = task_layout(post.kind, outputs, batched, proto=post.proto,
+                                    kpt_shape=shape)
+                table = tuple(o for o in outputs if o.name == parts.table)
+                extra = parts.extra
+                post = _task_parts(post, parts, metadata)
+            head = choose_head(table, metadata, counted, said=said_post,
                                input_size=_input_size(pre, inputs),
-                               producers=signature.producers,
-                               batched=(config.max_batch_size or 0) > 0,
-                               marks=signature.marks)
+                               producers=signature.producers, batched=batched,
+                               marks=signature.marks, extra=extra)
             pre = _family_preprocess(head, pre, said_pre, metadata, reasons)
+            if head.format == "priorbox" and ("kind" not in said_post or post.kind == "pose"):
+                post = _landmark_task(post, head, reasons)
         except InvalidModel as exc:
             why = reasons.get("postprocess", "model.yaml")
-            if "kind" in said_post or metadata.task == "detect":
+            if "kind" in said_post or metadata.task in BOXED:
                 raise InvalidModel(f"{onnx_path}: {exc} (detect: {why})") from exc
             # Only guessed from the outputs' look: serve the raw outputs, as before.
             logger.warning("%s: %s; serving raw outputs", onnx_path, exc)
             post = dataclasses.replace(post, kind="raw")
             reasons["postprocess"] = f"raw: {why}, but {exc}"
+            reasons["task"] = f"raw: {exc}"
+    if post is not None and post.kind == "text":
+        first = [o for o in outputs if post.output in (None, o.name)][:1]
+        width = first[0].shape[-1] if first else -1
+        charset(post.names, width, f"{onnx_path}: text")  # a character set that misfits: no load
     resolved = dataclasses.replace(config, preprocess=pre, postprocess=post)
     return Resolved(resolved, head, reasons)
+
+
+def _task_parts(post: PostprocessConfig, parts: Layout, metadata: ExportMetadata
+                ) -> PostprocessConfig:
+    """The segment or pose task's parts written into its post-processing, so the model config
+    API (and whoever rebuilds the post-processing from it: `edged infer`) sees them."""
+    if parts.proto is not None:
+        return dataclasses.replace(post, proto=parts.proto)
+    if parts.kpt_shape is not None:
+        named = post.keypoint_names or (list(metadata.kpt_names) if metadata.kpt_names
+                                        else None)
+        return dataclasses.replace(post, kpt_shape=list(parts.kpt_shape),
+                                   keypoint_names=point_names(parts.kpt_shape[0], named))
+    return post
+
+
+def _landmark_task(post: PostprocessConfig, head: Head, reasons: dict[str, str]
+                   ) -> PostprocessConfig:
+    """A head over priors with landmarks (RetinaFace's) is a keypoints task: its boxes, each
+    with its points (x, y: the head gives no per-point score)."""
+    count = head.extra // 2
+    if not count:  # the landmarks' width is dynamic in the file: told frame by frame
+        reasons["task"] = f"kind pose: landmarks a box ({head.landmarks})"
+        return dataclasses.replace(post, kind="pose")
+    reasons["task"] = f"kind pose: {count} landmarks a box ({head.landmarks})"
+    return dataclasses.replace(post, kind="pose", kpt_shape=[count, 2],
+                               keypoint_names=point_names(count, post.keypoint_names))
 
 
 def _said(lines: Mapping[str, int], section: str) -> frozenset[str]:
@@ -237,16 +284,29 @@ def _input_size(pre: PreprocessConfig | None, inputs: tuple[TensorSpec, ...]
 
 def _postprocess(cfg: PostprocessConfig | None, said: frozenset[str], metadata: ExportMetadata,
                  outputs: tuple[TensorSpec, ...], labels_dir: Path, reasons: dict[str, str],
-                 marks: frozenset[str] = frozenset()) -> PostprocessConfig | None:
+                 marks: frozenset[str] = frozenset(), batched: bool = False
+                 ) -> PostprocessConfig | None:
     derived: dict[str, Any] = {}
     why: list[str] = []
+    labels_file = labels_dir / LABELS_FILE
+    kind: str = cfg.kind if cfg is not None else "raw"
     if "kind" not in said:
-        kind, kind_why = _kind(metadata, outputs, marks)
-        if kind is not None:
-            derived["kind"] = kind
-            why.append(kind_why)
-    if "names" not in said and "labels" not in said and metadata.names is None and (
-            labels_dir / LABELS_FILE).is_file():
+        found = recognise(metadata, outputs, batched=batched,
+                          file_names=_read_labels(labels_file) if labels_file.is_file()
+                          else None, detector=_detector(metadata, outputs, marks, batched))
+        reasons["task"] = found.why
+        if found.kind is not None:
+            kind = derived["kind"] = found.kind
+            why.append(found.why)
+    else:
+        reasons["task"] = f"kind {kind} from model.yaml"
+    meta_names, meta_key = (metadata.names, "names") if metadata.names is not None else \
+        (metadata.labels, metadata.labels_key)
+    if metadata.character is not None and (kind == "text" or (kind == "classify"
+                                                             and meta_names is None)):
+        meta_names, meta_key = metadata.character, "character"
+    if "names" not in said and "labels" not in said and meta_names is None and (
+            labels_file).is_file():
         derived["labels"] = LABELS_FILE
         names = _read_labels(labels_dir / LABELS_FILE)
         if names is not None:
@@ -257,9 +317,10 @@ def _postprocess(cfg: PostprocessConfig | None, said: frozenset[str], metadata: 
             names = _read_labels(labels_dir / cfg.labels)
             if names is not None:
                 derived["names"] = names
-        elif metadata.names is not None:
-            derived["names"] = list(metadata.names)
-            why.append(f"{len(metadata.names)} class names from the metadata")
+        elif meta_names is not None:
+            derived["names"] = list(meta_names)
+            what = "characters" if kind == "text" else "class names"
+            why.append(f"{len(meta_names)} {what} from the metadata's {meta_key}")
     if not derived:
         if cfg is not None:
             reasons["postprocess"] = "model.yaml"
@@ -268,22 +329,25 @@ def _postprocess(cfg: PostprocessConfig | None, said: frozenset[str], metadata: 
     return dataclasses.replace(cfg or PostprocessConfig(), **derived)
 
 
-def _kind(metadata: ExportMetadata, outputs: tuple[TensorSpec, ...],
-          marks: frozenset[str] = frozenset()) -> tuple[str | None, str]:
-    if metadata.task in ("detect", "classify"):
-        return metadata.task, f"kind {metadata.task} from metadata task: {metadata.task}"
-    if metadata.task is not None:
-        return None, ""  # segment, pose, obb: their extra outputs are not decoded; raw
-    if metadata.ultralytics and metadata.names and len(outputs) == 1:
-        return "detect", "kind detect: a YOLO export (metadata stride and names)"
-    if "yolox" in marks and len(outputs) == 1:
-        return "detect", "kind detect: a YOLOX head (its graph: Conv + Sigmoid + Sigmoid per level)"
+def _detector(metadata: ExportMetadata, outputs: tuple[TensorSpec, ...],
+              marks: frozenset[str], batched: bool) -> str | None:
+    """Why the outputs look like a detector's (the families `edged.model.heads` reads), or
+    None."""
+    one = outputs[0] if len(outputs) == 1 else None
+    rank = len(one.shape) - (1 if one.shape and (batched or one.shape[0] == 1) else 0) \
+        if one is not None else 0
+    if metadata.ultralytics and metadata.names and one is not None and rank == 2:
+        return "kind detect: a YOLO export (metadata stride and names)"
+    if "yolox" in marks and one is not None:
+        return "kind detect: a YOLOX head (its graph: Conv + Sigmoid + Sigmoid per level)"
     if tf_od_outputs(outputs) is not None:
-        return "detect", "kind detect: the TF Object Detection API's detection_* outputs"
+        return "kind detect: the TF Object Detection API's detection_* outputs"
+    if landmark_outputs(outputs, batched) is not None:
+        return "kind detect: a RetinaFace-style head (boxes, scores and landmarks over priors)"
     if len(outputs) > 1 and any(o.shape[-1:] == (4,) and any(
             k in o.name.lower() for k in BOX_NAMES) for o in outputs):
-        return "detect", "kind detect: outputs of boxes [N, 4] beside other per-box outputs"
-    return None, ""
+        return "kind detect: outputs of boxes [N, 4] beside other per-box outputs"
+    return None
 
 
 def _read_labels(path: Path) -> list[str] | None:

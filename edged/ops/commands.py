@@ -25,6 +25,7 @@ from edged.ops.mender import add_arguments as add_mender_arguments
 from edged.ops.quantize.command import add_arguments as add_quantize_arguments
 from edged.processing.post import Postprocessor, published
 from edged.processing.pre import Geometry, is_size_input, size_inputs
+from edged.tasks import BOXED_TASKS
 
 if TYPE_CHECKING:
     from edged.ops.client import EdgedClient
@@ -211,20 +212,25 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
-    """Print what the model means (top-k labels, boxes) when its postprocess says, else (or
-    with --raw) the tensors."""
+    """Print what the model means (top-k labels, boxes with their masks or keypoints) when its
+    postprocess says, else (or with --raw) the tensors. `--json`: the tensors, and the results
+    as a stream publishes them (`results`) unless --raw."""
     with _client(args) as client:
         meta = client.model_config(args.model, args.version)
         inputs, images = read_inputs(meta, args.model, args.input)
         result = client.infer(args.model, inputs, version=args.version)
-    if args.json:
-        print(json.dumps({"model_name": result.model, "model_version": result.version,
-                          "outputs": {k: v.tolist() for k, v in result.outputs.items()}}))
-        return 0
-    print(f"{result.model}:{result.version}")
     image = next(iter(images.values()), None)
     post = meta["edged"].get("postprocess") or {}
-    if args.raw or post.get("kind") not in ("classify", "detect"):
+    meant = not args.raw and post.get("kind") in MEANT
+    if args.json:
+        answer: dict[str, Any] = {"model_name": result.model, "model_version": result.version,
+                                  "outputs": {k: v.tolist() for k, v in result.outputs.items()}}
+        if meant:
+            answer["results"] = _results(meta, result.outputs, image)
+        print(json.dumps(answer))
+        return 0
+    print(f"{result.model}:{result.version}")
+    if not meant:
         if args.output is not None:
             raise InvalidInput("--output draws detections: the model is not a detector, or "
                                "--raw was given")
@@ -232,38 +238,68 @@ def cmd_infer(args: argparse.Namespace) -> int:
             for name, array in result.outputs.items():
                 print(f"{name} {array.dtype} {list(array.shape)}\n{array}")
         return 0
-    head = meta["edged"].get("head")
-    postprocessor = Postprocessor(PostprocessConfig(**post), Path("."),
-                                  Head(**head) if head else None)
-    results = published(postprocessor(result.outputs, image[1] if image is not None else None))
+    results = _results(meta, result.outputs, image)
     for line in describe_results(results, framed=image is not None):
         print(line)
     if args.output is not None:
-        if image is None or "detections" not in results:
+        if image is None or not {"detections", "segments"} & set(results):
             raise InvalidInput("--output draws detections on the input image: give an image "
                                "to a detect model")
-        write_drawing(args.output, image[0], results["detections"])
+        write_drawing(args.output, image[0], results.get("detections", []),
+                      results.get("segments", []))
         print(f"drawn: {args.output}")
     return 0
+
+
+# The tasks `edged infer` reads the outputs of (else it prints the tensors).
+MEANT = ("classify", "text", "semantic", *BOXED_TASKS)
+
+
+def _results(meta: dict[str, Any], outputs: dict[str, np.ndarray],
+             image: tuple[np.ndarray, Geometry] | None) -> dict[str, Any]:
+    """The outputs post-processed as the model's config says, in their published form."""
+    head = meta["edged"].get("head")
+    postprocessor = Postprocessor(PostprocessConfig(**meta["edged"]["postprocess"]), Path("."),
+                                  Head(**head) if head else None)
+    return published(postprocessor(outputs, image[1] if image is not None else None))
 
 
 def describe_results(results: dict[str, Any], *, framed: bool) -> list[str]:
     """A person's reading of post-processed results: one line a class or a detection."""
     if "classes" in results:
         return [f"  {c['label']:<20} {c['score']:.4f}" for c in results["classes"]]
+    if "text" in results:
+        return [f"  {results['text']['text']!r} {results['text']['score']:.4f}"]
+    if "segments" in results:
+        return [f"  {s['label']:<20} {s['area']:.4f} of the picture, "
+                f"{len(s['polygons'])} region(s)" for s in results["segments"]]
     detections = results["detections"]
     where = "image pixels" if framed else "input-tensor pixels"
     lines = [f"  {len(detections)} detection(s), boxes x1,y1,x2,y2 in {where}"]
     for d in detections:
         box = ", ".join(f"{v:.0f}" for v in d["box"])
-        lines.append(f"  {d['label']:<20} {d['score']:.3f}  [{box}]")
+        more = ""
+        if "mask" in d:
+            more += f"  mask of {len(d['mask'])} points"
+        if "text" in d:
+            more += f"  text {d['text']!r} {d['text_score']:.3f}"
+        if "keypoints" in d:
+            sure = sum(1 for p in d["keypoints"].values() if len(p) < 3 or p[2] >= 0.5)
+            more += f"  {sure}/{len(d['keypoints'])} keypoints"
+        lines.append(f"  {d['label']:<20} {d['score']:.3f}  [{box}]{more}")
     return lines
 
 
-def write_drawing(path: Path, frame: np.ndarray, detections: list[dict[str, Any]]) -> None:
+def write_drawing(path: Path, frame: np.ndarray, detections: list[dict[str, Any]],
+                  regions: list[dict[str, Any]] | None = None) -> None:
     import cv2
 
-    drawn = frame.copy()
+    from edged.processing.draw import Overlay, annotate
+
+    drawn = annotate(frame, Overlay(
+        masks=[(d["label"], d["mask"]) for d in detections if d.get("mask")]
+        + [(s["label"], p) for s in regions or () for p in s["polygons"]],
+        poses=[(d["label"], d["keypoints"]) for d in detections if d.get("keypoints")]))
     for d in detections:
         x1, y1, x2, y2 = (round(v) for v in d["box"])
         cv2.rectangle(drawn, (x1, y1), (x2, y2), (0, 255, 0), 2)

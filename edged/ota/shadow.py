@@ -29,6 +29,7 @@ from edged.ota.manifest import Manifest
 from edged.ota.rollout import bounds_for, judge
 from edged.processing.agreement import Agreement, classify_output
 from edged.processing.post import Postprocessor
+from edged.tasks import BOXED_TASKS
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +42,10 @@ LATENCY_WINDOW = 2048  # the candidate's last run times kept for its p50/p99
 
 
 def kind_of(model: ModelVersion) -> str:
-    """classify, detect or raw: which agreement a shadow of `model` is judged by."""
+    """classify, detect or raw: which agreement a shadow of `model` is judged by (segment and
+    pose models by their boxes, as detectors)."""
     post = model.config.postprocess
-    if post is not None and post.kind == "detect" and model.max_batch_size > 0:
+    if post is not None and post.kind in BOXED_TASKS and model.max_batch_size > 0:
         return "detect"
     return "classify" if classify_output(model) is not None else "raw"
 

@@ -8,7 +8,7 @@ boxes are normalised (`Candidates.normalized`); `post._to_frame` maps them into 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,16 +26,28 @@ class Candidates:
     scores: np.ndarray  # [K] float32, all >= the threshold
     classes: np.ndarray  # [K] int64
     normalized: bool  # boxes are 0..1 of the input tensor
+    # [K] the candidates' rows in a YOLO table (where a head's `extra` columns are read);
+    # None for other heads
+    index: np.ndarray | None = None
+    # [K, 2P] a landmark head's points (x, y in input pixels), decoded against its priors
+    points: np.ndarray | None = None
 
 
 def decode(head: Head, outputs: Mapping[str, np.ndarray], score_threshold: float,
-           top_k: int) -> Candidates:
+           top_k: int, size: tuple[int, int] | None = None) -> Candidates:
     """The candidates of one image (a batch of one) scoring at least `score_threshold`, at most
-    `top_k` of them (the best)."""
-    if head.format == "yolov8":
-        boxes, scores, classes = _yolov8(_table(head, outputs), head, score_threshold, top_k)
+    `top_k` of them (the best). `size`: the input tensor's (width, height), which a head over
+    prior boxes needs when its input size is not fixed."""
+    index = points = None
+    if head.format == "priorbox":
+        boxes, scores, classes, points = _priorbox(head, outputs, score_threshold, top_k,
+                                                   size or head.grid)
+    elif head.format == "yolov8":
+        boxes, scores, classes, index = _yolov8(_table(head, outputs), head, score_threshold,
+                                                top_k)
     elif head.format == "yolov5":
-        boxes, scores, classes = _yolov5(_table(head, outputs), head, score_threshold, top_k)
+        boxes, scores, classes, index = _yolov5(_table(head, outputs), head, score_threshold,
+                                                top_k)
     elif head.format == "yolox":
         boxes, scores, classes = _yolox(_table(head, outputs), head, score_threshold, top_k)
     elif head.format == "end2end":
@@ -49,10 +61,22 @@ def decode(head: Head, outputs: Mapping[str, np.ndarray], score_threshold: float
     if normalized is None:  # the head does not say: 0..1 boxes stay within the unit square
         normalized = not boxes.size or float(np.abs(boxes).max()) <= NORMALIZED_LIMIT
     return Candidates(boxes, scores.astype(np.float32, copy=False),
-                      classes.astype(np.int64, copy=False), normalized)
+                      classes.astype(np.int64, copy=False), normalized, index, points)
 
 
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes as encoded, scores, classes
+
+
+def extra_values(head: Head, outputs: Mapping[str, np.ndarray],
+                 index: np.ndarray) -> np.ndarray:
+    """[K, head.extra]: the values after the class scores (mask coefficients, keypoints) of
+    the YOLO table's candidates at `index` (`Candidates.index`), float32."""
+    if not head.extra:
+        return np.zeros((len(index), 0), np.float32)
+    table = _table(head, outputs)
+    if head.transposed:
+        return np.ascontiguousarray(table[-head.extra:, index].T)
+    return np.ascontiguousarray(table[index, -head.extra:])
 
 
 def _output(outputs: Mapping[str, np.ndarray], name: str | None) -> np.ndarray:
@@ -80,37 +104,44 @@ def _best(keep: np.ndarray, scores: np.ndarray, top_k: int) -> np.ndarray:
     return best
 
 
-def _yolov8(table: np.ndarray, head: Head, threshold: float, top_k: int) -> Decoded:
-    """[4+C, N] (transposed) or [N, 4+C]: box, then class scores; no objectness."""
-    if (table.shape[0] if head.transposed else table.shape[1]) <= 4:
-        raise InvalidModel(f"detect/yolov8: expected [4+classes, N], got {table.shape}")
+def _yolov8(table: np.ndarray, head: Head, threshold: float, top_k: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[4+C(+E), N] (transposed) or [N, 4+C(+E)]: box, then class scores (then the head's
+    `extra` values: not scores); no objectness. Also the kept candidates' indices."""
+    width = table.shape[0] if head.transposed else table.shape[1]
+    end = width - head.extra
+    if end <= 4:
+        raise InvalidModel(f"detect/yolov8: expected [4+classes{'+' if head.extra else ''}"
+                           f"{head.extra or ''}, N], got {table.shape}")
     if head.transposed:  # reduce over the class rows: contiguous, no transposed copy
-        class_scores = table[4:]
+        class_scores = table[4:end]
         best = class_scores.max(axis=0)
         keep = _best(np.flatnonzero(best >= threshold), best, top_k)
-        return table[:4, keep].T, best[keep], class_scores[:, keep].argmax(axis=0)
-    class_scores = table[:, 4:]
+        return table[:4, keep].T, best[keep], class_scores[:, keep].argmax(axis=0), keep
+    class_scores = table[:, 4:end]
     best = class_scores.max(axis=1)
     keep = _best(np.flatnonzero(best >= threshold), best, top_k)
-    return table[keep, :4], best[keep], class_scores[keep].argmax(axis=1)
+    return table[keep, :4], best[keep], class_scores[keep].argmax(axis=1), keep
 
 
-def _yolov5(table: np.ndarray, head: Head, threshold: float, top_k: int) -> Decoded:
-    """[N, 5+C]: box, objectness, class scores; the score is objectness x class score."""
+def _yolov5(table: np.ndarray, head: Head, threshold: float, top_k: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[N, 5+C(+E)]: box, objectness, class scores (then `extra` values); the score is
+    objectness x class score."""
     rows = table.T if head.transposed else table
-    if rows.shape[1] <= 5:
+    if rows.shape[1] - head.extra <= 5:
         raise InvalidModel(f"detect/yolov5: expected [N, 5+classes], got {table.shape}")
-    keep, scores, classes = _objectness_rows(rows, threshold, top_k)
-    return rows[keep, :4], scores, classes
+    keep, scores, classes = _objectness_rows(rows, threshold, top_k, head.extra)
+    return rows[keep, :4], scores, classes, keep
 
 
-def _objectness_rows(rows: np.ndarray, threshold: float, top_k: int
+def _objectness_rows(rows: np.ndarray, threshold: float, top_k: int, extra: int = 0
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices, scores and classes of the rows whose objectness x class score reaches the
     threshold (the top_k best). Rows whose objectness is under it cannot (class scores are
     <= 1): they are never multiplied out."""
     likely = np.flatnonzero(rows[:, 4] >= threshold)
-    class_scores = rows[likely, 5:] * rows[likely, 4:5]
+    class_scores = rows[likely, 5:rows.shape[1] - extra] * rows[likely, 4:5]
     classes = class_scores.argmax(axis=1)
     scores = class_scores[np.arange(len(likely)), classes]
     keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
@@ -219,6 +250,62 @@ def _ssd(head: Head, outputs: Mapping[str, np.ndarray], threshold: float,
         boxes, scores, classes = (a[:max(0, real)] for a in (boxes, scores, classes))
     keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
     return boxes[keep], scores[keep], classes[keep]
+
+
+def _priorbox(head: Head, outputs: Mapping[str, np.ndarray], threshold: float, top_k: int,
+              size: tuple[int, int] | None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """RetinaFace's decode (Pytorch_Retinaface's `decode`, `decode_landm`): the centre moved by
+    loc * variance[0] * the prior's size, the size scaled by exp(loc * variance[1]); each
+    landmark moved from the prior's centre likewise; the score is conf[:, 1]. Boxes x1, y1,
+    x2, y2 and points in input pixels."""
+    if size is None:
+        raise InvalidModel("detect/priorbox: its prior boxes need the input's size, and the "
+                           "input has no fixed one: set preprocess.resize, or send an image")
+    loc = _output(outputs, head.boxes).reshape(-1, 4).astype(np.float32, copy=False)
+    conf = _output(outputs, head.scores).reshape(len(loc), -1)
+    marks = _output(outputs, head.landmarks).reshape(len(loc), -1)
+    priors = prior_boxes(size, head.prior_sizes, head.prior_steps)
+    if len(priors) != len(loc):
+        raise InvalidModel(f"detect/priorbox: {len(loc)} rows, but a {size[0]}x{size[1]} input "
+                           f"has {len(priors)} priors at steps {list(head.prior_steps)}")
+    scores = conf[:, 1].astype(np.float32, copy=False)
+    keep = _best(np.flatnonzero(scores >= threshold), scores, top_k)
+    prior = priors[keep]
+    near, far = head.variance
+    scale = np.array(size, np.float32)
+    centre = prior[:, :2] + loc[keep, :2] * near * prior[:, 2:]
+    half = prior[:, 2:] * np.exp(loc[keep, 2:] * far) / 2
+    boxes = np.concatenate([centre - half, centre + half], axis=1) * np.tile(scale, 2)
+    points = marks[keep].reshape(len(keep), marks.shape[1] // 2, 2).astype(np.float32)
+    points = (prior[:, None, :2] + points * near * prior[:, None, 2:]) * scale
+    return (boxes, scores[keep], np.zeros(len(keep), np.int64),
+            points.reshape(len(keep), marks.shape[1]))
+
+
+_PRIORS: dict[tuple[object, ...], np.ndarray] = {}
+
+
+def prior_boxes(size: tuple[int, int], sizes: Sequence[Sequence[float]],
+                steps: Sequence[int]) -> np.ndarray:
+    """[N, 4] cx, cy, w, h (0..1 of the input) of RetinaFace's PriorBox for an input (width,
+    height): per step, per cell row by row, per size; cached per input size."""
+    key = (*size, tuple(map(tuple, sizes)), tuple(steps))
+    if key not in _PRIORS:
+        width, height = size
+        levels = []
+        for step, level_sizes in zip(steps, sizes, strict=True):
+            rows, cols = -(-height // step), -(-width // step)
+            ys, xs = np.mgrid[0:rows, 0:cols]
+            cells = np.stack([(xs + 0.5) * step / width, (ys + 0.5) * step / height],
+                             axis=-1).reshape(-1, 1, 2)
+            wh = np.array([[s / width, s / height] for s in level_sizes])[None]
+            levels.append(np.concatenate(np.broadcast_arrays(cells, wh), axis=-1)
+                          .reshape(-1, 4))
+        if len(_PRIORS) > 16:  # a camera has one size; a caller sending many is bounded
+            _PRIORS.clear()
+        _PRIORS[key] = np.concatenate(levels).astype(np.float32)
+    return _PRIORS[key]
 
 
 def _to_xyxy(boxes: np.ndarray, encoding: str) -> np.ndarray:

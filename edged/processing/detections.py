@@ -20,7 +20,10 @@ class Detections:
     """N detections. `boxes` [N, 4] x1, y1, x2, y2 (frame pixels once mapped), `scores` [N],
     `classes` [N] (the model's class index), `labels` [N]; a cascade adds `sub_labels` (with
     their scores) or `attributes` per detection, tracking the object `ids` (not published with
-    the frame's results)."""
+    the frame's results). Tasks add columns: a segment model's `masks` (each the object's
+    outer contour, a polygon [[x, y], ...] in frame pixels), a pose model's `keypoints`
+    ({name: [x, y, score]} in frame pixels), a text cascade's `texts` (with their scores);
+    None where a detection has none."""
 
     boxes: np.ndarray
     scores: np.ndarray
@@ -30,13 +33,18 @@ class Detections:
     sub_label_scores: list[float | None] = field(default_factory=list)
     attributes: list[dict[str, Any] | None] = field(default_factory=list)
     ids: list[str | None] = field(default_factory=list)
+    masks: list[list[list[float]] | None] = field(default_factory=list)
+    keypoints: list[dict[str, list[float]] | None] = field(default_factory=list)
+    texts: list[str | None] = field(default_factory=list)  # a text cascade's reading
+    text_scores: list[float | None] = field(default_factory=list)
     # Per detection: its attributes came before its sub_label (the cascades' order), so that
     # its row keeps the key order a subscriber saw when rows were dicts filled in place.
     _attributes_first: list[bool] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.labels)
-        for name in ("sub_labels", "sub_label_scores", "attributes", "ids"):
+        for name in ("sub_labels", "sub_label_scores", "attributes", "ids", "masks",
+                     "keypoints", "texts", "text_scores"):
             if not getattr(self, name):
                 setattr(self, name, [None] * n)
         if not self._attributes_first:
@@ -63,6 +71,12 @@ class Detections:
             keys = list(row)
             if "sub_label" in row:
                 found.set_sub_label(i, row["sub_label"], row.get("sub_label_score"))
+            if "mask" in row:
+                found.masks[i] = row["mask"]
+            if "keypoints" in row:
+                found.keypoints[i] = row["keypoints"]
+            if "text" in row:
+                found.set_text(i, row["text"], row.get("text_score"))
             for model, results in (row.get("attributes") or {}).items():
                 found.add_attributes(i, model, results)
             if "attributes" in row and "sub_label" in row:
@@ -83,11 +97,17 @@ class Detections:
                           [self.sub_labels[i] for i in rows],
                           [self.sub_label_scores[i] for i in rows],
                           [self.attributes[i] for i in rows], [self.ids[i] for i in rows],
+                          [self.masks[i] for i in rows], [self.keypoints[i] for i in rows],
+                          [self.texts[i] for i in rows], [self.text_scores[i] for i in rows],
                           [self._attributes_first[i] for i in rows])
 
     def set_sub_label(self, i: int, label: str, score: float | None) -> None:
         self.sub_labels[i] = label
         self.sub_label_scores[i] = score
+
+    def set_text(self, i: int, text: str, score: float | None) -> None:
+        self.texts[i] = text
+        self.text_scores[i] = score
 
     def add_attributes(self, i: int, model: str, results: Mapping[str, Any]) -> None:
         """A secondary model's results on detection `i`, under the model's name."""
@@ -105,6 +125,13 @@ class Detections:
                 self.classes.tolist(), self.labels, self.scores.tolist(),
                 self.boxes.tolist(), strict=True)):
             row: dict[str, Any] = {"class": c, "label": label, "score": score, "box": box}
+            if self.masks[i] is not None:
+                row["mask"] = self.masks[i]
+            if self.keypoints[i] is not None:
+                row["keypoints"] = self.keypoints[i]
+            if self.texts[i] is not None:
+                row["text"] = self.texts[i]
+                row["text_score"] = self.text_scores[i]
             attributes, sub_label = self.attributes[i], self.sub_labels[i]
             if attributes is not None and self._attributes_first[i]:
                 row["attributes"] = attributes

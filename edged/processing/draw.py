@@ -1,6 +1,8 @@
 """What a person sees of a stream: a frame with the model's boxes (label, score, object id,
-sub_label), the zones and lines as configured, and the stream's state in a corner, drawn onto
-a scaled copy (the frame itself is never written to: the pipeline may still be reading it).
+sub_label), a segment model's masks (tinted, outlined) and a pose model's keypoints (points
+and, for COCO's 17, the skeleton), the zones and lines as configured, and the stream's state
+in a corner, drawn onto a scaled copy (the frame itself is never written to: the pipeline may
+still be reading it).
 
 Pure functions over plain data: the live view (`edged/streams/live.py`) calls them when
 someone asks for a picture, never per processed frame."""
@@ -8,10 +10,12 @@ someone asks for a picture, never per processed frame."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from edged.tasks.keypoints import COCO_KEYPOINTS, COCO_SKELETON
 
 Point = Sequence[float]
 
@@ -32,6 +36,8 @@ LINE_COLOUR = (60, 20, 220)  # crimson
 TEXT_COLOUR = (255, 255, 255)
 PANEL_COLOUR = (0, 0, 0)
 ZONE_FILL_ALPHA = 0.18
+MASK_FILL_ALPHA = 0.4
+KEYPOINT_MIN_SCORE = 0.5  # Ultralytics draws the points it is at least this sure of
 JPEG_QUALITY = 80
 
 
@@ -56,6 +62,9 @@ class Overlay:
     zones: Sequence[tuple[str, Sequence[Point]]] = ()
     lines: Sequence[tuple[str, Sequence[Point]]] = ()
     corner: Sequence[str] = field(default_factory=tuple)
+    # (label, polygon in frame pixels) per mask; (label, {name: [x, y(, score)]}) per pose
+    masks: Sequence[tuple[str, Sequence[Point]]] = ()
+    poses: Sequence[tuple[str, Mapping[str, Sequence[float]]]] = ()
 
 
 def colour_of(label: str) -> tuple[int, int, int]:
@@ -87,8 +96,12 @@ def annotate(frame: np.ndarray, overlay: Overlay, height: int | None = None) -> 
     font = max(0.35, min(out.shape[:2]) / 640)
     if overlay.zones:
         _zones(out, overlay.zones, scale, thickness, font)
+    if overlay.masks:
+        _masks(out, overlay.masks, scale, thickness)
     for name, points in overlay.lines:
         _line(out, name, points, scale, thickness, font)
+    for label, named in overlay.poses:
+        _pose(out, label, named, scale, thickness)
     for box in overlay.boxes:
         _box(out, box, scale, thickness, font)
     if overlay.corner:
@@ -132,6 +145,40 @@ def _zones(out: np.ndarray, zones: Sequence[tuple[str, Sequence[Point]]], scale:
         x, y = polygon.reshape(-1, 2).min(axis=0)[0], polygon.reshape(-1, 2).max(axis=0)[1]
         _label(out, f"zone {name}", (int(x) + thickness, int(y) - thickness), ZONE_COLOUR,
                font, below=False)
+
+
+def _masks(out: np.ndarray, masks: Sequence[tuple[str, Sequence[Point]]], scale: float,
+           thickness: int) -> None:
+    """Each mask tinted in its label's colour, and outlined."""
+    import cv2
+
+    drawn = [(label, _pixels(points, scale)) for label, points in masks if len(points) >= 3]
+    if not drawn:
+        return
+    tinted = out.copy()
+    for label, polygon in drawn:
+        cv2.fillPoly(tinted, [polygon], colour_of(label))
+    cv2.addWeighted(tinted, MASK_FILL_ALPHA, out, 1 - MASK_FILL_ALPHA, 0, dst=out)
+    for label, polygon in drawn:
+        cv2.polylines(out, [polygon], True, colour_of(label), max(1, thickness - 1),
+                      cv2.LINE_AA)
+
+
+def _pose(out: np.ndarray, label: str, points: Mapping[str, Sequence[float]], scale: float,
+          thickness: int) -> None:
+    """The points a model is sure of as dots; COCO's skeleton between them."""
+    import cv2
+
+    colour = colour_of(label)
+    sure = {name: (round(p[0] * scale), round(p[1] * scale)) for name, p in points.items()
+            if len(p) < 3 or p[2] >= KEYPOINT_MIN_SCORE}
+    if tuple(points) == COCO_KEYPOINTS:
+        for a, b in COCO_SKELETON:
+            ends = sure.get(COCO_KEYPOINTS[a]), sure.get(COCO_KEYPOINTS[b])
+            if ends[0] is not None and ends[1] is not None:
+                cv2.line(out, ends[0], ends[1], colour, thickness, cv2.LINE_AA)
+    for at in sure.values():
+        cv2.circle(out, at, thickness + 2, LINE_COLOUR, cv2.FILLED, cv2.LINE_AA)
 
 
 def _line(out: np.ndarray, name: str, points: Sequence[Point], scale: float, thickness: int,

@@ -1,7 +1,8 @@
 """Outputs → results a subscriber can use: top-k classes with labels, detections (the head's
 candidates decoded by `decode.py`, per-class NMS where the head needs it, boxes mapped back to
-frame pixels), or raw tensors (small ones in full, larger ones summarised: a result message
-must not carry a 640x640 map)."""
+frame pixels; a segment or pose task's masks and keypoints as columns beside them, decoded by
+`edged.tasks` for the kept detections only), or raw tensors (small ones in full, larger ones
+summarised: a result message must not carry a 640x640 map)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ from edged.model.config import PostprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.tensor import TensorSpec
 from edged.processing.boxes import nms, to_frame
-from edged.processing.decode import decode
+from edged.processing.decode import decode, extra_values
 from edged.processing.detections import Detections
 from edged.processing.pre import Geometry
+from edged.tasks.keypoints import keypoints, point_names
+from edged.tasks.recognise import layout
+from edged.tasks.segment import check_proto, mask_polygons
+from edged.tasks.semantic import class_ids, segments
+from edged.tasks.text import ctc_decode
 
 Results = dict[str, Any]
 
@@ -47,9 +53,15 @@ class Postprocessor:
     def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None) -> Results:
         if self.cfg.kind == "classify":
             return {"classes": classify(self._first(outputs), self.cfg.top_k, self.labels)}
-        if self.cfg.kind == "detect":
+        if self.cfg.kind == "semantic":
+            return {"segments": segments(class_ids(self._first(outputs)), self.labels,
+                                         geometry, self.cfg.mask_points)}
+        if self.cfg.kind == "text":
+            text, score = ctc_decode(self._first(outputs), self.labels)[0]
+            return {"text": {"text": text, "score": round(score, 5)}}
+        if self.cfg.kind in ("detect", "segment", "pose"):
             if self.head is None:
-                self.head = choose_head(specs_of(outputs), None, self.cfg)
+                self.head = head_of(outputs, self.cfg)
             return {"detections": detect(outputs, self.cfg, geometry, self.labels, self.head)}
         return {"outputs": raw(outputs, self.cfg.max_values)}
 
@@ -76,20 +88,37 @@ def classify(scores: np.ndarray, top_k: int, labels: Sequence[str]) -> list[dict
             for i in best]
 
 
+def head_of(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig) -> Head:
+    """The head told from the arrays' shapes and `cfg` (a segment or pose task's table with
+    its extra columns), for post-processing made without the model's version."""
+    specs = specs_of(outputs)
+    if cfg.kind == "segment" or (cfg.kind == "pose" and len(specs) == 1):
+        parts = layout(cfg.kind, specs, False, proto=cfg.proto, kpt_shape=cfg.kpt_shape)
+        table = tuple(spec for spec in specs if spec.name == parts.table)
+        return choose_head(table, None, cfg, extra=parts.extra)
+    return choose_head(specs, None, cfg)
+
+
 def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
            geometry: Geometry | None, labels: Sequence[str],
            head: Head | None = None) -> Detections:
     """Detections of one frame: the head's candidates above the threshold, mapped into the
-    frame, suppressed per class (NMS-free heads skip that), best first. Without a `head` (as
-    the model's version carries one) it is told from the arrays' shapes and `cfg`."""
-    head = head or choose_head(specs_of(outputs), None, cfg)
-    found = decode(head, outputs, cfg.score_threshold, cfg.pre_nms_top_k)
+    frame, suppressed per class (NMS-free heads skip that), best first; with a segment or
+    pose task's masks or keypoints. Without a `head` (as the model's version carries one) it
+    is told from the arrays' shapes and `cfg`."""
+    head = head or head_of(outputs, cfg)
+    found = decode(head, outputs, cfg.score_threshold, cfg.pre_nms_top_k,
+                   geometry.tensor_size if geometry is not None else None)
     boxes, scores, classes = found.boxes, found.scores, found.classes
+    index, tensor_boxes, points = found.index, found.boxes, found.points
     if geometry is not None:
         boxes = to_frame(boxes, geometry, found.normalized)
     seen = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     if not seen.all():  # boxes wholly in the letterbox bars (or inside out) show nothing
         boxes, scores, classes = boxes[seen], scores[seen], classes[seen]
+        tensor_boxes = tensor_boxes[seen]
+        index = index[seen] if index is not None else None
+        points = points[seen] if points is not None else None
     if head.nms:
         chosen = nms(boxes, scores, classes, cfg.iou_threshold)[:cfg.max_detections]
     else:
@@ -98,9 +127,39 @@ def detect(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig,
     # as published, so that every stage sees what subscribers see.
     found_classes = classes[chosen].tolist()
     base = _label_base(head, labels)
-    return Detections.of([[round(v, 2) for v in box] for box in boxes[chosen].tolist()],
-                         [round(score, 5) for score in scores[chosen].tolist()],
-                         found_classes, [_label(labels, c - base) for c in found_classes])
+    detections = Detections.of([[round(v, 2) for v in box] for box in boxes[chosen].tolist()],
+                               [round(score, 5) for score in scores[chosen].tolist()],
+                               found_classes, [_label(labels, c - base) for c in found_classes])
+    if points is not None and cfg.kind == "pose":  # a landmark head's points
+        names = point_names(points.shape[1] // 2, cfg.keypoint_names)
+        detections.keypoints = list(keypoints(points[chosen], (len(names), 2), names,
+                                              geometry))
+    elif head.extra and index is not None and cfg.kind in ("segment", "pose"):
+        values = extra_values(head, outputs, index[chosen])
+        if cfg.kind == "segment":
+            proto = check_proto(_proto(outputs, cfg, head), head.extra)
+            detections.masks = list(mask_polygons(proto, values, tensor_boxes[chosen], geometry,
+                                                  cfg.mask_threshold, cfg.mask_points))
+        else:
+            shape = cfg.kpt_shape or []
+            names = point_names(shape[0], cfg.keypoint_names) if shape else []
+            detections.keypoints = list(keypoints(values, shape, names, geometry))
+    return detections
+
+
+def _proto(outputs: Mapping[str, np.ndarray], cfg: PostprocessConfig, head: Head) -> np.ndarray:
+    """The segment task's prototypes: the output `cfg.proto` names, else the one beside the
+    table."""
+    if cfg.proto is not None:
+        if cfg.proto not in outputs:
+            raise InvalidModel(f"segment: output {cfg.proto!r} is missing (got "
+                               f"{', '.join(outputs)})")
+        return outputs[cfg.proto]
+    rest = [a for name, a in outputs.items() if name != head.table]
+    if len(rest) != 1:
+        raise InvalidModel(f"segment: expected one prototypes output beside {head.table}, got "
+                           f"{', '.join(outputs)}")
+    return rest[0]
 
 
 BACKGROUND = {"???", "background", "__background__", "bg"}

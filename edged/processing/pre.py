@@ -41,6 +41,7 @@ class Geometry:
     pad_x: int
     pad_y: int
     frame_size: tuple[int, int]  # width, height
+    tensor_size: tuple[int, int] | None = None  # the input tensor's width, height
 
 
 def image_preprocess(cfg: PreprocessConfig | None, model: str, spec: TensorSpec,
@@ -165,10 +166,11 @@ def preprocess(frame: np.ndarray, cfg: PreprocessConfig, spec: TensorSpec,
         region = image[pad_y:pad_y + new_h, pad_x:pad_x + new_w]
         # Boxes go back through the ratio, as the exporters' own code maps them (Ultralytics'
         # scale_boxes, YOLOX's demo), not through the whole-pixel size.
-        geometry = Geometry(ratio, ratio, pad_x, pad_y, (frame_w, frame_h))
+        geometry = Geometry(ratio, ratio, pad_x, pad_y, (frame_w, frame_h), (width, height))
     else:
         new_w, new_h, region = width, height, image
-        geometry = Geometry(width / frame_w, height / frame_h, 0, 0, (frame_w, frame_h))
+        geometry = Geometry(width / frame_w, height / frame_h, 0, 0, (frame_w, frame_h),
+                            (width, height))
     resized = _resize(frame, new_w, new_h, cfg.interpolation)
     if out.dtype == np.float32 and cfg.layout == "nchw" and resized.dtype == np.uint8:
         for c, plane in enumerate(_planes(resized, cfg.color)):

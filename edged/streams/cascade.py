@@ -2,8 +2,9 @@
 Frigate's sub-labels). For each frame, the best-scoring detections of the chosen labels are
 cropped with a margin, pre-processed into the cascade's own pooled batch and run through the
 scheduler as one request (or as few as the model's batch limit allows); a classify model's
-top label lands on each detection as `sub_label` (with `sub_label_score`), any other model's
-results under `attributes.<model>`."""
+top label lands on each detection as `sub_label` (with `sub_label_score`), a text
+recogniser's reading as `text` (with `text_score`), any other model's results under
+`attributes.<model>`."""
 
 from __future__ import annotations
 
@@ -127,6 +128,10 @@ def check_model(cfg: SecondaryConfig, model: ModelVersion) -> None:
         raise InvalidModel(f"secondary model {model.label} is not a classify model "
                            f"(postprocess.kind: {post.kind}): use `as: attributes`, or give it "
                            "postprocess: {kind: classify}")
+    if cfg.as_ == "text" and post.kind != "text":
+        raise InvalidModel(f"secondary model {model.label} is not a text recogniser "
+                           f"(postprocess.kind: {post.kind}): use `as: attributes`, or give it "
+                           "postprocess: {kind: text} and its character set")
     if pre is None:
         raise InvalidModel(f"secondary model {model.label} has no known pre-processing for its "
                            "crops: set `preprocess:` in its model.yaml")
@@ -153,6 +158,9 @@ def annotate(detections: Detections, index: int, cfg: SecondaryConfig, model: st
     if cfg.as_ == "sub_label":
         best = results["classes"][0]
         detections.set_sub_label(index, best["label"], round(float(best["score"]), 5))
+    elif cfg.as_ == "text":
+        read = results["text"]
+        detections.set_text(index, read["text"], read["score"])
     else:
         detections.add_attributes(index, model, published(results))
 

@@ -153,6 +153,7 @@ class LiveView:
         try:
             started = self.clock()
             overlay = Overlay() if raw else Overlay(boxes=boxes_of(seen), zones=self.zones,
+                                                    masks=masks_of(seen), poses=poses_of(seen),
                                                     lines=self.lines, corner=self._corner(seen))
             picture = Picture(seen.seq, seen.captured,
                               encode_jpeg(annotate(seen.frame, overlay, height)))
@@ -210,8 +211,36 @@ def boxes_of(seen: Seen) -> list[Box]:
                 found.sub_labels, strict=True)]
 
 
+def masks_of(seen: Seen) -> list[tuple[str, list[list[float]]]]:
+    """A segment model's masks in the frame, a semantic model's regions: (label, polygon)."""
+    regions = seen.results.get("segments")
+    if isinstance(regions, list):
+        return [(s["label"], polygon) for s in regions for polygon in s["polygons"]]
+    found = seen.results.get("detections")
+    if not isinstance(found, Detections):
+        return []
+    return [(label, mask) for label, mask in zip(found.labels, found.masks, strict=True)
+            if mask]
+
+
+def poses_of(seen: Seen) -> list[tuple[str, dict[str, list[float]]]]:
+    """A pose model's keypoints in the frame: (label, {name: [x, y, score]})."""
+    found = seen.results.get("detections")
+    if not isinstance(found, Detections):
+        return []
+    return [(label, points) for label, points in zip(found.labels, found.keypoints,
+                                                     strict=True) if points]
+
+
 def answer_of(results: dict[str, Any]) -> str | None:
-    """A classifier's answer in a few words (`red 1.00`); None for other results."""
+    """A classifier's answer in a few words (`red 1.00`), a text recogniser's reading
+    (`'A12345' 0.98`), a class map's biggest classes (`road 45%`); None for other results."""
+    read = results.get("text")
+    if isinstance(read, dict) and "text" in read:
+        return f"{read['text']!r} {read['score']:.2f}"
+    regions = results.get("segments")
+    if isinstance(regions, list) and regions:
+        return ", ".join(f"{s['label']} {s['area']:.0%}" for s in regions[:3])
     classes = results.get("classes")
     if not classes:
         return None

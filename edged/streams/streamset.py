@@ -30,6 +30,7 @@ from edged.streams.gate import ChangeGate, wanted
 from edged.streams.live import LiveView
 from edged.streams.pipeline import Publish, StreamPipeline
 from edged.streams.stats import StreamStats
+from edged.tasks import BOXED_TASKS
 
 logger = logging.getLogger(__name__)
 
@@ -149,10 +150,10 @@ class StreamSet:
         if not cfg.secondary:
             return []
         kind = (model.config.postprocess or PostprocessConfig()).kind
-        if kind != "detect" or cfg.source.startswith("mqtt://"):
+        if kind not in BOXED_TASKS or cfg.source.startswith("mqtt://"):
             raise InvalidModel(f"stream {cfg.name}: secondary models crop detections, but "
                                f"{model.label} is a {kind} model"
-                               + (" on a sensor stream" if kind == "detect" else ""))
+                               + (" on a sensor stream" if kind in BOXED_TASKS else ""))
         return [Cascade(secondary, self.scheduler, priority=cfg.priority)
                 for secondary in cfg.secondary]
 

@@ -8,7 +8,7 @@
   const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
   const BARE = /^[A-Za-z][A-Za-z0-9_.-]*$/;
   const YAML_WORDS = new Set(["yes", "no", "true", "false", "on", "off", "null"]);
-  const ZONE_DEFAULTS = { anchor: "bottom_center", inertia: 2 };
+  const ZONE_DEFAULTS = { anchor: "bottom_center", inertia: 2, min_overlap: 0.5 };
   const LINE_DEFAULTS = { anchor: "bottom_center" };
   const ZONE_COLOUR = "#00bfff";
   const LINE_COLOUR = "#dc143c";

@@ -120,6 +120,16 @@ def test_bench_differential_when_run_briefly_compares_both_daemons_answers(
     assert r["statuses"].get("200", 0) > 0 and r["statuses"].get("400", 0) > 0
 
 
+def test_bench_masks_when_run_quick_gives_ultralytics_polygons_from_box_windows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["masks", "--quick", "--out", str(tmp_path)]) == 0
+    assert "polygons equal within 1 px: yes" in capsys.readouterr().out
+    results = json.loads((tmp_path / "masks.json").read_text())
+    assert results["kept"] == 20 and results["polygons_equal_1px"]
+    assert results["bounded_points_max"] <= results["mask_points"] < results["points_max"]
+    assert results["ultralytics_ms"] > 0 and results["edged_ms"] > 0
+
+
 def test_bench_post_when_run_quick_keeps_the_same_detections_before_and_after(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert bench(["post", "--quick", "--out", str(tmp_path)]) == 0

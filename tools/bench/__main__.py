@@ -1,6 +1,6 @@
 """Run one benchmark from a source checkout and print its table:
 `python -m tools.bench {core,api,instances,streams,gate,live,ota,quantize,post,events,
-soak,instructions,shmviews,fleet,differential,gpu} [--quick]
+soak,instructions,shmviews,fleet,differential,gpu,masks} [--quick]
 [--out DIR]` (`soak` and `differential` also take `--minutes N`; `differential` `--seed S`;
 `soak` `--plant-leak MB`).
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tools.bench.assets import run_and_report
 
-SUITES = ("core", "api", "instances", "streams", "gate", "live", "ota", "quantize", "post",
+SUITES = ("core", "api", "instances", "streams", "gate", "live", "ota", "quantize", "post", "masks",
           "events", "soak", "instructions", "shmviews", "fleet", "differential",
           "gpu")
 TIMED = ("soak", "differential")  # the suites that take --minutes

@@ -12,6 +12,7 @@ from typing import Any
 
 PPOCR_CLS = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
 PPOCR_DET = "ch_PP-OCRv4_det_infer.onnx"
+PPOCR_REC = "ch_PP-OCRv4_rec_infer.onnx"
 
 
 class AssetMissing(RuntimeError):

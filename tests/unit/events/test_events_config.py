@@ -124,7 +124,7 @@ def test_events_config_when_a_key_is_misspelt_or_bad_names_its_path() -> None:
         "streams[0].track.iou_treshold: unknown key (did you mean 'iou_threshold'?) (line 5)",
         "streams[0].track.min_hits: must be between 1 and 100, got 0 (line 5)",
         "streams[0].zones[0].name: 'a/b' is not a valid name ([A-Za-z0-9_.-]) (line 6)",
-        "streams[0].zones[0].anchor: expected one of 'bottom_center', 'center', got 'top' "
+        "streams[0].zones[0].anchor: expected one of 'bottom_center', 'center', 'mask', got 'top' "
         "(line 6)",
         "streams[0].snapshots.jpeg_quality: must be between 1 and 100, got 101 (line 7)"]
 

@@ -1,0 +1,153 @@
+"""`python -m tools.bench masks`: instance-mask decoding per frame, edged's against Ultralytics'
+own mask path on the same outputs.
+
+A YOLO-seg frame: the table [1, 4+80+32, 8400] of a 640x640 input (a 1920x1080 frame
+letterboxed into it), 20 objects each seen by a cluster of anchors, prototypes [1, 32, 160,
+160] in which each object is an ellipse of its own. "Ultralytics" is its published path,
+`process_mask(..., upsample=True)` (coefficients @ prototypes for the whole map, `crop_mask`,
+bilinear upsampling of each whole mask to 640x640, `> 0`), `masks2segments` (external contours,
+the largest) and `scale_coords`, ported with OpenCV doing the upsampling (the same
+half-pixel bilinear as `F.interpolate(align_corners=False)`, in C as torch's is; torch is not
+installed here). "edged" is `edged.tasks.segment.mask_polygons`: the same masks computed on
+each box's window of prototype cells only. Both take the same kept detections; the polygons
+must be equal within 1 px (with the point bound off: edged's default bound of 64 points then
+simplifies them, timed in its own row). "whole frame" is `edged.processing.post.detect` from
+the raw outputs: decode, NMS and the masks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from edged.model.config import PostprocessConfig
+from edged.model.heads import choose_head
+from edged.model.tensor import TensorSpec
+from edged.processing.boxes import nms, to_frame
+from edged.processing.decode import decode, extra_values
+from edged.processing.post import detect
+from edged.processing.pre import Geometry
+from edged.tasks.segment import mask_polygons
+from tools.bench.post import median_ms
+
+SIZE, CLASSES, MASKS, PROTO = 640, 80, 32, 160
+FRAME = Geometry(1 / 3, 1 / 3, 0, 140, (1920, 1080), (SIZE, SIZE))  # 1080p letterboxed
+OBJECTS = 20
+LABELS = [f"class{i}" for i in range(CLASSES)]
+CELLS = 8400
+
+
+def seg_outputs(rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The raw outputs of one frame, and the objects' true boxes (input pixels)."""
+    table = np.zeros((4 + CLASSES + MASKS, CELLS), np.float32)
+    table[4:4 + CLASSES] = rng.uniform(0, 0.02, (CLASSES, CELLS))
+    table[:4] = rng.uniform(0, SIZE, (4, CELLS)) * [[1], [1], [0.05], [0.05]]
+    protos = rng.normal(0, 0.3, (MASKS, PROTO, PROTO)).astype(np.float32)
+    boxes = []
+    cells = rng.permutation(CELLS)
+    ys, xs = np.mgrid[0:PROTO, 0:PROTO] + 0.5
+    for k in range(OBJECTS):
+        w, h = rng.uniform(40, 200, 2)
+        cx, cy = rng.uniform(w / 2, SIZE - w / 2), rng.uniform(140 + h / 2, 500 - h / 2)
+        boxes.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
+        inside = ((xs * 4 - cx) / (w / 2)) ** 2 + ((ys * 4 - cy) / (h / 2)) ** 2 <= 0.9
+        protos[k % MASKS][inside] += 6.0
+        protos[k % MASKS][~inside] -= 3.0
+        coefficients = np.zeros(MASKS, np.float32)
+        coefficients[k % MASKS] = 1.0
+        cluster = cells[k * 12:(k + 1) * 12]
+        jitter = rng.normal(0, 2, (4, len(cluster)))
+        table[:4, cluster] = np.array([[cx], [cy], [w], [h]]) + jitter
+        table[4 + k % CLASSES, cluster] = np.linspace(0.9, 0.5, len(cluster))
+        table[4 + CLASSES:, cluster] = coefficients[:, None] + rng.normal(0, 0.02,
+                                                                          (MASKS, len(cluster)))
+    return {"output0": table[None], "output1": protos[None]}, np.array(boxes)
+
+
+def ultralytics_polygons(protos: np.ndarray, coefficients: np.ndarray, boxes: np.ndarray
+                         ) -> list[np.ndarray]:
+    """Ultralytics' process_mask (upsample=True) + masks2segments ("largest") + scale_coords,
+    OpenCV upsampling the whole maps."""
+    c, mh, mw = protos.shape
+    masks = (coefficients @ protos.reshape(c, -1)).reshape(-1, mh, mw)
+    down = boxes * [mw / SIZE, mh / SIZE, mw / SIZE, mh / SIZE]
+    r, col = np.arange(mw)[None, None, :], np.arange(mh)[None, :, None]
+    x1, y1, x2, y2 = (down[:, i][:, None, None] for i in range(4))
+    masks = masks * ((r >= x1) * (r < x2) * (col >= y1) * (col < y2))
+    segments = []
+    for mask in masks:
+        up = cv2.resize(mask, (SIZE, SIZE), interpolation=cv2.INTER_LINEAR) > 0.0
+        found = cv2.findContours(up.astype(np.uint8), cv2.RETR_EXTERNAL,
+                                 cv2.CHAIN_APPROX_SIMPLE)[0]
+        points = np.array(found[np.array([len(x) for x in found]).argmax()]).reshape(-1, 2) \
+            if found else np.zeros((0, 2))
+        gain = min(SIZE / 1080, SIZE / 1920)
+        pad = (round((SIZE - 1920 * gain) / 2 - 0.1), round((SIZE - 1080 * gain) / 2 - 0.1))
+        points = (points.astype(np.float64) - pad) / gain
+        points[:, 0] = points[:, 0].clip(0, 1920)
+        points[:, 1] = points[:, 1].clip(0, 1080)
+        segments.append(points)
+    return segments
+
+
+def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
+    del workdir
+    rng = np.random.default_rng(11)
+    repeats = 10 if quick else 200
+    outputs, _ = seg_outputs(rng)
+    cfg = PostprocessConfig(kind="segment", names=LABELS, proto="output1")
+    specs = (TensorSpec("output0", np.dtype(np.float32), outputs["output0"].shape),)
+    head = choose_head(specs, None, cfg, input_size=(SIZE, SIZE), extra=MASKS)
+    # the kept detections, as decode and NMS leave them: their boxes and coefficients
+    found = decode(head, outputs, cfg.score_threshold, cfg.pre_nms_top_k)
+    chosen = nms(to_frame(found.boxes, FRAME, False), found.scores, found.classes,
+                 cfg.iou_threshold)
+    assert found.index is not None
+    boxes = found.boxes[chosen]
+    coefficients = extra_values(head, outputs, found.index[chosen])
+    protos = outputs["output1"][0]
+
+    def edged(points: int) -> list[list[list[float]]]:
+        return mask_polygons(protos, coefficients, boxes, FRAME, 0.5, points)
+
+    theirs = ultralytics_polygons(protos, coefficients, boxes)
+    ours = edged(1 << 16)
+    equal = len(ours) == len(theirs) and all(
+        len(a) == len(b) and (not len(a) or float(np.abs(np.array(a) - b).max()) <= 1.0)
+        for a, b in zip(ours, theirs, strict=True))
+    assert equal, "edged's polygons differ from Ultralytics' by more than 1 px"
+    bounded = edged(cfg.mask_points)
+    ultra_ms = median_ms(lambda: ultralytics_polygons(protos, coefficients, boxes), repeats)
+    edged_ms = median_ms(lambda: edged(1 << 16), repeats)
+    bounded_ms = median_ms(lambda: edged(cfg.mask_points), repeats)
+    frame_ms = median_ms(lambda: detect(outputs, cfg, FRAME, LABELS, head), repeats)
+    box_only = replace(cfg, kind="detect")
+    boxes_ms = median_ms(lambda: detect(outputs, box_only, FRAME, LABELS, head), repeats)
+    return {"frame": "1920x1080 letterboxed into 640x640; protos 32x160x160; 8400 candidates",
+            "kept": len(chosen), "ultralytics_ms": ultra_ms, "edged_ms": edged_ms,
+            "speedup": round(ultra_ms / edged_ms, 1), "polygons_equal_1px": equal,
+            "points_max": max(len(p) for p in ours),
+            "bounded_ms": bounded_ms, "bounded_points_max": max(len(p) for p in bounded),
+            "mask_points": cfg.mask_points, "frame_ms": frame_ms, "boxes_only_ms": boxes_ms}
+
+
+def format_table(results: dict[str, Any]) -> str:
+    r = results
+    return "\n".join([
+        f"instance masks per frame, median ms ({r['frame']}; {r['kept']} objects kept)",
+        f"{'path':<56}{'ms':>8}{'points':>8}",
+        f"{'Ultralytics process_mask + masks2segments (whole maps)':<56}"
+        f"{r['ultralytics_ms']:>8}{r['points_max']:>8}",
+        f"{'edged mask_polygons (box windows), no point bound':<56}{r['edged_ms']:>8}"
+        f"{r['points_max']:>8}",
+        f"{'edged mask_polygons, mask_points ' + str(r['mask_points']):<56}"
+        f"{r['bounded_ms']:>8}{r['bounded_points_max']:>8}",
+        f"{'edged detect: decode + NMS + masks, whole frame':<56}{r['frame_ms']:>8}",
+        f"{'edged detect: decode + NMS, boxes only (same outputs)':<56}"
+        f"{r['boxes_only_ms']:>8}",
+        f"speed-up (masks): {r['speedup']}x; polygons equal within 1 px: "
+        f"{'yes' if r['polygons_equal_1px'] else 'NO'}"])
