@@ -29,6 +29,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "real_models"
@@ -180,7 +181,7 @@ def ensure(cache: Path = CACHE) -> Path:
     return cache
 
 
-def _manifest() -> dict[str, object]:
+def _manifest() -> dict[str, Any]:
     files = [m.name for m in MEMBERS] + [e.file for e in MODELS]
     return {"members": [m.sha256 for m in MEMBERS], "ssd": SSD_SHA256, "files": sorted(files),
             "exports": _exports_version()}

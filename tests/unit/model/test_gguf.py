@@ -115,7 +115,7 @@ def test_repository_when_version_holds_gguf_reads_a_language_model(
 def test_repository_when_gguf_names_another_backend_is_invalid_model(
         gguf: Path, tmp_path: Path) -> None:
     repo = language_repo(tmp_path, gguf, "backend: onnxruntime\n")
-    with pytest.raises(InvalidModel, match="cannot run model.gguf"):
+    with pytest.raises(InvalidModel, match=r"cannot run model\.gguf"):
         repo.get("smol", 1)
 
 
@@ -142,3 +142,16 @@ def test_repository_install_when_gguf_is_not_gguf_refuses_it(
     shutil.copyfile(gguf, stage)
     assert repo.install("smol", 2, {GGUF_FILE: stage}).is_language
     assert repo.versions_on_disk("smol") == [1, 2]
+
+
+def test_check_config_when_a_stream_names_a_language_model_refuses_it(
+        gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edged.cli import main
+
+    language_repo(tmp_path / "models", gguf)
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {tmp_path / 'models'}\nstreams:\n"
+                      "  - {name: s, source: 'mqtt://sensors/s', model: smol}\n")
+    assert main(["check-config", str(config)]) == 1
+    assert ("streams[0].model: smol:1 is a language model (model.gguf): it generates text "
+            "for the API, it takes no frames or tensors (line 3)") in capsys.readouterr().out
