@@ -77,6 +77,11 @@ class Body:
         return self._buffered
 
     @property
+    def connection_gone(self) -> bool:
+        """The client hung up: its connection is lost (a long answer may stop early)."""
+        return getattr(self._connection, "transport", True) is None
+
+    @property
     def ready(self) -> bool:
         """A read would not wait."""
         return bool(self._chunks) or self._done or self._error is not None
