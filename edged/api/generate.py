@@ -92,14 +92,19 @@ async def submit(generations: Generations | None, ask: Ask) -> Generation:
 async def follow(generation: Generation, request: Request) -> AsyncGenerator[Event, None]:
     """The request's events until its Done (an EdgedError is raised); it is cancelled when
     its client is gone, or when the one following it stops (a stream closed)."""
+    started = False
     try:
         while True:
             if request.content.connection_gone:
                 return
-            try:
-                event = await asyncio.wait_for(generation.next(), GONE_POLL_S)
-            except asyncio.TimeoutError:
-                continue
+            if started:  # a piece per token: the client is looked at between them
+                event = await generation.next()
+            else:  # queued, maybe for long: looked at every GONE_POLL_S
+                try:
+                    event = await asyncio.wait_for(generation.next(), GONE_POLL_S)
+                except asyncio.TimeoutError:
+                    continue
+                started = isinstance(event, Started)
             if isinstance(event, EdgedError):
                 raise event
             yield event
