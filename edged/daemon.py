@@ -16,6 +16,7 @@ from typing import Any
 
 from edged import __version__
 from edged.api.remote import RemoteInference
+from edged.api.remote_generate import RemoteGenerate
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.config import DaemonConfig
@@ -141,7 +142,7 @@ class Daemon:
         requests = config.mqtt.requests
         self.requests = (RemoteRequests(self.mqtt, requests, RemoteInference(
             self.scheduler, self.cache, self.api.bodies, requests.max_request_mb * 1024 * 1024,
-            local_dirs=[config.cache.dir]))
+            local_dirs=[config.cache.dir]), generate=RemoteGenerate(self.generations))
             if self.mqtt is not None and requests.enabled else None)
         self.status.requests = self.requests.stats if self.requests is not None else \
             self.status.requests

@@ -191,6 +191,7 @@ class GenerateRoutes:
         return sse_response(parts())
 
     async def _ask(self, request: Request) -> tuple[Ask, dict[str, Any]]:
+        """The route's model and version, and its body as an Ask."""
         name = request.match_info["model"]
         raw_version = request.match_info.get("version")
         version = None
@@ -199,22 +200,28 @@ class GenerateRoutes:
             if version is None or version < 1:
                 raise ModelNotFound(f"invalid version {raw_version[:16]!r}")
         body = await read_json(request, self.bodies)
-        parameters = body.pop("parameters", None) or {}
-        if not isinstance(parameters, dict):
-            raise InvalidInput("parameters must be a JSON object")
-        fields = {**parameters, **body}
-        unknown = sorted(set(fields) - TRITON_FIELDS)
-        if unknown:
-            raise InvalidInput(f"unknown fields {unknown} (a generate request takes "
-                               f"{sorted(TRITON_FIELDS)})")
-        if "text_input" not in fields:
-            raise InvalidInput("a generate request needs text_input (the prompt)")
-        timeout_us = whole(fields, "timeout", 0, 3600 * 10**6)
-        ask = Ask(name, version, prompt=text(fields, "text_input"),
-                  max_tokens=whole(fields, "max_tokens", 1, 1 << 20),
-                  temperature=number(fields, "temperature", 0.8, 0, 2),
-                  top_p=number(fields, "top_p", 0.95, 0, 1),
-                  stop=stops(fields.get("stop") or fields.get("stop_words")),
-                  priority=whole(fields, "priority", 0, 16) or 0,
-                  timeout_s=timeout_us / 1e6 if timeout_us else None)
-        return ask, fields
+        return generate_ask(name, version, body), body
+
+
+def generate_ask(name: str, version: int | None, body: dict[str, Any]) -> Ask:
+    """A Triton generate request's body (the socket's, or an MQTT prompt's) as an Ask."""
+    parameters = body.pop("parameters", None) or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("parameters must be a JSON object")
+    fields = {**parameters, **body}
+    unknown = sorted(set(fields) - TRITON_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown fields {unknown} (a generate request takes "
+                           f"{sorted(TRITON_FIELDS)})")
+    if "text_input" not in fields:
+        raise InvalidInput("a generate request needs text_input (the prompt)")
+    if not isinstance(fields.get("stream", False), bool):
+        raise InvalidInput("stream must be true or false")
+    timeout_us = whole(fields, "timeout", 0, 3600 * 10**6)
+    return Ask(name, version, prompt=text(fields, "text_input"),
+               max_tokens=whole(fields, "max_tokens", 1, 1 << 20),
+               temperature=number(fields, "temperature", 0.8, 0, 2),
+               top_p=number(fields, "top_p", 0.95, 0, 1),
+               stop=stops(fields.get("stop") or fields.get("stop_words")),
+               priority=whole(fields, "priority", 0, 16) or 0,
+               timeout_s=timeout_us / 1e6 if timeout_us else None)

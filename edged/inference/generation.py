@@ -79,14 +79,19 @@ class GenerationCounters:
     tokens: int = 0
 
 
-class Generation:
-    """One request's handle. Events arrive on the loop it was made on, in order; the last is
-    a Done or an EdgedError."""
+Deliver = Callable[[Event], None]
 
-    def __init__(self, ask: Ask, loop: asyncio.AbstractEventLoop) -> None:
+
+class Generation:
+    """One request's handle. Events arrive in order, the last a Done or an EdgedError: on an
+    event loop (`next()`), or handed to a callable on the worker's thread as they happen (an
+    MQTT request's publisher; it must not block)."""
+
+    def __init__(self, ask: Ask, to: asyncio.AbstractEventLoop | Deliver) -> None:
         self.ask = ask
         self.cancelled = threading.Event()
-        self._loop = loop
+        self._loop = to if isinstance(to, asyncio.AbstractEventLoop) else None
+        self._deliver = None if isinstance(to, asyncio.AbstractEventLoop) else to
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._line: _Line | None = None
 
@@ -101,7 +106,14 @@ class Generation:
                 self._line.discard(self)
 
     def _emit(self, event: Event) -> None:
+        if self._deliver is not None:
+            try:
+                self._deliver(event)
+            except Exception:  # the receiver's bug: the worker goes on
+                logger.exception("%s: delivering a generation event failed", self.ask.model)
+            return
         try:
+            assert self._loop is not None
             self._loop.call_soon_threadsafe(self._events.put_nowait, event)
         except RuntimeError:  # its loop is closed: nobody is listening
             pass
@@ -283,16 +295,16 @@ class Generations:
         self.counters: dict[str, GenerationCounters] = {}
         self._closed = False
 
-    def submit(self, ask: Ask, loop: asyncio.AbstractEventLoop) -> Generation:
-        """Queue `ask`. Raises at once what is known at once: an unknown model, one that is
-        not a language model, a full queue, a bad priority, shutting down. Reads the model's
-        config (cached): call it off the event loop."""
+    def submit(self, ask: Ask, to: asyncio.AbstractEventLoop | Deliver) -> Generation:
+        """Queue `ask`, its events to `to` (see Generation). Raises at once what is known at
+        once: an unknown model, one that is not a language model, a full queue, a bad
+        priority, shutting down. Reads the model's config (cached): call it off the loop."""
         model = self.cache.describe(ask.model, ask.version)
         if not model.is_language:
             raise InvalidInput(f"{model.label} is not a language model (its file is "
                                f"{model.model_path.name}): it cannot generate; language "
                                "models are model.gguf files")
-        generation = Generation(ask, loop)
+        generation = Generation(ask, to)
         self._line(ask.model, model.config.llm).put(generation)
         return generation
 
