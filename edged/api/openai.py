@@ -7,6 +7,7 @@ on them: Frigate's GenAI, Home Assistant's) can be pointed at edged: `GET /v1/mo
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -37,7 +38,8 @@ MAX_MESSAGES = 256
 # What OpenAI's API takes and edged does too; then what it takes and edged accepts only at
 # the value that changes nothing (anything else is refused, never silently ignored).
 COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "stop", "stream",
-                    "stream_options", "user", "priority"})
+                    "stream_options", "user", "priority", "response_format"})
+MAX_SCHEMA_BYTES = 64 * 1024
 NEUTRAL: Mapping[str, tuple[Any, ...]] = {"n": (1, None), "presence_penalty": (0, None),
                                           "frequency_penalty": (0, None),
                                           "logprobs": (False, None), "echo": (False, None)}
@@ -179,10 +181,33 @@ def check_fields(body: Mapping[str, Any], own: set[str]) -> None:
 def sampling(body: Mapping[str, Any], *, prompt: str = "",
              messages: list[dict[str, str]] | None = None) -> Ask:
     return Ask(body["model"], None, messages=messages, prompt=prompt,
+               json_schema=json_schema(body.get("response_format")),
                max_tokens=whole(body, "max_tokens", 1, 1 << 20),
                temperature=number(body, "temperature", 1.0, 0, 2),
                top_p=number(body, "top_p", 1.0, 0, 1), stop=stops(body.get("stop")),
                priority=whole(body, "priority", 0, 16) or 0)
+
+
+def json_schema(value: Any) -> str | None:
+    """OpenAI's response_format: text (None), json_object ("{}": any JSON object) or
+    json_schema (its schema, as text, for llama.cpp's grammar)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "{}"
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidInput("response_format.json_schema.schema must be a JSON object")
+        text = json.dumps(schema)
+        if len(text) > MAX_SCHEMA_BYTES:
+            raise InvalidInput(f"response_format's schema is over {MAX_SCHEMA_BYTES} bytes")
+        return text if schema else "{}"
+    raise InvalidInput("response_format.type must be text, json_object or json_schema")
 
 
 def messages(value: Any) -> list[dict[str, str]]:

@@ -104,6 +104,9 @@ class Sampling:
     temperature: float = 0.8  # 0 = greedy: always the likeliest token
     top_p: float = 0.95
     stop: tuple[str, ...] = ()  # the answer ends before the first of these
+    # The answer is JSON: "{}" any JSON object, else this JSON schema (as text) constrains it
+    # (llama.cpp's grammars); None: free text.
+    json_schema: str | None = None
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,12 @@ class LlamaSession:
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompt: Prompt, sampling: Sampling) -> Generator[Piece, None, None]:
         """One Piece per token until the model ends, a stop string comes, `max_tokens` or
-        the context is full. Closing the iterator stops it (before the next token)."""
+        the context is full. Closing the iterator stops it (before the next token). A JSON
+        schema llama.cpp cannot follow is refused here, before any token."""
+        return self._pieces(prompt, sampling, self._grammar(sampling.json_schema))
+
+    def _pieces(self, prompt: Prompt, sampling: Sampling, grammar: Any
+                ) -> Generator[Piece, None, None]:
         room = self.context_length - len(prompt.tokens)
         limit = min(sampling.max_tokens, room)
         stops = tuple(dict.fromkeys(prompt.stop + sampling.stop))
@@ -121,7 +126,8 @@ class LlamaSession:
             return
         tokens = self._llm.generate(list(prompt.tokens), temp=sampling.temperature,
                                     top_p=sampling.top_p, top_k=40, min_p=0.05,
-                                    repeat_penalty=1.0, reset=True)
+                                    repeat_penalty=1.0, reset=True,
+                                    grammar=grammar)
         try:
             for token in tokens:
                 if token == self._eos or self._is_eog(self._vocab, token):
@@ -141,6 +147,20 @@ class LlamaSession:
                 yield Piece(text)
         finally:
             tokens.close()
+
+    def _grammar(self, schema: str | None) -> Any:
+        """llama.cpp's grammar for JSON answers: any object for "{}", else the schema's."""
+        if schema is None:
+            return None
+        from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+        try:
+            if schema == "{}":
+                return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
+            return LlamaGrammar.from_json_schema(schema, verbose=False)
+        except Exception as exc:  # llama.cpp's converter: an unsupported schema
+            raise InvalidInput(f"{self.label}: the JSON schema cannot be made a grammar: "
+                               f"{exc}") from exc
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise InvalidInput(f"{self.label} is a language model: it generates text "

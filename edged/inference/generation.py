@@ -46,6 +46,7 @@ class Ask:
     temperature: float = 0.8
     top_p: float = 0.95
     stop: tuple[str, ...] = ()
+    json_schema: str | None = None  # the answer is JSON: "{}" any object, else this schema
     priority: int = 0  # 1 is the highest; 0 = the model's default
     timeout_s: float | None = None  # the longest wait in the queue; None = the model's
 
@@ -257,10 +258,10 @@ class _Line:
         prompt: Prompt = session.chat(ask.messages) if ask.messages is not None \
             else session.prompt(ask.prompt)
         sampling = Sampling(ask.max_tokens or self.config.max_tokens, ask.temperature,
-                            ask.top_p, ask.stop)
+                            ask.top_p, ask.stop, ask.json_schema)
+        pieces = session.generate(prompt, sampling)  # raises for what it cannot follow
         generation._emit(Started(version, len(prompt.tokens), session.context_length))
         count, reason = 0, "cancelled"
-        pieces = session.generate(prompt, sampling)
         try:
             for piece in pieces:
                 if generation.cancelled.is_set():

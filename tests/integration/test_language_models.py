@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
 from support.daemon import Served, serve
@@ -144,6 +145,33 @@ def test_openai_when_request_is_bad_answers_400_in_openais_shape(
         client.completions.create(model="tiny_cls", prompt="hi", max_tokens=2)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nothing", prompt="hi", max_tokens=2)
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["person", "threat"],
+          "properties": {"person": {"type": "boolean"},
+                         "threat": {"type": "integer", "minimum": 0, "maximum": 2}}}
+
+
+def test_openai_chat_when_json_schema_given_answers_json_that_fits_it(
+        client: openai.OpenAI) -> None:
+    messages: Any = [{"role": "user", "content": "A man walks past a parked car at night."}]
+    answer = client.chat.completions.create(
+        model="smol", messages=messages, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "review", "schema": SCHEMA}})
+    assert answer.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(answer.choices[0].message.content or ""), SCHEMA)
+    anything = client.chat.completions.create(
+        model="smol", messages=messages, max_tokens=8, temperature=0,
+        response_format={"type": "json_object"})
+    assert (anything.choices[0].message.content or "").lstrip().startswith("{")
+    with pytest.raises(openai.BadRequestError, match="cannot be made a grammar"):
+        client.chat.completions.create(model="smol", messages=messages, max_tokens=2,
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "x", "schema": {"type": "nosuchtype"}}})
+    with pytest.raises(openai.BadRequestError, match=r"response_format\.type must be"):
+        client.chat.completions.create(model="smol", messages=messages, max_tokens=2,
+                                       response_format={"type": "xml"})  # type: ignore[arg-type]
 
 
 # -- Triton's generate with curl -----------------------------------------------------------
