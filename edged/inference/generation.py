@@ -31,7 +31,8 @@ from edged.model.config import LanguageConfig
 
 logger = logging.getLogger(__name__)
 
-JOIN_S = 10.0  # a worker's current token and cleanup, at shutdown
+GRACE_S = 2.0  # at shutdown, what a running answer gets to finish before it is cut
+JOIN_S = 10.0  # a worker's current token and cleanup, once its answer is cancelled
 
 
 @dataclass(frozen=True)
@@ -328,8 +329,10 @@ class Generations:
         return {name: {**vars(self.counters[name]), "queued": line.queued,
                        "generating": int(line.busy)} for name, line in lines.items()}
 
-    def close(self, timeout_s: float = JOIN_S) -> None:
-        """Refuse new requests, fail the queued ones, stop each worker after its token."""
+    def close(self, timeout_s: float = GRACE_S) -> None:
+        """Refuse new requests, fail the queued ones; a running answer gets `timeout_s` to
+        finish, then is cancelled (its client gets what came so far) and its worker stops
+        after its token."""
         with self._lock:
             self._closed = True
             lines = list(self._lines.values())

@@ -100,3 +100,24 @@ def test_ota_when_gguf_is_cut_short_keeps_version_1(
         assert tensors_cut["reason"] == "warmup_failed", tensors_cut
         status, body = generate(client)
     assert status == 200 and body["model_version"] == "1"
+
+
+def test_daemon_when_stopped_mid_answer_ends_the_stream_and_stops(
+        device: Served) -> None:
+    import socket
+
+    body = json.dumps({"text_input": "1 2 3 4 5 6 7 8 9 10", "max_tokens": 240,
+                       "temperature": 0}).encode()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(str(device.socket))
+        sock.sendall(b"POST /v2/models/smol/generate_stream HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        seen = b""
+        while b"data: " not in seen:
+            seen += sock.recv(4096)
+        device.daemon.request_stop()
+        assert device.daemon.stopped_event.wait(30), "the daemon did not stop in 30 s"
+        while chunk := sock.recv(65536):  # the answer ends: the connection closes
+            seen += chunk
+    assert seen.count(b"data: ") >= 1
