@@ -11,6 +11,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -196,6 +197,7 @@ class _Line:
 
     # -- the worker ---------------------------------------------------------------------------
     def _run(self) -> None:
+        self._lower_priority()
         while True:
             with self._cond:
                 while not self._closed:
@@ -211,6 +213,15 @@ class _Line:
                 self._serve(generation)
             finally:
                 self.busy, self.current = False, None
+
+    def _lower_priority(self) -> None:
+        """This thread (and the llama.cpp threads it starts, which inherit it) yields the CPU
+        to the cameras' inference: Linux's niceness is per thread."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.config.nice)
+        except (OSError, AttributeError) as exc:  # not Linux, or not allowed: said, not fatal
+            logger.warning("%s: cannot set the generating thread's niceness to %d: %s",
+                           self.name, self.config.nice, exc)
 
     def _expire(self) -> float | None:
         """Fail the queued requests past their deadline (lock held); the seconds until the

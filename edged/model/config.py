@@ -269,6 +269,9 @@ class LanguageConfig:
                            check=between(16, 131072))
     threads: int = setting(2, "CPU threads that generate (one token after another); the rest "
                            "of the cores stay with the cameras' models", check=between(1, 256))
+    nice: int = setting(10, "OS niceness (0-19) of the threads that generate: above the "
+                        "cameras' (0), so their inference wins the CPU when both want it",
+                        check=between(0, 19))
     batch_threads: int | None = setting(None, "CPU threads that read the prompt; null = "
                                         "`threads`", check=between(1, 256))
     batch_size: int = setting(512, "prompt tokens evaluated per step (llama.cpp's n_batch)",

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -282,3 +284,11 @@ def test_queue_when_busy_serves_higher_priority_first_and_bounds_the_rest(
     assert order == ["busy", "high", "low"]
     assert isinstance(refused, QueueFull) and "llm.max_queue 3" in str(refused)
     assert isinstance(timed_out, Timeout)
+
+
+def test_generation_when_running_yields_the_cpu_to_the_cameras(llm: Served) -> None:
+    curl(llm, "/v2/models/smol/generate", {"text_input": "hi", "max_tokens": 1})
+    worker = next(t for t in threading.enumerate() if t.name == "edged-generate-smol")
+    assert worker.native_id is not None
+    assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == 10  # llm.nice's default
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0
