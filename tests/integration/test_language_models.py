@@ -245,6 +245,20 @@ def test_generate_stream_when_client_hangs_up_stops_generating(llm: Served) -> N
     assert after["tokens"] - before.get("tokens", 0) < 200
 
 
+def test_generate_when_client_of_a_whole_answer_hangs_up_stops_generating(
+        llm: Served) -> None:
+    before = counters(llm)
+    body = json.dumps({"text_input": COUNTING, "max_tokens": 200, "temperature": 0}).encode()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(llm.socket))
+        sock.sendall(b"POST /v2/models/smol/generate HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until(lambda: counters(llm)["generating"], what="the answer under way")
+    after = wait_until(lambda: (c := counters(llm))["cancelled"] > before.get("cancelled", 0)
+                       and not c["generating"] and c, what="the generation cancelled")
+    assert after["tokens"] - before.get("tokens", 0) < 200
+
+
 def test_queue_when_busy_serves_higher_priority_first_and_bounds_the_rest(
         llm: Served) -> None:
     generations = llm.daemon.generations

@@ -78,8 +78,13 @@ class Body:
 
     @property
     def connection_gone(self) -> bool:
-        """The client hung up: its connection is lost (a long answer may stop early)."""
-        return getattr(self._connection, "transport", True) is None
+        """The client hung up (a long answer may stop early): its connection is lost, or it
+        sent its end (EOF). A client that only half-closes to wait for its answer looks the
+        same as one that left; HTTP clients do not, and a generation should not run on for
+        nobody."""
+        connection = self._connection
+        return getattr(connection, "transport", True) is None or getattr(connection, "eof",
+                                                                         False) is True
 
     @property
     def ready(self) -> bool:
