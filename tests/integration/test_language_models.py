@@ -176,6 +176,42 @@ def test_openai_chat_when_json_schema_given_answers_json_that_fits_it(
                                        response_format={"type": "xml"})  # type: ignore[arg-type]
 
 
+def test_openai_routes_when_curl_sends_what_clients_may_answer_each_in_openais_shape(
+        llm: Served) -> None:
+    hi: Any = [{"role": "user", "content": "hi"}]
+    cases: list[tuple[str, Any, int, str]] = [
+        ("chat", {"model": "smol", "max_tokens": 1, "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, 200, ""),
+        ("chat", {"model": "smol", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "only text parts"),
+        ("chat", {"model": "smol", "messages": "hi"}, 400, "messages must be a list"),
+        ("chat", {"model": "smol", "messages": [5]}, 400, "messages[0] must be an object"),
+        ("chat", {"model": "smol", "messages": [{"role": "user", "content": 5}]}, 400,
+         "messages[0].content must be a string"),
+        ("chat", {"messages": hi}, 400, "model must name a language model"),
+        ("chat", {"model": "smol", "messages": hi, "stream": "yes"}, 400,
+         "stream must be true or false"),
+        ("chat", {"model": "smol", "messages": hi, "stream_options": 5}, 400,
+         "stream_options must be an object"),
+        ("chat", {"model": "smol", "messages": hi, "response_format": {
+            "type": "json_schema", "json_schema": {}}}, 400, "schema must be a JSON object"),
+        ("chat", {"model": "smol", "messages": hi, "logprobs": True}, 400, "logprobs: only"),
+        ("chat", {"model": "smol", "messages": hi, "tools": []}, 400,
+         "unsupported fields ['tools']"),
+        ("completions", {"model": "smol", "prompt": [1, 2]}, 400, "prompt must be a string"),
+        ("completions", {"model": "smol", "prompt": ["hi"], "max_tokens": 1}, 200, ""),
+    ]
+    for route, body, want, message in cases:
+        status, text = curl(llm, f"/v1/{route if route == 'completions' else 'chat/completions'}",
+                            body)
+        assert status == want, (body, text)
+        if message:
+            error = json.loads(text)["error"]
+            assert message in error["message"] and error["type"] == "invalid_request_error"
+            assert error["code"] == "invalid_input"
+
+
 # -- Triton's generate with curl -----------------------------------------------------------
 def test_generate_when_curl_asks_answers_text_output(llm: Served) -> None:
     status, text = curl(llm, "/v2/models/smol/generate",
