@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from support.daemon import Served, ServeFactory
 from support.ota import fresh
 from support.polling import wait_until
 
+from edged.cli import main
 from edged.ops.client import EdgedClient
 from edged.ota.manifest import sign_document
 from tools.real_models import LANGUAGE_MODEL
@@ -121,3 +123,20 @@ def test_daemon_when_stopped_mid_answer_ends_the_stream_and_stops(
         while chunk := sock.recv(65536):  # the answer ends: the connection closes
             seen += chunk
     assert seen.count(b"data: ") >= 1
+
+
+def test_ota_mender_when_artifact_is_a_gguf_writes_a_gguf_payload(
+        key: tuple[Ed25519PrivateKey, Path], real_models: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    private_file = tmp_path / "fleet"
+    private_file.write_bytes(key[0].private_bytes(Encoding.PEM, PrivateFormat.PKCS8,
+                                                  NoEncryption()))
+    out = tmp_path / "smol-v2.mender"
+    assert main(["ota", "mender-artifact", "smol", "2", "--artifact",
+                 str(real_models / LANGUAGE_MODEL), "--key", str(private_file), "-t", "jetson",
+                 "--payload-only", "-o", str(out)]) == 0
+    payload = out.with_name(out.name + ".payload")
+    manifest = json.loads((payload / "manifest.json").read_text())
+    assert manifest["format"] == "gguf" and "signature" in manifest
+    assert (payload / "model.gguf").stat().st_size == manifest["artifact"]["size"]
+    assert "--file " + str(payload / "model.gguf") in capsys.readouterr().out
