@@ -40,6 +40,7 @@ from edged.ota.progress import OtaProgress
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
 from edged.reload import plan as reload_plan
+from edged.service.generation_metrics import GenerationCollector
 from edged.service.health import HealthMonitor, RecentErrors
 from edged.service.loops import health_loop, report_loop, status_loop
 from edged.service.metrics import Metrics
@@ -116,6 +117,7 @@ class Daemon:
             streams=self.streams.read_stats, responses=self.responses.snapshot,
             link=self.mqtt.stats if self.mqtt is not None else None,
             looks=self.streams.looks, ota=self.ota_progress)
+        self.metrics.registry.register(GenerationCollector(self.generations.statistics))
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -342,3 +343,16 @@ def test_generation_when_running_yields_the_cpu_to_the_cameras(llm: Served) -> N
     assert worker.native_id is not None
     assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == 10  # llm.nice's default
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0
+
+
+def test_metrics_when_generations_ran_counts_them_per_model(llm: Served) -> None:
+    curl(llm, "/v2/models/smol/generate", {"text_input": "hi", "max_tokens": 2})
+    with llm.client() as client:
+        _, _, raw = client.request("GET", "/metrics")
+    text = raw.decode()
+    completed = re.search(r'^edged_generation_requests_total\{model="smol",'
+                          r'outcome="completed"\} (\S+)$', text, re.M)
+    tokens = re.search(r'^edged_generation_tokens_total\{model="smol"\} (\S+)$', text, re.M)
+    assert completed is not None and float(completed.group(1)) >= 1
+    assert tokens is not None and float(tokens.group(1)) >= 1
+    assert 'edged_generation_queued{model="smol"} 0.0' in text
