@@ -55,6 +55,7 @@ def test_bench_llm_when_run_quick_measures_both_paths_on_the_same_prompts(
         # greedy on the same prompts: both generate the same number of tokens
         assert all(r["tokens"] > 1 and r["ttft_s"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     assert [r["tokens"] for r in results["direct"]] == [r["tokens"] for r in results["edged"]]
+    assert results["concurrent"]["tokens"] > results["concurrent"]["clients"]
     beside = results["beside_a_stream"]  # the stream's results counted with and without
     assert beside["mean_fps_no_chat"] > 0 and beside["mean_fps_chat"] > 0
     assert beside["chat_tokens_per_s"] > 0

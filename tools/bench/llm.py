@@ -39,6 +39,7 @@ from tools.real_models import LANGUAGE_MODEL, ensure
 THREADS = 1  # a chat beside cameras gets a core; two threads on a shared 2-core box jitter 10x
 CONTEXT = 512
 TOKENS = 64
+CHATS = 4  # clients asking at once
 
 
 def prompts(rounds: int) -> list[str]:
@@ -123,6 +124,7 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
                 got = direct_round(llm, prompt) if side == "direct" else edged_round(sock, prompt)
                 results[side].append({"ttft_s": got[0], "tokens_per_s": got[1],
                                       "tokens": got[2]})
+        results["concurrent"] = concurrent_chats(sock, CHATS)
     llm.close()
     for side in ("direct", "edged"):
         rows = results[side]
@@ -134,6 +136,23 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     results["ttft_extra_ms"] = e["ttft_ms"] - d["ttft_ms"]
     results["beside_a_stream"] = stream_beside_chat(workdir, quick=quick)
     return results
+
+
+def concurrent_chats(sock: Path, count: int) -> dict[str, Any]:
+    """`count` clients asking at once: the tokens all of them got per second of wall time
+    (edged runs one sequence per model at a time, so this is one chat's rate, queued)."""
+    got: list[tuple[float, float, int]] = []
+    started = time.perf_counter()
+    threads = [threading.Thread(target=lambda i=i: got.append(
+        edged_round(sock, f"Chat {i}: once upon a time")), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    wall = time.perf_counter() - started
+    return {"clients": count, "wall_s": wall, "tokens": sum(g[2] for g in got),
+            "aggregate_tokens_per_s": sum(g[2] for g in got) / wall,
+            "ttft_ms": sorted(g[0] * 1000 for g in got)}
 
 
 def stream_beside_chat(workdir: Path, *, quick: bool) -> dict[str, Any]:
@@ -186,6 +205,7 @@ def stream_beside_chat(workdir: Path, *, quick: bool) -> dict[str, Any]:
 
 def format_table(r: dict[str, Any]) -> str:
     d, e, s = r["direct_median"], r["edged_median"], r["beside_a_stream"]
+    c = r["concurrent"]
     return "\n".join([
         f"SmolLM2-135M Q4_1, {r['threads']} threads, context {r['context']}, {r['tokens']} "
         f"tokens greedy, median of {r['rounds']} rounds",
@@ -195,6 +215,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"| edged, /v1/completions streamed on the socket | {e['tokens_per_s']:.1f} | "
         f"{e['ttft_ms']:.1f} |",
         f"| edged / direct | {r['ratio_tokens_per_s']:.2f}x | {r['ttft_extra_ms']:+.1f} ms |",
+        f"| edged, {c['clients']} chats at once: tokens/s all together | "
+        f"{c['aggregate_tokens_per_s']:.1f} | {c['ttft_ms'][0]:.0f} to {c['ttft_ms'][-1]:.0f} |",
         "",
         "A PP-OCR det stream (1 ORT thread) beside a chat (1 llama.cpp thread), one daemon",
         "| windows | stream fps | chat tokens/s |",
