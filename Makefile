@@ -9,7 +9,7 @@ DEMO   := var/demo
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[cpu,video,dev]'
+	$(BIN)/pip install --quiet -e '.[cpu,video,dev,llm]'
 	# Only the PP-OCR model files of this wheel are used (tests, benchmarks): skip its deps,
 	# which would pull a second OpenCV build.
 	$(BIN)/pip install --quiet --no-deps rapidocr-onnxruntime
@@ -53,7 +53,7 @@ test: lint corpus
 
 bench: bench-setup
 	$(BIN)/pip install --quiet -e '.[bench]'
-	for suite in core api streams gate ota quantize post events instructions fleet; do $(BIN)/python -m tools.bench $$suite || exit 1; done
+	for suite in core api streams gate ota quantize post events instructions fleet llm; do $(BIN)/python -m tools.bench $$suite || exit 1; done
 
 # The daemon under mixed load with faults for MINUTES (60): failures, RSS, fds, p99 per window.
 soak: setup

@@ -120,13 +120,18 @@ def _check_frames(repository: ModelRepository, stream: StreamConfig, at: str,
                   found: Findings, line: _Line) -> None:
     """A camera stream's model must say how a frame becomes its input (nothing is guessed),
     and that pre-processing must make the tensor its input takes (layout, channels, size).
-    Sensor streams (mqtt://) send tensors as they are."""
-    if stream.source.partition("://")[0] == "mqtt":
-        return
+    Sensor streams (mqtt://) send tensors as they are. No stream runs a language model."""
     try:
         model = repository.get(stream.model, repository.default_version(stream.model))
     except EdgedError:
         return  # reported with the models above
+    if model.is_language:
+        found.errors.append(f"{at}.model: {model.label} is a language model (model.gguf): it "
+                            "generates text for the API, it takes no frames or tensors"
+                            f"{line(f'{at}.model')}")
+        return
+    if stream.source.partition("://")[0] == "mqtt":
+        return
     pre, spec = model.config.preprocess, model.inputs[0]
     why: str | None
     if pre is None:

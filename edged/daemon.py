@@ -16,6 +16,7 @@ from typing import Any
 
 from edged import __version__
 from edged.api.remote import RemoteInference
+from edged.api.remote_generate import RemoteGenerate
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.config import DaemonConfig
@@ -24,6 +25,7 @@ from edged.events.discovery import DeviceInfo
 from edged.hardware import host
 from edged.hardware.tegra import TegraStats
 from edged.inference.cache import ModelCache
+from edged.inference.generation import Generations
 from edged.inference.loadspec import backend_options
 from edged.inference.responses import ResponseCache
 from edged.inference.scheduler import Scheduler
@@ -38,6 +40,7 @@ from edged.ota.progress import OtaProgress
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
 from edged.reload import plan as reload_plan
+from edged.service.generation_metrics import GenerationCollector
 from edged.service.health import HealthMonitor, RecentErrors
 from edged.service.loops import health_loop, report_loop, status_loop
 from edged.service.metrics import Metrics
@@ -87,6 +90,7 @@ class Daemon:
                                    if self.responses.enabled and "response_cache" in shortcuts
                                    else None)
         self.repository.on_version_removed(self.scheduler.retire)
+        self.generations = Generations(self.cache)  # language models' queues (model.gguf)
         self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs
                                if "shm_views" in shortcuts else "always")
         self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,
@@ -113,6 +117,7 @@ class Daemon:
             streams=self.streams.read_stats, responses=self.responses.snapshot,
             link=self.mqtt.stats if self.mqtt is not None else None,
             looks=self.streams.looks, ota=self.ota_progress)
+        self.metrics.registry.register(GenerationCollector(self.generations.statistics))
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)
@@ -120,12 +125,14 @@ class Daemon:
         self.status = DaemonStatus(lambda: self.config.device_id, self.cache, self.scheduler,
                                    self.streams, self.mqtt, self.health, self.notifier,
                                    self.recent, ready=self.is_ready, ota=self._ota_status,
-                                   updates=self.ota_progress.latest)
+                                   updates=self.ota_progress.latest,
+                                   generations=self.generations.statistics)
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.status.live, status=self.status.report,
                              snapshots=lambda: self.events.store, live=self.streams.live,
-                             recent=lambda: self.events.recent, installs=lambda: self.local)
+                             recent=lambda: self.events.recent, installs=lambda: self.local,
+                             generations=lambda: self.generations)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
@@ -137,7 +144,7 @@ class Daemon:
         requests = config.mqtt.requests
         self.requests = (RemoteRequests(self.mqtt, requests, RemoteInference(
             self.scheduler, self.cache, self.api.bodies, requests.max_request_mb * 1024 * 1024,
-            local_dirs=[config.cache.dir]))
+            local_dirs=[config.cache.dir]), generate=RemoteGenerate(self.generations))
             if self.mqtt is not None and requests.enabled else None)
         self.status.requests = self.requests.stats if self.requests is not None else \
             self.status.requests
@@ -376,9 +383,11 @@ class Daemon:
             await asyncio.to_thread(self.updater.shadows.stop_all)
             await asyncio.to_thread(self.streams.stop)
             await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)
+            await asyncio.to_thread(self.generations.close)  # the queued fail, the rest end
             await self.api.stop()
         finally:
             await asyncio.to_thread(self.scheduler.close, 0.0)  # a no-op unless the above failed
+            await asyncio.to_thread(self.generations.close, 0.0)
             await asyncio.to_thread(self.cache.close, timeout_s=UNLOAD_TIMEOUT_S)
             self.shm.close()
             if self.mqtt is not None:

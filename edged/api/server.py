@@ -19,6 +19,7 @@ from edged import __version__
 from edged.api import logsettings
 from edged.api.config import ApiConfig, split_host_port
 from edged.api.events import EventRoutes
+from edged.api.generate import GenerateRoutes
 from edged.api.http import browsers
 from edged.api.http.bodies import json_body
 from edged.api.http.budget import BodyBudget
@@ -35,6 +36,7 @@ from edged.api.http.messages import (
 from edged.api.http.routing import Router
 from edged.api.kserve import KServeRoutes
 from edged.api.live import LiveRoutes, Viewable
+from edged.api.openai import OpenAiRoutes
 from edged.api.ota_routes import Installs, OtaRoutes
 from edged.api.page import PageRoutes
 from edged.api.shm import ShmRegistry
@@ -44,13 +46,14 @@ from edged.core.errors import BodyTimeout, EdgedError, Forbidden, ModelNotFound
 from edged.events.store import SnapshotStore
 from edged.events.tally import RecentEvents
 from edged.inference.cache import ModelCache
+from edged.inference.generation import Generations
 from edged.inference.scheduler import Scheduler
 from edged.service.metrics import CONTENT_TYPE, Metrics
 
 logger = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "system_shared_memory", "model_repository",
-              "model_configuration", "schedule_policy", "statistics", "logging"]
+              "model_configuration", "schedule_policy", "statistics", "logging", "generate"]
 SHUTDOWN_S = 5.0  # in-flight requests get this long to be answered at stop
 Liveness = Callable[[], tuple[bool, list[str]]]
 
@@ -63,10 +66,12 @@ class ApiServer:
                  snapshots: Callable[[], SnapshotStore | None] = lambda: None,
                  live: Callable[[str], Viewable | None] = lambda name: None,
                  recent: Callable[[], RecentEvents | None] = lambda: None,
-                 installs: Callable[[], Installs | None] = lambda: None) -> None:
+                 installs: Callable[[], Installs | None] = lambda: None,
+                 generations: Callable[[], Generations | None] = lambda: None) -> None:
         """`live` gives a running stream's live view by name, `recent` the recent objects of
         the detect streams (the status page and its pictures), `installs` the OTA installer
-        that takes models on the socket (the Mender module's path)."""
+        that takes models on the socket (the Mender module's path), `generations` the
+        language models' queues (Triton's generate and the OpenAI-compatible routes)."""
         self.config = config
         self.shm = shm
         self.metrics = metrics
@@ -94,12 +99,16 @@ class ApiServer:
                                    bodies=self.bodies,
                                    handling=lambda: self.connections.handling,
                                    failed=self.failed)
+        self.generate = GenerateRoutes(generations, self.bodies)
+        self.openai = OpenAiRoutes(generations, cache, self.bodies)
         self.router = self._make_router()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _make_router(self) -> Router:
         routes: list[tuple[str, str, Handler]] = [
             *self.kserve.routes()[:2],  # inference first: dynamic routes are tried in order
+            *self.generate.routes(),
+            *self.openai.routes(),
             ("GET", "/v2", self.server_metadata),
             ("GET", "/v2/health/live", self.live),
             ("GET", "/v2/health/ready", self.ready),

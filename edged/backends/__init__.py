@@ -13,7 +13,11 @@ from edged.backends.base import (
     BackendOptions,
     EngineBuilding,
     FallBack,
+    LanguageSession,
     LoadSpec,
+    Piece,
+    Prompt,
+    Sampling,
     Session,
     ShapeRange,
 )
@@ -21,16 +25,19 @@ from edged.core.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Backend", "BackendOptions", "EngineBuilding", "FallBack", "LoadSpec", "Session",
-           "ShapeRange", "choose_backend", "get_backend", "register_backend",
-           "registered"]
+__all__ = ["Backend", "BackendOptions", "EngineBuilding", "FallBack", "LanguageSession",
+           "LoadSpec", "Piece", "Prompt", "Sampling", "Session", "ShapeRange", "choose_backend",
+           "get_backend", "register_backend", "registered"]
 
 # Best first: `auto` walks this order and takes the first backend usable here.
 _REGISTRY: dict[str, str | Callable[[], Backend]] = {
     "tensorrt": "edged.backends.tensorrt:TensorRTBackend",
     "onnxruntime": "edged.backends.onnxruntime:OrtBackend",
+    # Language models (model.gguf): chosen by the file, never by `auto` for an ONNX file.
+    "llamacpp": "edged.backends.llamacpp:LlamaCppBackend",
 }
 AUTO_ORDER = ["tensorrt", "onnxruntime"]
+LANGUAGE_BACKENDS = frozenset({"llamacpp"})
 
 _instances: dict[str, Backend] = {}
 _lock = threading.Lock()
@@ -71,7 +78,8 @@ def get_backend(name: str) -> Backend:
 
 def choose_backend(preference: str) -> Backend:
     """The named backend if usable, or for `auto` the best usable one; logs why others lost."""
-    candidates = registered() if preference == "auto" else [preference]
+    candidates = [name for name in registered() if name not in LANGUAGE_BACKENDS] \
+        if preference == "auto" else [preference]
     reasons: list[str] = []
     for name in candidates:
         try:

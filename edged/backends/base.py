@@ -1,8 +1,10 @@
-"""The small contract every backend meets: `load(spec, options) -> Session`, `Session.infer`."""
+"""The small contract every backend meets: `load(spec, options) -> Session`, `Session.infer`;
+and a language model's session (`LanguageSession`), which is a Session that generates text a
+token at a time instead of running tensors (decision 036)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from edged.model.config import LanguageConfig
 from edged.model.tensor import TensorSpec, fixed_batch
 
 
@@ -38,6 +41,7 @@ class LoadSpec:
     opt_batch_size: int = 0  # the batch size to tune for; 0 = max_batch_size
     instances: int = 1  # execution contexts that may run at once
     shape_ranges: Mapping[str, ShapeRange] = field(default_factory=dict)
+    llm: LanguageConfig | None = None  # a language model's context and threads (model.gguf)
 
     @property
     def label(self) -> str:
@@ -80,6 +84,56 @@ class Session(Protocol):
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt as the model reads it: its text (a chat's made by the model's own template),
+    its tokens, and the strings that end the answer (a chat template's end of turn)."""
+
+    text: str
+    tokens: tuple[int, ...]
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next tokens are picked, and when the answer ends."""
+
+    max_tokens: int
+    temperature: float = 0.8  # 0 = greedy: always the likeliest token
+    top_p: float = 0.95
+    stop: tuple[str, ...] = ()  # the answer ends before the first of these
+    # The answer is JSON: "{}" any JSON object, else this JSON schema (as text) constrains it
+    # (llama.cpp's grammars); None: free text.
+    json_schema: str | None = None
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one generated token added to the answer. `text` may be "" (a token that ends
+    inside a UTF-8 character, or text held back while it may be the start of a stop string);
+    the last piece has a `finish_reason`: "stop" (the model ended, or a stop string came) or
+    "length" (max_tokens, or the context is full)."""
+
+    text: str
+    finish_reason: str | None = None
+
+
+@runtime_checkable
+class LanguageSession(Session, Protocol):
+    """A loaded language model. `generate` yields one Piece per token, so a consumer that
+    stops iterating (a client gone) stops it within one token; one generation at a time per
+    session (the caller serialises: edged.inference.generation). `infer` refuses: it takes
+    no tensors."""
+
+    context_length: int  # tokens one sequence holds, prompt and answer together
+
+    def prompt(self, text: str) -> Prompt: ...
+
+    def chat(self, messages: Sequence[Mapping[str, str]]) -> Prompt: ...
+
+    def generate(self, prompt: Prompt, sampling: Sampling) -> Generator[Piece, None, None]: ...
 
 
 class Backend(Protocol):

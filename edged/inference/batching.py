@@ -321,6 +321,9 @@ def validate(model: ModelVersion, inputs: Mapping[str, np.ndarray]) -> tuple[int
     """Check names, dtypes and shapes; return (rows, shape key for batching compatibility).
     A batched model takes 1..max_batch_size rows, whether its graph's batch dim is dynamic or
     fixed (the batcher pads a fixed one)."""
+    if model.is_language:
+        raise InvalidInput(f"{model.label} is a language model: it takes no tensors; ask "
+                           f"POST /v2/models/{model.name}/generate or /v1/chat/completions")
     specs = model.inputs
     if len(inputs) != len(specs) or any(s.name not in inputs for s in specs):
         raise InvalidInput(f"{model.label} expects inputs {[s.name for s in specs]}, "

@@ -171,7 +171,7 @@ class ModelCache:
         if self.ready(name):
             return True
         model = self.repository.get(name, self.default_version(name))
-        size = model.onnx_path.stat().st_size
+        size = model.model_path.stat().st_size
         with self._lock:
             fits = self._bytes + size <= self.budget_bytes
             if not fits:

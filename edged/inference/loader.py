@@ -16,7 +16,9 @@ from edged.backends import (
     Backend,
     BackendOptions,
     FallBack,
+    LanguageSession,
     LoadSpec,
+    Sampling,
     Session,
     choose_backend,
     get_backend,
@@ -58,6 +60,8 @@ class ModelLoader:
         and its chosen backend says it is ready; a fallback now is an error, not a fallback.
         Raises EdgedError (ModelLoadError for a backend's own failures) or FallBack."""
         model = self.repository.get(name, version)
+        if model.is_language:
+            return self._load_language(model)
         backend = choose_backend(model.config.backend if model.config.backend != "auto"
                                  else self.default_backend)
         options = options_for(model, self.options)
@@ -92,6 +96,38 @@ class ModelLoader:
                     ", ".join(session.providers), seconds, session.nbytes / 1e6, warmed,
                     extra=journal_fields(model, "model_ready"))
         return Loaded(model, session, backend.name, spec.precision, seconds, upgrade)
+
+    def _load_language(self, model: ModelVersion) -> Loaded:
+        """A model.gguf on llama.cpp, warmed by generating one token before it is ready."""
+        backend = choose_backend("llamacpp")
+        started = self._clock()
+        spec = LoadSpec(model.name, model.version, model.model_path, model.inputs,
+                        model.outputs, 0, llm=model.config.llm)
+        try:
+            session = backend.load(spec, self.options)
+        except EdgedError:
+            raise
+        except Exception as exc:  # llama.cpp's own error types: report, never crash
+            logger.exception("%s: llama.cpp failed to load it", model.label,
+                             extra=journal_fields(model, "model_load_failed"))
+            raise ModelLoadError(f"{model.label}: llama.cpp failed to load: {exc}") from exc
+        warmed = "no warm-up"
+        if model.config.warmup.enabled and isinstance(session, LanguageSession):
+            try:
+                for _ in session.generate(session.prompt("Hello"), Sampling(1, 0.0)):
+                    pass
+                warmed = "warmed by one token"
+            except Exception as exc:
+                session.close()
+                logger.exception("%s: warm-up generation failed", model.label,
+                                 extra=journal_fields(model, "model_load_failed"))
+                raise ModelLoadError(f"{model.label}: warm-up generation failed: {exc}"
+                                     ) from exc
+        seconds = self._clock() - started
+        logger.info("%s ready on llamacpp (%s) in %.2fs, %.1f MB, %s", model.label,
+                    ", ".join(session.providers), seconds, session.nbytes / 1e6, warmed,
+                    extra=journal_fields(model, "model_ready"))
+        return Loaded(model, session, backend.name, "gguf", seconds)
 
     def _open(self, model: ModelVersion, backend: Backend, spec: LoadSpec,
               options: BackendOptions, *, upgrading: bool

@@ -304,6 +304,36 @@ class QuantizationConfig:
 
 
 @dataclass(frozen=True)
+class LanguageConfig:
+    """A language model's (model.gguf, on llama.cpp) context, threads and request queue."""
+
+    context: int = setting(2048, "tokens of context (prompt + answer) one sequence holds; its "
+                           "KV cache is charged to the cache budget with the weights",
+                           check=between(16, 131072))
+    threads: int = setting(2, "CPU threads that generate (one token after another); the rest "
+                           "of the cores stay with the cameras' models", check=between(1, 256))
+    nice: int = setting(10, "OS niceness (0-19) of the threads that generate: above the "
+                        "cameras' (0), so their inference wins the CPU when both want it",
+                        check=between(0, 19))
+    batch_threads: int | None = setting(None, "CPU threads that read the prompt; null = "
+                                        "`threads`", check=between(1, 256))
+    batch_size: int = setting(512, "prompt tokens evaluated per step (llama.cpp's n_batch)",
+                              check=between(1, 8192))
+    gpu_layers: int = setting(0, "layers offloaded to the GPU where llama.cpp was built with "
+                              "CUDA (-1 = all); 0 = the CPU only", check=at_least(-1))
+    max_tokens: int = setting(256, "answer tokens of a request that names no max_tokens",
+                              check=at_least(1))
+    max_queue: int = setting(16, "requests queued (not yet generating) before QueueFull",
+                             check=between(1, 4096))
+    priority_levels: int = setting(2, "priority levels; 1 is the highest", check=between(1, 16))
+    default_priority: int = setting(0, "priority of requests that name none; 0 = the lowest",
+                                    check=at_least(0))
+    default_timeout_ms: int = setting(0, "how long a request that names no timeout may wait in "
+                                      "the queue before it starts; 0 = no limit",
+                                      check=at_least(0))
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """`models/<name>/model.yaml`; every key optional where the ONNX file can tell."""
 
@@ -323,9 +353,10 @@ class ModelConfig:
         "auto", "execution instances (worker threads; TensorRT contexts): auto = one per core "
         "on the CPU, two on a GPU (edged.inference.instances)", check=lambda v: None if v == "auto"
         else between(1, 64)(v))
-    backend: Literal["auto", "tensorrt", "onnxruntime"] = setting(
+    backend: Literal["auto", "tensorrt", "onnxruntime", "llamacpp"] = setting(
         "auto", "which backend runs the model: auto = the daemon's backends.default (itself "
-        "auto: TensorRT where it can run, else ONNX Runtime)")
+        "auto: TensorRT where it can run, else ONNX Runtime); a model.gguf is always "
+        "llamacpp's (a language model)")
     precision: Literal["auto", "fp32", "fp16", "int8"] = setting(
         "auto", "auto: INT8 where a gated variant exists and is faster (TensorRT: always); "
         "int8: the gated variant or no load")
@@ -345,6 +376,8 @@ class ModelConfig:
     response_cache: bool = setting(False, "answer API requests the same version was already "
                                    "asked (same input bytes, dtypes, shapes and outputs) from "
                                    "the response cache (cache.responses_mb), as Triton does")
+    llm: LanguageConfig = setting(factory=LanguageConfig,
+                                  help="a language model's (model.gguf) context, threads, queue")
     deterministic: bool = setting(True, "the same inputs always give the same outputs; false "
                                   "(a model that samples) rules out the response cache")
 

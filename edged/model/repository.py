@@ -7,6 +7,7 @@ others still load.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -17,11 +18,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from edged.core.errors import ConfigError, InvalidModel, ModelNotFound
 from edged.core.fsutil import copy_synced, file_sha256, fsync_dir, write_atomically
 from edged.core.numbers import ascii_int
 from edged.core.schema import parse, parse_file
 from edged.model.config import MODEL_CHECKS, ModelConfig
+from edged.model.gguf import read_header
 from edged.model.heads import Head
 from edged.model.resolve import resolve_processing
 from edged.model.signature import Signature, read_signature, reconcile
@@ -30,6 +34,8 @@ from edged.model.tensor import TensorSpec, fixed_batch
 logger = logging.getLogger(__name__)
 
 MODEL_FILE = "model.onnx"
+GGUF_FILE = "model.gguf"  # a language model, served by the llama.cpp backend
+MODEL_FILES = (MODEL_FILE, GGUF_FILE)  # a version holds one of them: its kind is told by it
 INT8_FILE = "model.int8.onnx"
 CONFIG_FILE = "model.yaml"
 ACTIVE_FILE = "active"  # holds the version new requests get, written atomically
@@ -65,6 +71,16 @@ class ModelVersion:
         return self.dir / MODEL_FILE
 
     @property
+    def is_language(self) -> bool:
+        """A language model (model.gguf): it generates text; it takes no tensors."""
+        return self.config.backend == "llamacpp"
+
+    @property
+    def model_path(self) -> Path:
+        """The file a backend loads: model.gguf for a language model, else model.onnx."""
+        return self.dir / (GGUF_FILE if self.is_language else MODEL_FILE)
+
+    @property
     def int8_path(self) -> Path | None:
         path = self.dir / INT8_FILE
         return path if path.exists() else None
@@ -85,7 +101,7 @@ class ModelVersion:
         return f"{self.name}:{self.version}"
 
     def sha256(self) -> str:
-        return file_sha256(self.onnx_path)
+        return file_sha256(self.model_path)
 
 
 class ModelRepository:
@@ -123,7 +139,7 @@ class ModelRepository:
         if not model_dir.is_dir():
             raise ModelNotFound(f"model {name!r} is not in the repository ({self.root})")
         found = ((ascii_int(p.name), p) for p in model_dir.iterdir())  # "²/", "٣/": not ours
-        return sorted(v for v, p in found if v is not None and v > 0 and (p / MODEL_FILE).is_file())
+        return sorted(v for v, p in found if v is not None and v > 0 and _model_file(p))
 
     def served_versions(self, name: str) -> list[int]:
         """Versions on disk that the model's version policy serves (plus the active one)."""
@@ -190,7 +206,7 @@ class ModelRepository:
             raise ModelNotFound(f"model {name!r} has no version {version} ({self.root / name})")
         vdir = self.version_dir(name, version)
         stamp = tuple(_stamp(p) for p in (self.model_dir(name) / CONFIG_FILE, vdir / CONFIG_FILE,
-                                           vdir / MODEL_FILE))
+                                           vdir / MODEL_FILE, vdir / GGUF_FILE))
         with self._lock:
             cached = self._parsed.get((name, version))
         if cached and cached[0] == stamp:
@@ -211,6 +227,8 @@ class ModelRepository:
                 raise InvalidModel(str(exc)) from exc
         else:
             parsed = parse(ModelConfig, "{}")
+        if (vdir / GGUF_FILE).is_file() and not (vdir / MODEL_FILE).is_file():
+            return language_version(name, version, vdir, parsed.value, yaml_path)
         signature: Signature = read_signature(vdir / MODEL_FILE)
         config, inputs, outputs = reconcile(parsed, signature, yaml_path, vdir / MODEL_FILE)
         resolved = resolve_processing(config, parsed.lines, signature, inputs, outputs,
@@ -248,8 +266,9 @@ class ModelRepository:
         try:
             if version < 1:
                 raise InvalidModel(f"version must be a positive integer, got {version}")
-            if not (stage / MODEL_FILE).is_file():
-                raise InvalidModel(f"an install of {name}:{version} needs {MODEL_FILE}")
+            if not _model_file(stage):
+                raise InvalidModel(f"an install of {name}:{version} needs {MODEL_FILE} or "
+                                   f"{GGUF_FILE}")
             target = self.version_dir(name, version)
             if target.exists():
                 raise InvalidModel(f"{target} already exists; versions are immutable")
@@ -258,7 +277,11 @@ class ModelRepository:
                     with path.open("rb+") as f:
                         os.fsync(f.fileno())
             fsync_dir(stage)
-            read_signature(stage / MODEL_FILE)  # a corrupt file never reaches the repository
+            # A corrupt file never reaches the repository (a GGUF's header; its tensors at load).
+            if (stage / MODEL_FILE).is_file():
+                read_signature(stage / MODEL_FILE)
+            else:
+                read_header(stage / GGUF_FILE)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(stage, target)
             installed = True
@@ -312,6 +335,30 @@ class ModelRepository:
         if leftovers:
             logger.info("removed %d leftover staging entries from %s", len(leftovers), path)
         return len(leftovers)
+
+
+def _model_file(vdir: Path) -> bool:
+    return any((vdir / f).is_file() for f in MODEL_FILES)
+
+
+def language_version(name: str, version: int, vdir: Path, config: ModelConfig,
+                     yaml_path: Path) -> ModelVersion:
+    """A model.gguf version: its header checked, its backend llama.cpp (another named in
+    model.yaml is an error), and its signature Triton's for language models: a text in, a
+    text out (what /v2/models/<m> reports; inference requests are refused, generate serves)."""
+    if config.backend not in ("auto", "llamacpp"):
+        raise InvalidModel(f"{yaml_path}: backend: {config.backend} cannot run {GGUF_FILE} "
+                           "(a language model runs on llamacpp)")
+    header = read_header(vdir / GGUF_FILE)
+    trained = header.number("context_length")
+    if trained and config.llm.context > trained:
+        raise InvalidModel(f"{yaml_path}: llm.context is {config.llm.context}, more than the "
+                           f"{trained} tokens {vdir / GGUF_FILE} was trained for")
+    config = dataclasses.replace(config, backend="llamacpp", max_batch_size=0, batching=False,
+                                 deterministic=False, response_cache=False)
+    text = np.dtype(np.object_)
+    return ModelVersion(name, version, vdir, config, (TensorSpec("text_input", text, (1,)),),
+                        (TensorSpec("text_output", text, (-1,)),))
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

@@ -72,6 +72,15 @@ class Inference(Protocol):
     def describe(self, exc: EdgedError) -> str: ...  # the error's text for a remote caller
 
 
+class Generate(Protocol):
+    """What the api room lends for prompts (edged.api.remote_generate.RemoteGenerate):
+    `send(payload, status, final)` is called with each message to publish, on the model's
+    worker thread."""
+
+    def start(self, model: str, body: bytes, send: Callable[[bytes, int, bool], None]
+              ) -> None: ...
+
+
 class TokenBucket:
     def __init__(self, rate_per_s: float, burst: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -101,11 +110,16 @@ class _Reply:
 
 class RemoteRequests:
     def __init__(self, link: MqttLink, config: RequestsConfig, inference: Inference, *,
+                 generate: Generate | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """`generate`: prompts to language models on `<prefix>/generate/<model>` (None: no
+        such topic is taken)."""
         self.link = link
         self.config = config
         self.inference = inference
+        self.generate = generate
         self.filter = link.topic(topics.INFER_FILTER)
+        self.generate_filter = link.topic(topics.GENERATE_FILTER)
         self._buckets = {c.name: TokenBucket(config.rate_per_s, config.burst, clock)
                          for c in config.clients}
         self._executor = ThreadPoolExecutor(config.workers, thread_name_prefix="edged-mqtt-req")
@@ -118,12 +132,16 @@ class RemoteRequests:
 
     def start(self) -> None:
         self.link.subscribe_messages(self.filter, self._on_request)
+        if self.generate is not None:
+            self.link.subscribe_messages(self.generate_filter, self._on_request)
         logger.info("MQTT requests: answering on %s for %d client(s)", self.filter,
                     len(self.config.clients))
 
     def stop(self, timeout_s: float) -> None:
         """Stop taking requests; those being decoded finish (bounded by the caller's drain)."""
         self.link.unsubscribe(self.filter)
+        if self.generate is not None:
+            self.link.unsubscribe(self.generate_filter)
         self._executor.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + timeout_s
         while self.in_flight and time.monotonic() < deadline:
@@ -166,8 +184,12 @@ class RemoteRequests:
             self._fail(reply, exc)
             return
         payload = bytes(message.payload)
+        prompt = message.topic.rsplit("/", 2)[-2] == "generate"
         try:
-            self._executor.submit(self._run, reply, payload, json_length)
+            if prompt:
+                self._executor.submit(self._run_prompt, reply, payload)
+            else:
+                self._executor.submit(self._run, reply, payload, json_length)
         except RuntimeError:  # stopping
             self._release()
 
@@ -216,6 +238,34 @@ class RemoteRequests:
                 self._finish(reply, call)
 
         call.future.add_done_callback(done)
+
+    def _run_prompt(self, reply: _Reply, payload: bytes) -> None:
+        """A prompt: its messages are published as the model's worker makes them, each with
+        the request's correlation data; the last says `"final": true`."""
+        assert self.generate is not None
+
+        def send(body: bytes, status: int, final: bool) -> None:
+            props = self._properties(reply, status)
+            props.ContentType = "application/json"
+            published = self.link.reply(reply.topic, body, props)
+            if final:
+                self._release()
+                if status == 200 and published:
+                    self._count("answered")
+                elif status != 200:
+                    code = json.loads(body).get("code", str(status))
+                    with self._lock:
+                        self.errors[code] = self.errors.get(code, 0) + 1
+
+        try:
+            self.generate.start(reply.model, payload, send)
+        except EdgedError as exc:
+            self._release()
+            self._fail(reply, exc)
+        except Exception as exc:  # a bug: one request fails, the service goes on
+            logger.exception("MQTT prompt for %s failed", reply.model)
+            self._release()
+            self._fail(reply, EdgedError(f"internal error: {exc}"))
 
     def _finish(self, reply: _Reply, call: Call) -> None:
         try:

@@ -100,6 +100,15 @@ def infer(model: str) -> str:
     return f"infer/{model}"
 
 
+# MQTT 5 prompts to language models (in): Triton generate bodies, the model last.
+GENERATE_FILTER = "generate/+"
+
+
+def generate(model: str) -> str:
+    """Where prompts for a language model are published (in)."""
+    return f"generate/{model}"
+
+
 def under(root: str, suffix: str) -> str:
     """A suffix under another device's or the fleet's root (operator tools, discovery)."""
     return f"{root}/{suffix}"

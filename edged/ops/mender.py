@@ -32,7 +32,7 @@ from edged.ota.freshness import LOCAL_ROOT
 from edged.ota.manifest import Rejected, parse_manifest, sign_document
 
 PAYLOAD_TYPE = "edged-model"
-FILE_NAMES = {"onnx": "model.onnx", "bundle": "bundle.tar.gz"}
+FILE_NAMES = {"onnx": "model.onnx", "bundle": "bundle.tar.gz", "gguf": "model.gguf"}
 # Manifest fields an operator may add with --manifest (the rest this command writes).
 EXTRA_FIELDS = ("precision", "force", "allow_io_change", "io", "group", "note", "rollout")
 
@@ -41,9 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="the model's name on the devices")
     parser.add_argument("version", type=int, help="the version this artifact installs")
     parser.add_argument("--artifact", type=Path, required=True,
-                        help="model.onnx, or a bundle .tar.gz (model.onnx, model.yaml, golden/)")
-    parser.add_argument("--format", choices=["onnx", "bundle"],
-                        help="default: bundle for a .tar.gz / .tgz, else onnx")
+                        help="model.onnx, a language model's .gguf, or a bundle .tar.gz "
+                             "(model.onnx, model.yaml, golden/)")
+    parser.add_argument("--format", choices=["onnx", "bundle", "gguf"],
+                        help="default: bundle for a .tar.gz / .tgz, gguf for a .gguf, else onnx")
     parser.add_argument("--key", type=Path,
                         help="the fleet's Ed25519 key (edged ota keygen): devices verify the "
                              "manifest against ota.trusted_keys; without it the manifest is "
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise ToolError("mender-artifact is not installed (apt-get install mender-artifact), "
                         "or pass --payload-only and run the printed command where it is")
     fmt = args.format or ("bundle" if args.artifact.name.endswith((".tar.gz", ".tgz"))
-                          else "onnx")
+                          else "gguf" if args.artifact.name.endswith(".gguf") else "onnx")
     manifest = build_manifest(args.model, args.version, args.artifact, fmt, key=args.key,
                               extra=_extra(args.manifest), ttl_s=args.ttl, seq=args.seq)
     name = args.name or f"{args.model}-v{args.version}"

@@ -8,7 +8,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from edged.model.repository import MODEL_FILE
+from edged.model.repository import GGUF_FILE, MODEL_FILE
 from edged.ota.manifest import Rejected
 
 GOLDEN = "golden"  # bundle folder: inputs.npz, outputs.npz, tolerance.json
@@ -35,8 +35,9 @@ def unpack(archive: Path, dest: Path, max_bytes: int) -> None:
                 if total > max_bytes:
                     raise Rejected("oversize", f"the bundle unpacks to more than {max_bytes} "
                                                "bytes")
-            if MODEL_FILE not in {m.name for m in members}:
-                raise Rejected("bad_bundle", f"the bundle has no {MODEL_FILE}")
+            if not {MODEL_FILE, GGUF_FILE} & {m.name for m in members}:
+                raise Rejected("bad_bundle", f"the bundle has no {MODEL_FILE} (nor "
+                                             f"{GGUF_FILE})")
             for member in members:
                 if not member.isfile():
                     continue

@@ -25,7 +25,8 @@ from pathlib import Path
 from edged.core.errors import EdgedError, InvalidModel, ModelNotFound
 from edged.core.states import OtaState
 from edged.inference.cache import ModelCache
-from edged.model.repository import MODEL_FILE, ModelRepository
+from edged.model.gguf import read_header
+from edged.model.repository import GGUF_FILE, MODEL_FILE, ModelRepository
 from edged.model.signature import read_signature
 from edged.ota.bundle import GOLDEN, unpack
 from edged.ota.config import OtaConfig
@@ -254,13 +255,17 @@ class Updater:
             verify_artifact(manifest, artifact)
             files = stage / "version"
             files.mkdir()
-            if manifest.format == "onnx":
-                os.rename(artifact, files / MODEL_FILE)
+            if manifest.format in ("onnx", "gguf"):
+                os.rename(artifact, files / (MODEL_FILE if manifest.format == "onnx"
+                                             else GGUF_FILE))
             else:
                 unpack(artifact, files, self.fetcher.max_bytes)
                 artifact.unlink()
-            try:
-                read_signature(files / MODEL_FILE)
+            try:  # a GGUF's header here; its tensors when it loads (a failure: undone)
+                if (files / MODEL_FILE).is_file():
+                    read_signature(files / MODEL_FILE)
+                else:
+                    read_header(files / GGUF_FILE)
             except InvalidModel as exc:
                 raise Rejected("corrupt_model", str(exc)) from None
             try:
@@ -303,7 +308,7 @@ class Updater:
             shadow = manifest.shadow and current is not None  # a new model has no live data
             if shadow:
                 self.shadows.check_memory(manifest, self.repository.get(name, version)
-                                          .onnx_path.stat().st_size)
+                                          .model_path.stat().st_size)
             self.cache.load(name, version)
             with self.cache.acquire(name, version) as lease:
                 golden_check(self.repository.version_dir(name, version) / GOLDEN,

@@ -82,7 +82,7 @@ class Artifact:
 class Manifest:
     model: str
     version: int
-    format: Literal["onnx", "bundle"]
+    format: Literal["onnx", "bundle", "gguf"]  # gguf: a language model's file
     artifact: Artifact
     precision: str = "fp32"
     force: bool = False  # allow a downgrade (never the active version number again)
@@ -143,8 +143,8 @@ def parse_manifest(payload: bytes) -> Manifest:
     if version < 1:
         raise Rejected("bad_manifest", f"version must be a positive integer, got {version}")
     fmt = _get(doc, "format", str, "onnx")
-    if fmt not in ("onnx", "bundle"):
-        raise Rejected("bad_manifest", f"format must be onnx or bundle, got {fmt!r}")
+    if fmt not in ("onnx", "bundle", "gguf"):
+        raise Rejected("bad_manifest", f"format must be onnx, bundle or gguf, got {fmt!r}")
     precision = _get(doc, "precision", str, "fp32")
     if precision not in ("fp32", "fp16", "int8", "auto"):
         raise Rejected("bad_manifest", f"precision must be fp32, fp16, int8 or auto, "

@@ -41,6 +41,7 @@ class DaemonStatus:
     updates: Callable[[], dict[str, dict[str, Any]]] = dict  # each model's latest OTA step
     reloads: dict[str, int] = dataclasses.field(default_factory=lambda: {"ok": 0, "failed": 0})
     requests: Callable[[], dict[str, Any] | None] = lambda: None  # MQTT requests' counts
+    generations: Callable[[], dict[str, Any]] = dict  # language models' queues and counts
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     def live(self) -> tuple[bool, list[str]]:
@@ -80,6 +81,7 @@ class DaemonStatus:
             "streams": self.streams.describe(),
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
             "mqtt_requests": self.requests(),
+            "generations": self.generations(),
             "ota": self.ota(),
             "updates": self.updates(),
             "process": {"rss_bytes": host.rss_bytes()},

@@ -44,6 +44,23 @@ def test_bench_api_when_run_quick_measures_every_path(
         assert "response cache on, one input repeated" in table
 
 
+def test_bench_llm_when_run_quick_measures_both_paths_on_the_same_prompts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["llm", "--quick", "--out", str(tmp_path)]) == 0
+    assert "| edged / direct |" in capsys.readouterr().out
+    results = json.loads((tmp_path / "llm.json").read_text())
+    for side in ("direct", "edged"):
+        rows = results[side]
+        assert len(rows) == results["rounds"] == 3
+        # greedy on the same prompts: both generate the same number of tokens
+        assert all(r["tokens"] > 1 and r["ttft_s"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert [r["tokens"] for r in results["direct"]] == [r["tokens"] for r in results["edged"]]
+    assert results["concurrent"]["tokens"] > results["concurrent"]["clients"]
+    beside = results["beside_a_stream"]  # the stream's results counted with and without
+    assert beside["mean_fps_no_chat"] > 0 and beside["mean_fps_chat"] > 0
+    assert beside["chat_tokens_per_s"] > 0
+
+
 @pytest.mark.timeout(300)  # four stream cases and the live views, each run for real
 def test_bench_streams_when_run_quick_measures_every_case_at_a_real_subscriber(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

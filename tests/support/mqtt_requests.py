@@ -45,6 +45,7 @@ class Requester:
         self._arrived = threading.Condition()
         self._answers: dict[bytes, Answer] = {}
         self.other: list[Answer] = []  # answers without correlation data
+        self.all: dict[bytes, list[Answer]] = {}  # every message per correlation (streams)
         self._next = 0
         self.client = paho.Client(CallbackAPIVersion.VERSION2,
                                   client_id=f"req-{name}-{time.monotonic_ns()}",
@@ -69,6 +70,7 @@ class Requester:
                 self.other.append(answer)
             else:
                 self._answers[bytes(correlation)] = answer
+                self.all.setdefault(bytes(correlation), []).append(answer)
             self._arrived.notify_all()
 
     def ask(self, topic: str, body: bytes, *, json_length: int | str | None = None,
@@ -90,6 +92,14 @@ class Requester:
             if not self._arrived.wait_for(lambda: correlation in self._answers, timeout):
                 raise TimeoutError(f"no answer to {correlation!r} in {timeout:g} s")
             return self._answers.pop(correlation)
+
+    def stream(self, correlation: bytes, done: Any, timeout: float = 20.0) -> list[Answer]:
+        """Every message with `correlation` until one satisfies `done` (a final one)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: any(
+                    done(a) for a in self.all.get(correlation, [])), timeout):
+                raise TimeoutError(f"no final message for {correlation!r} in {timeout:g} s")
+            return self.all.pop(correlation)
 
     def call(self, topic: str, body: bytes, timeout: float = 20.0, **kwargs: Any) -> Answer:
         return self.answer(self.ask(topic, body, **kwargs), timeout)

@@ -77,6 +77,16 @@ class Body:
         return self._buffered
 
     @property
+    def connection_gone(self) -> bool:
+        """The client hung up (a long answer may stop early): its connection is lost, or it
+        sent its end (EOF). A client that only half-closes to wait for its answer looks the
+        same as one that left; HTTP clients do not, and a generation should not run on for
+        nobody."""
+        connection = self._connection
+        return getattr(connection, "transport", True) is None or getattr(connection, "eof",
+                                                                         False) is True
+
+    @property
     def ready(self) -> bool:
         """A read would not wait."""
         return bool(self._chunks) or self._done or self._error is not None

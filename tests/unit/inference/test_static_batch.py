@@ -228,7 +228,8 @@ def test_scheduler_when_a_request_does_not_fit_the_fixed_batch_raises_invalid_in
 def _model(shape: tuple[int, ...], max_batch_size: int) -> Any:
     """What `validate` reads of a ModelVersion."""
     return SimpleNamespace(inputs=(TensorSpec("x", np.dtype(np.float32), shape),),
-                           max_batch_size=max_batch_size, fixed_batch=None, label="m:1")
+                           max_batch_size=max_batch_size, fixed_batch=None, label="m:1",
+                           is_language=False)
 
 
 @pytest.mark.parametrize(("shape", "max_batch", "given", "rows"), [

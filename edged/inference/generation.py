@@ -1,0 +1,359 @@
+"""Generation for language models: a fair queue per model (bounded, priorities, a deadline for
+each request's wait) and one worker thread per model that generates off the event loop, a
+request at a time, leasing the model from the warm cache for each (so an OTA swap lets the
+one generating finish on the old version while the next starts on the new). A request's
+`Generation` is its handle: events come to it on its event loop as they happen (start, one
+piece per token, done or error); `cancel()` (the client gone) stops it within one token."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edged.backends import LanguageSession, Piece, Prompt, Sampling
+from edged.core.errors import (
+    EdgedError,
+    InferenceFailed,
+    InvalidInput,
+    QueueFull,
+    ShuttingDown,
+    Timeout,
+)
+from edged.inference.cache import ModelCache
+from edged.model.config import LanguageConfig
+
+logger = logging.getLogger(__name__)
+
+GRACE_S = 2.0  # at shutdown, what a running answer gets to finish before it is cut
+JOIN_S = 10.0  # a worker's current token and cleanup, once its answer is cancelled
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a client asks for: a chat's messages or a completion's prompt, and how."""
+
+    model: str
+    version: int | None = None
+    messages: Sequence[Mapping[str, str]] | None = None  # a chat, else `prompt`
+    prompt: str = ""
+    max_tokens: int | None = None  # None: the model's llm.max_tokens
+    temperature: float = 0.8
+    top_p: float = 0.95
+    stop: tuple[str, ...] = ()
+    json_schema: str | None = None  # the answer is JSON: "{}" any object, else this schema
+    priority: int = 0  # 1 is the highest; 0 = the model's default
+    timeout_s: float | None = None  # the longest wait in the queue; None = the model's
+
+
+@dataclass(frozen=True)
+class Started:
+    version: int
+    prompt_tokens: int
+    context: int
+
+
+@dataclass(frozen=True)
+class Done:
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # stop | length | cancelled
+
+
+Event = Started | Piece | Done | EdgedError
+
+
+@dataclass
+class GenerationCounters:
+    """Per model, since start (GET /v2/edged/status, the bench)."""
+
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    timed_out: int = 0
+    refused: int = 0  # queue full
+    tokens: int = 0
+
+
+Deliver = Callable[[Event], None]
+
+
+class Generation:
+    """One request's handle. Events arrive in order, the last a Done or an EdgedError: on an
+    event loop (`next()`), or handed to a callable on the worker's thread as they happen (an
+    MQTT request's publisher; it must not block)."""
+
+    def __init__(self, ask: Ask, to: asyncio.AbstractEventLoop | Deliver) -> None:
+        self.ask = ask
+        self.cancelled = threading.Event()
+        self._loop = to if isinstance(to, asyncio.AbstractEventLoop) else None
+        self._deliver = None if isinstance(to, asyncio.AbstractEventLoop) else to
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._line: _Line | None = None
+
+    async def next(self) -> Event:
+        return await self._events.get()
+
+    def cancel(self) -> None:
+        """Stop it: out of its queue if it has not started, else before its next token."""
+        if not self.cancelled.is_set():
+            self.cancelled.set()
+            if self._line is not None:
+                self._line.discard(self)
+
+    def _emit(self, event: Event) -> None:
+        if self._deliver is not None:
+            try:
+                self._deliver(event)
+            except Exception:  # the receiver's bug: the worker goes on
+                logger.exception("%s: delivering a generation event failed", self.ask.model)
+            return
+        try:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:  # its loop is closed: nobody is listening
+            pass
+
+
+@dataclass(order=True)
+class _Queued:
+    level: int
+    seq: int
+    deadline: float = field(compare=False)
+    generation: Generation = field(compare=False)
+
+
+class _Line:
+    """One model's queue and the worker thread that empties it."""
+
+    def __init__(self, name: str, cache: ModelCache, config: LanguageConfig,
+                 counters: GenerationCounters, clock: Callable[[], float]) -> None:
+        self.name = name
+        self.cache = cache
+        self.config = config
+        self.counters = counters
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._heap: list[_Queued] = []
+        self._seq = itertools.count()
+        self._closed = False
+        self.busy = False
+        self.current: Generation | None = None  # the one generating
+        self._thread = threading.Thread(target=self._run, name=f"edged-generate-{name}",
+                                         daemon=True)
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._heap)
+
+    def put(self, generation: Generation) -> None:
+        ask, config = generation.ask, self.config
+        if not 0 <= ask.priority <= config.priority_levels:
+            raise InvalidInput(f"priority must be 0 to {config.priority_levels} (model "
+                               f"{self.name}'s llm.priority_levels; 1 is the highest)")
+        level = ask.priority or config.default_priority or config.priority_levels
+        timeout = ask.timeout_s if ask.timeout_s is not None else (
+            config.default_timeout_ms / 1000 or None)
+        deadline = self._clock() + timeout if timeout else float("inf")
+        with self._cond:
+            if self._closed:
+                raise ShuttingDown("the daemon is stopping")
+            if len(self._heap) >= config.max_queue:
+                self.counters.refused += 1
+                raise QueueFull(f"{self.name}: {len(self._heap)} generation requests queued "
+                                f"(llm.max_queue {config.max_queue})")
+            generation._line = self
+            heapq.heappush(self._heap, _Queued(min(level, config.priority_levels),
+                                               next(self._seq), deadline, generation))
+            self._cond.notify()
+
+    def discard(self, generation: Generation) -> None:
+        with self._cond:
+            kept = [q for q in self._heap if q.generation is not generation]
+            if len(kept) != len(self._heap):
+                self._heap = kept
+                heapq.heapify(self._heap)
+                self.counters.cancelled += 1
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            doomed, self._heap = self._heap, []
+            self._cond.notify()
+        for queued in doomed:
+            queued.generation._emit(ShuttingDown("the daemon is stopping"))
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    # -- the worker ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        self._lower_priority()
+        while True:
+            with self._cond:
+                while not self._closed:
+                    wait = self._expire()
+                    if self._heap:
+                        break
+                    self._cond.wait(wait)
+                if self._closed:
+                    return
+                generation = heapq.heappop(self._heap).generation
+                self.busy, self.current = True, generation
+            try:
+                self._serve(generation)
+            finally:
+                self.busy, self.current = False, None
+
+    def _lower_priority(self) -> None:
+        """This thread (and the llama.cpp threads it starts, which inherit it) yields the CPU
+        to the cameras' inference: Linux's niceness is per thread."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.config.nice)
+        except (OSError, AttributeError) as exc:  # not Linux, or not allowed: said, not fatal
+            logger.warning("%s: cannot set the generating thread's niceness to %d: %s",
+                           self.name, self.config.nice, exc)
+
+    def _expire(self) -> float | None:
+        """Fail the queued requests past their deadline (lock held); the seconds until the
+        next one's, or None."""
+        now = self._clock()
+        late = [q for q in self._heap if q.deadline <= now]
+        if late:
+            self._heap = [q for q in self._heap if q.deadline > now]
+            heapq.heapify(self._heap)
+            self.counters.timed_out += len(late)
+            for queued in late:
+                queued.generation._emit(Timeout(
+                    f"{self.name}: waited in the generation queue past its timeout"))
+        deadlines = [q.deadline for q in self._heap if q.deadline != float("inf")]
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def _serve(self, generation: Generation) -> None:
+        if generation.cancelled.is_set():
+            return
+        ask = generation.ask
+        try:
+            lease = self.cache.acquire(ask.model, ask.version)
+        except EdgedError as exc:
+            self.counters.failed += 1
+            generation._emit(exc)
+            return
+        try:
+            session = lease.session
+            if not isinstance(session, LanguageSession):
+                raise InvalidInput(f"{lease.model.label} is not a language model: it cannot "
+                                   "generate")
+            self._generate(generation, session, lease.model.version)
+        except EdgedError as exc:
+            self.counters.failed += 1
+            generation._emit(exc)
+        except Exception as exc:  # llama.cpp's own errors: this request fails, the rest go on
+            logger.exception("%s: generation failed", lease.model.label)
+            self.counters.failed += 1
+            generation._emit(InferenceFailed(f"{lease.model.label}: generation failed: {exc}"))
+        finally:
+            lease.release()
+
+    def _generate(self, generation: Generation, session: LanguageSession,
+                  version: int) -> None:
+        ask = generation.ask
+        prompt: Prompt = session.chat(ask.messages) if ask.messages is not None \
+            else session.prompt(ask.prompt)
+        sampling = Sampling(ask.max_tokens or self.config.max_tokens, ask.temperature,
+                            ask.top_p, ask.stop, ask.json_schema)
+        pieces = session.generate(prompt, sampling)  # raises for what it cannot follow
+        generation._emit(Started(version, len(prompt.tokens), session.context_length))
+        count, reason = 0, "cancelled"
+        try:
+            for piece in pieces:
+                if generation.cancelled.is_set():
+                    break
+                count += 1
+                generation._emit(piece)
+                if piece.finish_reason is not None:
+                    reason = piece.finish_reason
+                    break
+                if self._heap:  # a queued request's deadline passes while this one runs
+                    with self._cond:
+                        self._expire()
+        finally:
+            pieces.close()
+        self.counters.tokens += count
+        if reason == "cancelled":
+            self.counters.cancelled += 1
+        else:
+            self.counters.completed += 1
+        generation._emit(Done(len(prompt.tokens), count, reason))
+
+
+class Generations:
+    """The generation queues of every language model, made on first use."""
+
+    def __init__(self, cache: ModelCache, *, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.cache = cache
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._lines: dict[str, _Line] = {}
+        self.counters: dict[str, GenerationCounters] = {}
+        self._closed = False
+
+    def submit(self, ask: Ask, to: asyncio.AbstractEventLoop | Deliver) -> Generation:
+        """Queue `ask`, its events to `to` (see Generation). Raises at once what is known at
+        once: an unknown model, one that is not a language model, a full queue, a bad
+        priority, shutting down. Reads the model's config (cached): call it off the loop."""
+        model = self.cache.describe(ask.model, ask.version)
+        if not model.is_language:
+            raise InvalidInput(f"{model.label} is not a language model (its file is "
+                               f"{model.model_path.name}): it cannot generate; language "
+                               "models are model.gguf files")
+        generation = Generation(ask, to)
+        self._line(ask.model, model.config.llm).put(generation)
+        return generation
+
+    def _line(self, name: str, config: LanguageConfig) -> _Line:
+        with self._lock:
+            if self._closed:
+                raise ShuttingDown("the daemon is stopping")
+            line = self._lines.get(name)
+            if line is None:
+                counters = self.counters.setdefault(name, GenerationCounters())
+                line = self._lines[name] = _Line(name, self.cache, config, counters,
+                                                 self._clock)
+            else:  # one worker per model whatever its versions: a session generates alone
+                line.config = config  # a new version's model.yaml: its bounds from now on
+            return line
+
+    def statistics(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            lines = dict(self._lines)
+        return {name: {**vars(self.counters[name]), "queued": line.queued,
+                       "generating": int(line.busy)} for name, line in lines.items()}
+
+    def close(self, timeout_s: float = GRACE_S) -> None:
+        """Refuse new requests, fail the queued ones; a running answer gets `timeout_s` to
+        finish, then is cancelled (its client gets what came so far) and its worker stops
+        after its token."""
+        with self._lock:
+            self._closed = True
+            lines = list(self._lines.values())
+        for line in lines:
+            line.close()
+        deadline = time.monotonic() + timeout_s
+        for line in lines:
+            line.join(max(0.0, deadline - time.monotonic()))
+            current = line.current
+            if current is not None:  # past the deadline: its answer ends where it is
+                current.cancel()
+                line.join(JOIN_S)
+
