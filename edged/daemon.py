@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -37,6 +38,7 @@ from edged.ota.manifest import TrustStore
 from edged.ota.progress import OtaProgress
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
+from edged.recording.store import ClipStore, open_clips
 from edged.reload import plan as reload_plan
 from edged.service.health import HealthMonitor, RecentErrors
 from edged.service.loops import health_loop, report_loop, status_loop
@@ -106,7 +108,9 @@ class Daemon:
             subscribe=self.mqtt.subscribe if self.mqtt else None,
             unsubscribe=self.mqtt.unsubscribe if self.mqtt else None,
             backend_of=self.cache.serving_on, events=self.events,
-            live_viewers=config.api.live_viewers)
+            live_viewers=config.api.live_viewers, clip_store=lambda: self.clips,
+            announce_clip=self._announce_clip)
+        self.clips: ClipStore | None = None  # opened by warm_up when a stream keeps clips
         self.ota_progress = OtaProgress(shadows=lambda: self.updater.shadows.status())
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
             self.scheduler.counters, self.cache.status, loads=self.cache.counters,
@@ -125,6 +129,7 @@ class Daemon:
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.status.live, status=self.status.report,
                              snapshots=lambda: self.events.store, live=self.streams.live,
+                             clips=lambda: self.clips,
                              recent=lambda: self.events.recent, installs=lambda: self.local)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
@@ -173,6 +178,8 @@ class Daemon:
         self.config.cache.dir.mkdir(parents=True, exist_ok=True)
         self.events.store = open_store(self.config.cache.dir / "snapshots",
                                        self.config.cache.snapshots_mb)
+        self.clips = open_clips(self.config.recording,
+                                any(s.clips.enabled for s in self.config.streams))
         self.updater.recover()
         self.local.recover()
         self.cache.preload(self.config.cache.preload_names(self.repository.names()),
@@ -189,6 +196,10 @@ class Daemon:
     def _publish_result(self, stream: str, payload: bytes) -> None:
         if self.mqtt is not None:
             self.mqtt.publish("results", topics.results(stream), payload)
+
+    def _announce_clip(self, row: dict[str, Any]) -> None:
+        if self.mqtt is not None:
+            self.mqtt.publish("events", topics.CLIPS, json.dumps(row).encode())
 
     def _ota_event(self, event: Event) -> None:
         self.local.observe(event)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -25,12 +26,13 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 
 from edged.sources.base import Source, SourceError, SourceUnavailable
-from edged.sources.packets import Packet, PacketSink, StreamFormat
+from edged.sources.packets import Packet, PacketSink, StreamFormat, WallClock
 
 logger = logging.getLogger(__name__)
 
 PYAV_FIX = "the pyav reader needs PyAV: pip install 'edged[video]' (or pip install av)"
-REANCHOR_S = 2.0  # a timestamp this far from the wall clock maps anew (a stall, a loop)
+FUTURE_S = 0.25  # a timestamp mapping this far ahead of the wall clock re-anchors the map
+PAST_S = 60.0  # ... and one this far behind it (the camera's clock was reset)
 RECORDED_CODECS = ("h264", "hevc")
 
 
@@ -90,10 +92,12 @@ class DemuxSource(Source):
         self._unit: _Unit | None = None
         self._frames: deque[tuple[np.ndarray, float]] = deque()
         self._wall = 0.0
-        self._anchor: tuple[int, float] | None = None  # (pts, wall) that timestamps map from
+        self._clock: WallClock | None = None  # this connection's timestamps to wall time
         self._frame_interval_s = 0.0
         self._next_due = 0.0
         self._eof = False
+        self._threads = 1
+        self._last_dts: int | None = None
 
     # -- the device --------------------------------------------------------------------------
     def target(self) -> tuple[str, dict[str, str]]:
@@ -126,9 +130,10 @@ class DemuxSource(Source):
             raise SourceError(f"{self.uri}: has no video stream")
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
+        self._threads = max(1, int(stream.codec_context.thread_count or os.cpu_count() or 1))
         self._container, self._video = container, stream
         self._packets = container.demux(stream)
-        self._unit, self._anchor, self._eof = None, None, False
+        self._unit, self._clock, self._eof, self._last_dts = None, None, False, None
         self._frames.clear()
         self._new_format("a new connection")
         if self.scheme == "file":
@@ -208,7 +213,7 @@ class DemuxSource(Source):
                 self.sink.discontinuity("the file starts again")
             self._container.seek(0)
             self._packets = self._container.demux(self._video)
-            self._anchor = None
+            self._clock = self._last_dts = None
             return True
         if self.scheme == "file":
             self.finished = True
@@ -235,8 +240,14 @@ class DemuxSource(Source):
         if unit is None or unit.pts is None or self.sink is None or self._format is None:
             return
         dts = unit.dts if unit.dts is not None else unit.pts
+        if self._last_dts is not None and dts < self._last_dts:
+            self.sink.discontinuity("the camera's timestamps went back")
+            self._clock = None
+        self._last_dts = dts
+        self._to_wall(unit.pts)  # (the clock moves, or starts anew, before the packet takes it)
+        assert self._clock is not None
         self.sink.packet(Packet(unit.data, unit.pts, dts, unit.duration, unit.keyframe,
-                                self._to_wall(unit.pts), self._format))
+                                self._clock, self._format))
 
     def _new_format(self, reason: str) -> None:
         self._flush_unit()
@@ -255,23 +266,30 @@ class DemuxSource(Source):
         self._format = fmt if fmt.codec in RECORDED_CODECS else None
 
     def _to_wall(self, pts: int) -> float:
-        """The wall-clock time a timestamp stands for: anchored at the first packet, moved
-        when the two drift apart by more than REANCHOR_S (a stall, a loop, a camera's clock)."""
+        """The wall-clock time a timestamp stands for. Anchored at the first packet, and moved
+        whenever a timestamp would map into the future (packets the demuxer buffered while it
+        probed the stream come in a burst: the anchor settles on the earliest arrival, the best
+        guess of capture time: every packet of the connection moves with it), or far into the
+        past (the camera's clock was reset: a new clock)."""
         assert self._video is not None
         now = time.time()
-        tb = float(self._video.time_base)
-        anchor = self._anchor
-        if anchor is not None:
-            wall = anchor[1] + (pts - anchor[0]) * tb
-            if abs(wall - now) <= REANCHOR_S + self._lag_s():
-                return wall
-        self._anchor = (pts, now)
-        return now
+        clock = self._clock
+        if clock is None:
+            clock = self._clock = WallClock(pts, now, float(self._video.time_base))
+            return now
+        wall = clock.wall(pts)
+        if wall > now + self._ahead_s():
+            clock.move(pts, now)
+            return now
+        if wall < now - PAST_S:
+            self._clock = WallClock(pts, now, float(self._video.time_base))
+            return now
+        return wall
 
-    def _lag_s(self) -> float:
-        """How far ahead of its frames a paced file's packets are demuxed (the decoder holds
-        a few frames)."""
-        return 8 * self._frame_interval_s
+    def _ahead_s(self) -> float:
+        """How far ahead of the wall clock a packet may map: a paced file's packets are read
+        ahead of their frames by the decoder's delay (a frame a thread)."""
+        return FUTURE_S + (self._threads + 2) * self._frame_interval_s
 
     def _pace(self) -> None:
         """Hold a file's frames to its frame rate, as a live camera would deliver them."""

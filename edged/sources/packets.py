@@ -29,6 +29,25 @@ class StreamFormat:
         return self.codec, self.width, self.height, self.extradata
 
 
+class WallClock:
+    """Maps one connection's timestamps to wall-clock time: `wall(pts)` = the anchor's wall
+    time plus the time since the anchor's pts. Shared by every packet of the connection, so a
+    move of the anchor (`move`) moves them all alike and the packets already in a ring stay
+    in step with the frames read after."""
+
+    __slots__ = ("pts", "tb", "wall0")
+
+    def __init__(self, pts: int, wall0: float, tb: float) -> None:
+        self.pts, self.wall0, self.tb = pts, wall0, tb
+
+    def wall(self, pts: int) -> float:
+        return self.wall0 + (pts - self.pts) * self.tb
+
+    def move(self, pts: int, wall: float) -> None:
+        """From now on `pts` stands for `wall`."""
+        self.wall0 = wall - (pts - self.pts) * self.tb
+
+
 @dataclass(frozen=True, eq=False, slots=True)
 class Packet:
     """One access unit. `pts`/`dts` in `fmt.time_base`; `wall`: the capture time (Unix s) it
@@ -40,8 +59,12 @@ class Packet:
     dts: int
     duration: int
     keyframe: bool
-    wall: float
+    clock: WallClock
     fmt: StreamFormat
+
+    @property
+    def wall(self) -> float:
+        return self.clock.wall(self.pts)
 
     @property
     def size(self) -> int:

@@ -21,6 +21,8 @@ from edged.inference.scheduler import Scheduler
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.post import Postprocessor
+from edged.recording.clips import Announce, ClipRecorder
+from edged.recording.store import ClipStore
 from edged.sources import SensorLink, Source, open_source
 from edged.sources.sensor import Subscribe
 from edged.streams.cascade import Cascade
@@ -42,11 +44,14 @@ class StreamSet:
                  subscribe: Subscribe | None = None,
                  unsubscribe: Callable[[str], None] | None = None,
                  backend_of: Callable[[str, int], str] | None = None,
-                 events: EventsHub | None = None, live_viewers: int = 4) -> None:
+                 events: EventsHub | None = None, live_viewers: int = 4,
+                 clip_store: Callable[[], ClipStore | None] = lambda: None,
+                 announce_clip: Announce | None = None) -> None:
         """`publish` takes each result; `subscribe`/`unsubscribe` are the MQTT link's, for
         sensor streams (None while MQTT is off); `backend_of` names what runs a version;
         `events` makes detect streams' events stages (None: no events); `live_viewers`: live
-        MJPEG viewers per stream at once."""
+        MJPEG viewers per stream at once; `clip_store` gives the store clips go into (None:
+        none are kept), `announce_clip` publishes each finished clip."""
         self.scheduler = scheduler
         self.live_viewers = live_viewers
         self.events = events
@@ -54,6 +59,8 @@ class StreamSet:
         self.subscribe = subscribe
         self.unsubscribe = unsubscribe
         self.backend_of = backend_of
+        self.clip_store = clip_store
+        self.announce_clip = announce_clip
         self._lock = threading.Lock()  # changes of the set; readers take the tuple as it is
         self._pipelines: tuple[StreamPipeline, ...] = ()
 
@@ -113,9 +120,10 @@ class StreamSet:
             publish = cfg.publish if self.events is not None else \
                 dataclasses.replace(cfg.publish, events=False)
             output = outputs(publish, (model.config.postprocess or PostprocessConfig()).kind)
+            recorder = self._recorder(cfg, output.events)
             source = open_source(cfg, SensorLink(self.subscribe, self.unsubscribe, sample,
-                                                 spec.dtype))  # (started by the pipeline)
-            events = self._events(cfg, model) if output.events else None  # the last check
+                                                 spec.dtype), recorder)  # (started later)
+            events = self._events(cfg, model, recorder) if output.events else None  # last
         except EdgedError as exc:
             logger.error("stream %s is not started: %s", cfg.name, exc,
                          extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
@@ -136,12 +144,27 @@ class StreamSet:
         pipeline.start()
         return pipeline
 
-    def _events(self, cfg: StreamConfig, model: ModelVersion) -> EventsStage:
+    def _events(self, cfg: StreamConfig, model: ModelVersion,
+                recorder: ClipRecorder | None) -> EventsStage:
         """The stream's events stage, its `labels:` checked against the model's (ConfigError
         names those it cannot produce: the stream is then not started)."""
         assert self.events is not None  # (output.events is false without a hub)
         known = Postprocessor(model.config.postprocess, model.dir.parent, model.head).labels
-        return self.events.stage(cfg, known)
+        return self.events.stage(cfg, known, clips=recorder)
+
+    def _recorder(self, cfg: StreamConfig, events: bool) -> ClipRecorder | None:
+        """The stream's clip recorder when it keeps clips (and can: its objects' events are
+        what start them, and the store must be open)."""
+        if not cfg.clips.enabled:
+            return None
+        store = self.clip_store()
+        if store is None or not events:
+            logger.warning("stream %s: no clips: %s", cfg.name,
+                           "the recording folder is not open (see the log)" if store is None
+                           else "clips follow tracked objects' events, which this stream has "
+                                "not", extra={"stream": cfg.name, "code": "clips_off"})
+            return None
+        return ClipRecorder(cfg.name, cfg.clips, store, self.announce_clip)
 
     def _cascades(self, cfg: StreamConfig, model: ModelVersion) -> list[Cascade]:
         """The stream's secondary models, each checked (EdgedError names the first that

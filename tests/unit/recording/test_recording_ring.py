@@ -6,7 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from edged.recording.ring import PacketRing
-from edged.sources.packets import Packet, StreamFormat
+from edged.sources.packets import Packet, StreamFormat, WallClock
 
 FMT = StreamFormat("h264", 64, 48, Fraction(1, 90000), b"", None)
 
@@ -14,7 +14,8 @@ FMT = StreamFormat("h264", 64, 48, Fraction(1, 90000), b"", None)
 def packets(seconds: float, *, fps: int = 10, gop: int = 10, size: int = 100,
             start: float = 1000.0) -> list[Packet]:
     """`seconds` of a camera at `fps` with a keyframe every `gop` frames."""
-    return [Packet(b"x" * size, i * 9000, i * 9000, 9000, i % gop == 0, start + i / fps, FMT)
+    clock = WallClock(0, start, 1 / 90000)
+    return [Packet(b"x" * size, i * 9000, i * 9000, 9000, i % gop == 0, clock, FMT)
             for i in range(int(seconds * fps))]
 
 
