@@ -20,6 +20,8 @@ from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
 from support.video import encode_h264, ffprobe, rtsp_server
 
+from edged.cli import main
+from edged.ops import clips as clips_cli
 from edged.ops.client import EdgedClient
 from tools.assets import models as test_models
 from tools.assets.demo import Pass, write_crossing_video
@@ -68,7 +70,8 @@ def _clips(got: list[Received], prefix: str) -> list[dict[str, Any]]:
 
 
 def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serves_it(
-        broker: Broker, make_served: ServeFactory, crossing_h264: Path) -> None:
+        broker: Broker, make_served: ServeFactory, crossing_h264: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     prefix = "t/clip1"
     sub = Subscriber(broker, f"{prefix}/#")
     with rtsp_server(crossing_h264) as url:
@@ -134,3 +137,19 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
                 assert status in (400, 404) and b"ftyp" not in body[:16], bad
             status, _, body = client.request("GET", "/v2/edged/clips?since=abc")
             assert status == 400 and json.loads(body)["code"] == "invalid_input"
+
+    # The CLI: list, and export in ranges (small ones here: the file takes several).
+    monkeypatch.setattr(clips_cli, "CHUNK", 1000)
+    target = ["--socket", str(served.socket)]
+    assert main(["clips", "list", "--json", "--stream", "door", *target]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert red["id"] in [row["id"] for row in listed]
+    assert main(["clips", "list", *target]) == 0
+    assert red["id"] in capsys.readouterr().out
+    out = tmp_path / "red.mp4"
+    assert main(["clips", "export", "--event", ends[0]["id"], "-o", str(out), *target]) == 0
+    assert out.read_bytes() == whole and len(whole) > 3 * 1000
+    assert ffprobe(out)["streams"][0]["codec_name"] == "h264"
+    assert main(["clips", "export", "1.000-door-c99", "-o", str(tmp_path / "x.mp4"),
+                 *target]) == 1
+    assert "404" in capsys.readouterr().err and not (tmp_path / "x.mp4").exists()
