@@ -21,6 +21,7 @@ from edged.recording.config import ClipsConfig
 from edged.recording.ring import PacketRing
 from edged.recording.store import ClipInfo, ClipStore, clip_id
 from edged.recording.writer import ClipWriter
+from edged.sources import worth_logging
 from edged.sources.packets import Packet
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,8 @@ class ClipRecorder:
     def _start(self, start_wall: float, packets: list[Packet], objects: set[str]) -> _Clip | None:
         if not self.store.has_room():
             self.refused_no_room += 1
+            if not worth_logging(self.refused_no_room):
+                return None
             logger.warning("stream %s: no clip: the disk is below its free-space floor "
                            "(recording.min_free_mb); inference goes on", self.stream,
                            extra={"stream": self.stream, "code": "recording_no_room"})

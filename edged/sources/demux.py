@@ -27,6 +27,7 @@ import numpy as np
 
 from edged.sources.base import Source, SourceError, SourceUnavailable
 from edged.sources.packets import Packet, PacketSink, StreamFormat, WallClock
+from edged.sources.paramsets import parameter_sets, probed_format
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class DemuxSource(Source):
         self._eof = False
         self._threads = 1
         self._last_dts: int | None = None
+        self._sets: bytes | None = None  # the parameter sets in band last seen
 
     # -- the device --------------------------------------------------------------------------
     def target(self) -> tuple[str, dict[str, str]]:
@@ -134,6 +136,7 @@ class DemuxSource(Source):
         self._container, self._video = container, stream
         self._packets = container.demux(stream)
         self._unit, self._clock, self._eof, self._last_dts = None, None, False, None
+        self._sets = None
         self._frames.clear()
         self._new_format("a new connection")
         if self.scheme == "file":
@@ -200,9 +203,6 @@ class DemuxSource(Source):
         return True
 
     def _decoded(self, frame: Any) -> None:
-        fmt = self._format
-        if fmt is not None and (frame.width, frame.height) != (fmt.width, fmt.height):
-            self._new_format(f"the picture is now {frame.width}x{frame.height}")
         wall = self._to_wall(frame.pts) if frame.pts is not None else time.time()
         self._frames.append((frame.to_ndarray(format="bgr24"), wall))
 
@@ -239,6 +239,10 @@ class DemuxSource(Source):
         unit, self._unit = self._unit, None
         if unit is None or unit.pts is None or self.sink is None or self._format is None:
             return
+        if unit.keyframe:
+            self._check_parameter_sets(unit.data)
+            if self._format is None:
+                return
         dts = unit.dts if unit.dts is not None else unit.pts
         if self._last_dts is not None and dts < self._last_dts:
             self.sink.discontinuity("the camera's timestamps went back")
@@ -248,6 +252,27 @@ class DemuxSource(Source):
         assert self._clock is not None
         self.sink.packet(Packet(unit.data, unit.pts, dts, unit.duration, unit.keyframe,
                                 self._clock, self._format))
+
+    def _check_parameter_sets(self, data: bytes) -> None:
+        """New parameter sets with a keyframe (another resolution, profile or codec settings):
+        a new format from this packet on, so what is being written ends before it."""
+        assert self._format is not None
+        sets = parameter_sets(data, self._format.codec)
+        if sets is None or sets == self._sets:
+            return
+        first, self._sets = self._sets is None, sets
+        if first:
+            return
+        fmt = probed_format(data, self._format.codec, self._format.time_base, stream_format)
+        if fmt is None:
+            self.reject("a keyframe with parameter sets FFmpeg cannot read was skipped")
+            return
+        assert self.sink is not None
+        self.sink.discontinuity(f"new parameter sets ({fmt.width}x{fmt.height})")
+        self._format = fmt
+        self.formats += 1
+        logger.info("stream %s: new parameter sets: %s %dx%d from here", self.name, fmt.codec,
+                    fmt.width, fmt.height, extra={"stream": self.name})
 
     def _new_format(self, reason: str) -> None:
         self._flush_unit()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.polling import wait_until
-from support.video import carphone_frames, encode_h264, ffprobe, rtsp_server
+from support.video import carphone_frames, corrupt_ts, encode_h264, ffprobe, rtsp_server
 
 from edged.core.errors import RecordingUnavailable
 from edged.recording.clips import ClipRecorder
@@ -209,3 +209,104 @@ def test_store_when_the_folder_cannot_be_written_is_a_clear_error(tmp_path: Path
 def test_store_when_ids_carry_path_tricks_refuses_them(clip_id: str, tmp_path: Path) -> None:
     store = ClipStore(tmp_path / "rec", 10**9, 0)
     assert not valid_id(clip_id) and store.get(clip_id) is None
+
+
+def test_reader_when_packets_arrive_corrupt_skips_and_counts_them_and_clips_stay_valid(
+        frames: list[np.ndarray], tmp_path: Path) -> None:
+    clean = encode_h264(tmp_path / "clean.ts", frames, repeat=2, gop=15)
+    touched = corrupt_ts(clean, tmp_path / "lossy.ts")
+    assert touched > 0
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+    source_stats = []
+
+    def script(n: int, frame: Frame, recorder: ClipRecorder) -> None:
+        if n == 60:
+            recorder.object_started("o", frame.captured)
+        if n == 200:
+            recorder.object_ended("o", frame.captured)
+
+    recorder = ClipRecorder("door", ClipsConfig(enabled=True, pre_capture_s=1.0,
+                                                post_capture_s=0.0), store)
+    source = DemuxSource("door", f"file://{tmp_path / 'lossy.ts'}", FrameQueue(4, "block"),
+                         watchdog_s=5.0, backoff=Backoff(0.2, 1.0), sink=recorder)
+    source.start()
+    try:
+        n = 0
+        while (frame := source.queue.get(5.0)) is not None:
+            n += 1
+            script(n, frame, recorder)
+    finally:
+        source.stop(10.0)
+        recorder.close()
+        source_stats.append(source.read_stats())
+    stats = source_stats[0]
+    assert 0 < stats.rejected <= 2 * touched  # (a lost TS packet may cut two access units)
+    assert stats.frames_in >= 240 - 2 * stats.rejected - 15
+    [clip] = store.list()
+    probe = ffprobe(store.path(clip))  # (it reads the whole file without an error)
+    assert probe["frames"][0]["key_frame"] == 1
+    assert len(probe["frames"]) >= clip.packets - 3 * stats.rejected  # damaged ones aside
+
+
+def test_reader_when_the_camera_changes_resolution_starts_a_new_clip(
+        frames: list[np.ndarray], tmp_path: Path) -> None:
+    import cv2
+
+    small = [cv2.resize(f, (88, 72)) for f in frames]
+    first = encode_h264(tmp_path / "a.ts", frames, gop=15)
+    second = encode_h264(tmp_path / "b.ts", small, gop=15)
+    joined = tmp_path / "joined.ts"  # MPEG-TS concatenates: the camera's new parameter sets
+    joined.write_bytes(first.read_bytes() + second.read_bytes())
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+
+    def script(n: int, frame: Frame, recorder: ClipRecorder) -> None:
+        if n == 60:
+            recorder.object_started("o", frame.captured)  # lives across the change
+        if n == 200:
+            recorder.object_ended("o", frame.captured)
+
+    record(f"file://{joined}", store, script, frames_wanted=230)
+    before, after = sorted(store.list(), key=lambda c: c.start_time)
+    assert (before.width, before.height, after.width, after.height) == (176, 144, 88, 72)
+    for clip, size in ((before, (176, 144)), (after, (88, 72))):
+        probe = ffprobe(store.path(clip))
+        assert (probe["streams"][0]["width"], probe["streams"][0]["height"]) == size
+        assert probe["frames"][0]["key_frame"] == 1 and len(probe["frames"]) == clip.packets
+        assert clip.events == ("o",)
+
+
+def test_clip_when_the_camera_sends_h265_over_rtsp_is_h265(frames: list[np.ndarray],
+                                                           tmp_path: Path) -> None:
+    video = encode_h264(tmp_path / "hevc.mp4", frames, repeat=2, gop=15, codec="h265")
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+    times: dict[str, float] = {}
+
+    def script(n: int, frame: Frame, recorder: ClipRecorder) -> None:
+        if n == 90:
+            times["start"] = frame.captured
+            recorder.object_started("h", frame.captured)
+        if n == 130:
+            times["end"] = frame.captured
+            recorder.object_ended("h", frame.captured)
+
+    with rtsp_server(video, codec="h265") as url:
+        record(url, store, script, frames_wanted=180)
+    [clip] = store.list()
+    assert clip.codec == "hevc"
+    probe = ffprobe(store.path(clip))
+    assert probe["streams"][0]["codec_name"] == "hevc" and probe["frames"][0]["key_frame"] == 1
+    assert clip.start_time <= times["start"] - PRE_S and clip.end_time >= times["end"] + POST_S
+
+
+def test_clip_when_the_disk_is_below_its_floor_does_not_start_and_frames_go_on(
+        h264: Path, tmp_path: Path) -> None:
+    store = ClipStore(tmp_path / "rec", 10**9, min_free_bytes=2**62)  # no disk is that free
+    answers: list[str | None] = []
+
+    def script(n: int, frame: Frame, recorder: ClipRecorder) -> None:
+        if n == 60:
+            answers.append(recorder.object_started("o", frame.captured))
+
+    recorder = record(f"file://{h264}", store, script, frames_wanted=90)
+    assert answers == [None] and recorder.refused_no_room >= 1 and store.list() == []
+    assert recorder.object_ended("o", 0.0) is None

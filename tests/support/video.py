@@ -28,17 +28,24 @@ def carphone_frames(real_models: Path) -> list[np.ndarray]:
 
 
 def encode_h264(path: Path, frames: list[np.ndarray], *, repeat: int = 1, fps: int = 30,
-                gop: int = 15, bframes: int = 0) -> Path:
-    """An H.264 MP4 of `frames` played `repeat` times, a keyframe every `gop` frames."""
+                gop: int = 15, bframes: int = 0, codec: str = "h264") -> Path:
+    """An H.264 (or `codec` h265) file of `frames` played `repeat` times, a keyframe every
+    `gop` frames; MP4, or MPEG-TS for a `.ts` path (a byte stream, as cameras send)."""
     import av
 
     height, width = frames[0].shape[:2]
     with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=fps)
+        if codec == "h265":
+            stream = out.add_stream("libx265", rate=fps)
+            stream.options = {"preset": "ultrafast", "x265-params":
+                              f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes}:"
+                              "log-level=error"}
+        else:
+            stream = out.add_stream("libx264", rate=fps)
+            stream.options = {"preset": "veryfast", "bf": str(bframes),
+                              "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0"}
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.gop_size = gop
-        stream.options = {"preset": "veryfast", "bf": str(bframes),
-                          "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0"}
         for _ in range(repeat):
             for image in frames:
                 for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="bgr24")):
@@ -46,6 +53,23 @@ def encode_h264(path: Path, frames: list[np.ndarray], *, repeat: int = 1, fps: i
         for packet in stream.encode():
             out.mux(packet)
     return path
+
+
+def corrupt_ts(source: Path, target: Path, *, every: int = 97) -> int:
+    """A copy of an MPEG-TS file whose video packets lose their continuity every `every`
+    transport packets after the middle (as packets lost on a link): FFmpeg flags the access
+    units they belong to as corrupt. Returns how many were touched."""
+    data = bytearray(source.read_bytes())
+    touched = 0
+    count = len(data) // 188
+    for k in range(count // 2, count, every):
+        at = k * 188
+        pid = ((data[at + 1] & 0x1F) << 8) | data[at + 2]
+        if data[at] == 0x47 and pid == 0x100:  # PyAV's first stream's PID
+            data[at + 3] = (data[at + 3] & 0xF0) | ((data[at + 3] + 5) & 0x0F)
+            touched += 1
+    target.write_bytes(bytes(data))
+    return touched
 
 
 def ffprobe(path: Path) -> dict:
