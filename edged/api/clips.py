@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edged.api.http.messages import Handler, Request, Response, json_response
+from edged.api.page import SAME_ORIGIN
 from edged.core.errors import ClipNotFound, InvalidInput
 from edged.core.numbers import ascii_int
 from edged.recording.store import ClipStore, valid_id
@@ -29,6 +30,8 @@ from edged.recording.store import ClipStore, valid_id
 DEFAULT_LIMIT, MAX_LIMIT = 100, 10_000
 MAX_BODY = 256 * 2**20  # a clip is read into memory to be sent: one this large is refused
 RANGE = re.compile(r"^bytes=([0-9]{0,15})-([0-9]{0,15})$")
+# The status page plays clips in a <video>; another site's page may not (as the live views).
+VIDEO_HEADERS = {**SAME_ORIGIN, "Accept-Ranges": "bytes"}
 
 
 class ClipRoutes:
@@ -77,15 +80,15 @@ class ClipRoutes:
                 raise InvalidInput(f"clip {clip_id} is {size} bytes: ask for it in ranges "
                                    f"(Range: bytes=0-{MAX_BODY - 1})")
             body = await asyncio.to_thread(_read, path, 0, size)
-            return Response(body, content_type="video/mp4", headers={"Accept-Ranges": "bytes"})
+            return Response(body, content_type="video/mp4", headers=dict(VIDEO_HEADERS))
         if not span:
             return Response(b"", status=416, content_type="video/mp4",
-                            headers={"Content-Range": f"bytes */{size}"})
+                            headers={**SAME_ORIGIN, "Content-Range": f"bytes */{size}"})
         start, end = span
         end = min(end, start + MAX_BODY - 1)
         body = await asyncio.to_thread(_read, path, start, end - start + 1)
         return Response(body, status=206, content_type="video/mp4",
-                        headers={"Accept-Ranges": "bytes",
+                        headers={**VIDEO_HEADERS,
                                  "Content-Range": f"bytes {start}-{end}/{size}"})
 
 

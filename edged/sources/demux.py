@@ -187,7 +187,12 @@ class DemuxSource(Source):
                            extra={"stream": self.name, "code": "demux_failed"})
             self._eof = True
             return False
-        if packet.size == 0:  # the flush packet at the end
+        if packet.size == 0:  # the flush packet at the end: the frames the decoder holds
+            try:
+                for frame in packet.decode():
+                    self._decoded(frame)
+            except av.FFmpegError as exc:
+                self.reject(f"the decoder's last frames were lost: {exc}")
             return True
         if packet.is_corrupt:
             self.reject(f"a corrupt packet ({packet.size} bytes) was skipped")

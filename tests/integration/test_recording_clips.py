@@ -310,3 +310,31 @@ def test_clip_when_the_disk_is_below_its_floor_does_not_start_and_frames_go_on(
     recorder = record(f"file://{h264}", store, script, frames_wanted=90)
     assert answers == [None] and recorder.refused_no_room >= 1 and store.list() == []
     assert recorder.object_ended("o", 0.0) is None
+
+
+def test_reader_when_a_file_loops_goes_on_and_a_clip_across_the_loop_ends_there(
+        frames: list[np.ndarray], tmp_path: Path) -> None:
+    short = encode_h264(tmp_path / "short.mp4", frames, gop=15)  # 120 frames, 4 s
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+    recorder = ClipRecorder("door", ClipsConfig(enabled=True, pre_capture_s=1.0,
+                                                post_capture_s=1.0), store)
+    source = DemuxSource("door", f"file://{short}", FrameQueue(4, "block"), watchdog_s=5.0,
+                         backoff=Backoff(0.2, 1.0), sink=recorder, loop=True)
+    source.start()
+    try:
+        for n in range(1, 301):  # two and a half times round
+            frame = source.queue.get(10.0)
+            assert frame is not None, n
+            if n == 90:
+                recorder.object_started("o", frame.captured)
+            if n == 150:
+                recorder.object_ended("o", frame.captured)
+    finally:
+        assert source.stop(10.0)
+        recorder.close()
+    assert source.read_stats().reconnects == 0
+    clips = sorted(store.list(), key=lambda c: c.start_time)
+    assert len(clips) == 2  # cut where the file started again, then on to end + post
+    for clip in clips:
+        probe = ffprobe(store.path(clip))
+        assert probe["frames"][0]["key_frame"] == 1 and len(probe["frames"]) == clip.packets

@@ -17,6 +17,7 @@ import jsonschema
 import numpy as np
 import pytest
 from support.broker import Broker, Received, Subscriber
+from support.browser import Browser
 from support.daemon import ServeFactory
 from support.video import encode_h264, ffprobe, rtsp_server
 
@@ -71,7 +72,8 @@ def _clips(got: list[Received], prefix: str) -> list[dict[str, Any]]:
 
 def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serves_it(
         broker: Broker, make_served: ServeFactory, crossing_h264: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        browser: Browser) -> None:
     prefix = "t/clip1"
     sub = Subscriber(broker, f"{prefix}/#")
     with rtsp_server(crossing_h264) as url:
@@ -119,6 +121,7 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
             status, headers, body = client.request("GET", red["url"])
             assert status == 200 and headers["Content-Type"] == "video/mp4" and body == whole
             assert headers["Accept-Ranges"] == "bytes"
+            assert headers["Cross-Origin-Resource-Policy"] == "same-origin"
             status, headers, body = client.request("GET", red["url"],
                                                    headers={"Range": "bytes=100-199"})
             assert status == 206 and body == whole[100:200]
@@ -153,3 +156,20 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
     assert main(["clips", "export", "1.000-door-c99", "-o", str(tmp_path / "x.mp4"),
                  *target]) == 1
     assert "404" in capsys.readouterr().err and not (tmp_path / "x.mp4").exists()
+
+    # The status page plays the event's clip in Chromium, as long as the recording is.
+    page = browser.page(f"http://{served.http}/")
+    selector = f"video.clip[data-clip=\"{red['id']}\"]"
+    page.wait_for(f"!!document.querySelector('{selector}')", timeout=30,
+                  what="the red object's clip on the page")
+    video = f"document.querySelector('{selector}')"
+    page.evaluate("(() => { const v = " + video + ";"
+                  " v.preload = 'auto'; v.muted = true; v.load(); })()")
+    duration = page.wait_for("(() => { const v = " + video + ";"
+                             " return v.readyState >= 1 && v.duration; })()", timeout=30,
+                             what="the clip's metadata in Chromium")
+    assert abs(duration - red["duration"]) <= 2 / FPS
+    played = page.wait_for("(() => { const v = " + video + ";"
+                           " v.play(); return v.currentTime > 0.2 && v.currentTime; })()",
+                           timeout=30, what="the clip playing")
+    assert played > 0.2 and page.console == [], page.console
