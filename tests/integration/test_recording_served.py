@@ -12,20 +12,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-import cv2
 import jsonschema
-import numpy as np
 import pytest
 from support.broker import Broker, Received, Subscriber
 from support.browser import Browser
 from support.daemon import ServeFactory
-from support.video import encode_h264, ffprobe, rtsp_server
+from support.video import crossing_h264, ffprobe, rtsp_server
 
 from edged.cli import main
 from edged.ops import clips as clips_cli
 from edged.ops.client import EdgedClient
 from tools.assets import models as test_models
-from tools.assets.demo import Pass, write_crossing_video
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "schemas" /
                      "events.schema.json").read_text())
@@ -34,23 +31,9 @@ PRE_S, POST_S = 2.0, 1.0
 
 
 @pytest.fixture
-def crossing_h264(repo_dir: Path, tmp_path: Path) -> Path:
-    """Red crosses, then blue, each after 4.2 s of empty frames, each picture shown for three
-    frames (a live camera's frames may be dropped while the model is busy), as H.264 with a
-    keyframe every half second."""
+def crossing(repo_dir: Path, tmp_path: Path) -> Path:
     test_models.write_repository(repo_dir, names=["grid_det"])
-    avi = write_crossing_video(tmp_path / "crossing.avi",
-                               (Pass("red", 1), Pass("blue", 2, leftwards=True)), fps=FPS,
-                               lead_frames=14, gap_frames=14)
-    capture = cv2.VideoCapture(str(avi))
-    frames: list[np.ndarray] = []
-    while True:
-        ok, frame = capture.read()
-        if not ok:
-            break
-        frames += [frame] * 3
-    capture.release()
-    return encode_h264(tmp_path / "crossing.mp4", frames, fps=FPS, gop=5)
+    return crossing_h264(tmp_path, fps=FPS)
 
 
 def ended_with_clips(prefix: str):  # type: ignore[no-untyped-def]
@@ -71,12 +54,12 @@ def _clips(got: list[Received], prefix: str) -> list[dict[str, Any]]:
 
 
 def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serves_it(
-        broker: Broker, make_served: ServeFactory, crossing_h264: Path, tmp_path: Path,
+        broker: Broker, make_served: ServeFactory, crossing: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         browser: Browser) -> None:
     prefix = "t/clip1"
     sub = Subscriber(broker, f"{prefix}/#")
-    with rtsp_server(crossing_h264) as url:
+    with rtsp_server(crossing) as url:
         try:
             served = make_served(
                 cache="preload: [grid_det]",

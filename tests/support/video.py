@@ -72,6 +72,28 @@ def corrupt_ts(source: Path, target: Path, *, every: int = 97) -> int:
     return touched
 
 
+def crossing_h264(folder: Path, *, fps: int = 10) -> Path:
+    """The events demo's squares (tools/assets/demo.py: red crosses, then blue leftwards,
+    each after 4.2 s of empty frames, each picture shown for three frames so a live camera's
+    dropped frames cannot hide an object) as H.264 with a keyframe every half second."""
+    import cv2
+
+    from tools.assets.demo import Pass, write_crossing_video
+
+    avi = write_crossing_video(folder / "crossing.avi",
+                               (Pass("red", 1), Pass("blue", 2, leftwards=True)), fps=fps,
+                               lead_frames=14, gap_frames=14)
+    capture = cv2.VideoCapture(str(avi))
+    frames: list[np.ndarray] = []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        frames += [frame] * 3
+    capture.release()
+    return encode_h264(folder / "crossing.mp4", frames, fps=fps, gop=fps // 2)
+
+
 def ffprobe(path: Path) -> dict:
     """ffprobe's view of a file: its video stream and format, and every frame's key flag and
     time (Debian's ffmpeg)."""
