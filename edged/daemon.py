@@ -53,6 +53,8 @@ from edged.streams.streamset import StreamSet
 
 logger = logging.getLogger(__name__)
 
+CLIP_SWEEP_S = 3600.0  # how often clips past recording.clips_days are looked for
+
 DRAIN_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 5.0
 MQTT_STOP_S = 3.0
@@ -260,12 +262,24 @@ class Daemon:
                      asyncio.create_task(status_loop(StatusLines(
                          self.streams.describe, interval_s=0, terminal=self.terminal,
                          logger=logger), lambda: self.config.logging.status_interval_s))]
+            if self.clips is not None:  # clips age out even while no new one comes
+                tasks.append(asyncio.create_task(self._sweep_clips()))
             await self._stop.wait()
         finally:
             for task in tasks:
                 task.cancel()
             await self.shutdown()
             logging.getLogger().removeHandler(self.recent)
+
+    async def _sweep_clips(self) -> None:
+        """Clip retention by age, hourly (a new clip also sweeps)."""
+        while True:
+            await asyncio.sleep(CLIP_SWEEP_S)
+            if self.clips is not None:
+                try:
+                    await asyncio.to_thread(self.clips.enforce_budget)
+                except OSError as exc:  # the disk went away: logged, tried again later
+                    logger.warning("clip retention failed: %s", exc)
 
     # -- health and status -------------------------------------------------------------------
     def _throttle_warning(self, reason: str, stats: TegraStats) -> None:

@@ -41,5 +41,8 @@ class RecordingConfig:
                         "stream; it must exist or be creatable, and be writable")
     clips_mb: int = setting(10240, "clips kept at most (MiB); the oldest are deleted first",
                             check=at_least(1))
+    clips_days: float = setting(30.0, "clips older than this (days, by their end) are "
+                                      "deleted; 0 = kept until the budget needs the room",
+                                check=at_least(0))
     min_free_mb: int = setting(1024, "free space the disk keeps: below it no clip starts "
                                      "(inference goes on)", check=at_least(0))

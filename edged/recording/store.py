@@ -14,6 +14,8 @@ import os
 import re
 import shutil
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -59,12 +61,16 @@ class ClipInfo:
 
 
 class ClipStore:
-    def __init__(self, root: Path, budget_bytes: int, min_free_bytes: int) -> None:
+    def __init__(self, root: Path, budget_bytes: int, min_free_bytes: int, *,
+                 max_age_s: float = 0.0, clock: Callable[[], float] = time.time) -> None:
         """Opens (and makes) the folder, repairs it and reads what it holds; raises
-        RecordingUnavailable when the folder cannot be made or written."""
+        RecordingUnavailable when the folder cannot be made or written. `max_age_s`: clips
+        that ended longer ago are deleted (0: never for their age)."""
         self.root = root
         self.budget_bytes = budget_bytes
         self.min_free_bytes = min_free_bytes
+        self.max_age_s = max_age_s
+        self.clock = clock
         self.deleted = 0  # clips deleted by the budget since start
         self.dropped = 0  # files dropped by the repair at start
         self._lock = threading.Lock()
@@ -122,6 +128,19 @@ class ClipStore:
         self.enforce_budget()
 
     def enforce_budget(self) -> None:
+        """Delete the clips past their age, then the oldest while over the budget. Only
+        finished clips are in the index: the one being written is never touched."""
+        if self.max_age_s > 0:
+            cutoff = self.clock() - self.max_age_s
+            with self._lock:
+                old = [c for c in self._clips.values() if c.end_time < cutoff]
+                for clip in old:
+                    del self._clips[clip.id]
+            for clip in old:
+                self._remove(clip)
+                self.deleted += 1
+                logger.info("clip %s deleted: older than %.1f days", clip.id,
+                            self.max_age_s / 86400, extra={"stream": clip.stream})
         while True:
             with self._lock:
                 used = sum(c.size for c in self._clips.values())
@@ -192,7 +211,8 @@ def open_clips(cfg: RecordingConfig, wanted: bool) -> ClipStore | None:
     RecordingUnavailable when its folder cannot be used: the daemon does not start."""
     if not wanted:
         return None
-    store = ClipStore(cfg.dir, cfg.clips_mb * 2**20, cfg.min_free_mb * 2**20)
+    store = ClipStore(cfg.dir, cfg.clips_mb * 2**20, cfg.min_free_mb * 2**20,
+                      max_age_s=cfg.clips_days * 86400)
     logger.info("clips: %d kept in %s (%.1f of %d MiB)", len(store.list()), cfg.dir,
                 store.used_bytes / 2**20, cfg.clips_mb)
     return store

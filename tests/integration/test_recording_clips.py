@@ -338,3 +338,23 @@ def test_reader_when_a_file_loops_goes_on_and_a_clip_across_the_loop_ends_there(
     for clip in clips:
         probe = ffprobe(store.path(clip))
         assert probe["frames"][0]["key_frame"] == 1 and len(probe["frames"]) == clip.packets
+
+
+def test_store_when_clips_pass_their_age_deletes_them_at_start_and_on_a_sweep(
+        h264: Path, tmp_path: Path) -> None:
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+
+    def script(n: int, frame: Frame, recorder: ClipRecorder) -> None:
+        if n in (70, 150):
+            recorder.object_started(f"o{n}", frame.captured)
+            recorder.object_ended(f"o{n}", frame.captured)
+
+    record(f"file://{h264}", store, script, frames_wanted=220)
+    older, newer = sorted(store.list(), key=lambda c: c.end_time)
+    now = [newer.end_time + 3600.0]
+    between = now[0] - (older.end_time + newer.end_time) / 2  # an age between the two
+    aged = ClipStore(tmp_path / "rec", 10**9, 0, max_age_s=between, clock=lambda: now[0])
+    assert [c.id for c in aged.list()] == [newer.id] and not store.path(older).exists()
+    now[0] += newer.end_time - older.end_time + 1.0  # later: the newer one's age passes too
+    aged.enforce_budget()
+    assert aged.list() == [] and not store.path(newer).exists()
