@@ -122,6 +122,11 @@ class ClipRecorder:
             clip.live.add(object_id)
             return clip.id
 
+    def in_clip(self, object_id: str) -> bool:
+        """Is the object in the clip being written?"""
+        with self._lock:
+            return self._clip is not None and object_id in self._clip.objects
+
     def object_ended(self, object_id: str, end_time: float) -> ClipRef | None:
         """The object's clip, as its `end` message names it (None: it has none)."""
         with self._lock:

@@ -79,7 +79,7 @@ class EventsStage:
         self.recent = recent
         self.visible: tuple[Visible, ...] = ()  # the objects in the last frame (live view)
         self.clips = clips
-        self._clipped: set[str] = set()  # objects in a clip, until their end
+        self._clipped: set[str] = set()  # objects the recorder was told of, until their end
 
     def frame(self, frame_time: float, detections: Detections,
               frame: np.ndarray | None) -> None:
@@ -173,6 +173,8 @@ class EventsStage:
             after = event["after"]
             object_id = after["id"]
             if event["type"] == "end":
+                # (told of its end whether or not a clip could start: the recorder may have
+                # started one for it later, at a keyframe, and must not wait for it forever)
                 ref = self.clips.object_ended(object_id, after["end_time"]) \
                     if object_id in self._clipped else None
                 self._clipped.discard(object_id)
@@ -180,10 +182,10 @@ class EventsStage:
                 if ref is not None:
                     after["clip"] = ref.payload()
                 continue
-            if object_id not in self._clipped and wants_clip(cfg.labels, cfg.zones, after) \
-                    and self.clips.object_started(object_id, after["start_time"]) is not None:
+            if object_id not in self._clipped and wants_clip(cfg.labels, cfg.zones, after):
+                self.clips.object_started(object_id, after["start_time"])
                 self._clipped.add(object_id)
-            after["has_clip"] = object_id in self._clipped
+            after["has_clip"] = self.clips.in_clip(object_id)
 
 
 def wants_clip(labels: Sequence[str], zones: Sequence[str], obj: dict) -> bool:

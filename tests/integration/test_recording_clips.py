@@ -358,3 +358,25 @@ def test_store_when_clips_pass_their_age_deletes_them_at_start_and_on_a_sweep(
     now[0] += newer.end_time - older.end_time + 1.0  # later: the newer one's age passes too
     aged.enforce_budget()
     assert aged.list() == [] and not store.path(newer).exists()
+
+
+def test_clip_when_an_object_starts_before_any_keyframe_starts_at_the_next_one(
+        h264: Path, tmp_path: Path) -> None:
+    from tools.bench.recording import read_packets
+
+    packets = read_packets(h264)
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+    recorder = ClipRecorder("door", ClipsConfig(enabled=True, pre_capture_s=PRE_S,
+                                                post_capture_s=POST_S), store)
+    assert recorder.object_started("early", packets[0].wall - 1.0) is None  # nothing yet
+    for packet in packets[:60]:
+        recorder.packet(packet)
+    assert recorder.in_clip("early")
+    ref = recorder.object_ended("early", packets[59].wall)
+    assert ref is not None
+    for packet in packets[60:]:
+        recorder.packet(packet)
+    recorder.close()
+    [clip] = store.list()
+    assert clip.id == ref.id and clip.events == ("early",)
+    assert clip.start_time == packets[0].wall and clip.end_time >= packets[59].wall + POST_S
