@@ -138,7 +138,7 @@ class DemuxSource(Source):
         self._unit, self._clock, self._eof, self._last_dts = None, None, False, None
         self._sets = None
         self._frames.clear()
-        self._new_format("a new connection")
+        self._connected_format()
         if self.scheme == "file":
             rate = stream.average_rate or stream.guessed_rate
             fps = float(rate) if rate else 0.0
@@ -279,21 +279,21 @@ class DemuxSource(Source):
         logger.info("stream %s: new parameter sets: %s %dx%d from here", self.name, fmt.codec,
                     fmt.width, fmt.height, extra={"stream": self.name})
 
-    def _new_format(self, reason: str) -> None:
-        self._flush_unit()
+    def _connected_format(self) -> None:
+        """The format of a new connection (its packets follow a discontinuity: close() said
+        so); the same camera again keeps its format object."""
         assert self._video is not None
         fmt = stream_format(self._video)
-        if self._format is not None and fmt.key == self._format.key and \
-                reason == "a new connection":
-            fmt = self._format  # the same camera again: the format object is kept
-        elif self._format is not None and self.sink is not None:
-            self.sink.discontinuity(reason)
-        if fmt is not self._format:
-            self.formats += 1
-            if fmt.codec not in RECORDED_CODECS and self.sink is not None:
+        if self._format is not None and fmt.key == self._format.key:
+            return
+        self.formats += 1
+        if fmt.codec not in RECORDED_CODECS:
+            if self.sink is not None:
                 logger.warning("stream %s: %s video is not recorded (only H.264 and H.265)",
                                self.name, fmt.codec, extra={"stream": self.name})
-        self._format = fmt if fmt.codec in RECORDED_CODECS else None
+            self._format = None
+            return
+        self._format = fmt
 
     def _to_wall(self, pts: int) -> float:
         """The wall-clock time a timestamp stands for. Anchored at the first packet, and moved

@@ -213,3 +213,5 @@ def test_bench_recording_when_run_quick_measures_the_recorder_the_readers_and_pr
     pre = results["pre_capture"]
     assert pre["edged"]["short"] == 0 and pre["edged"]["min"] >= pre["asked_s"]
     assert pre["next_keyframe"]["short"] > 0  # the policy edged improves on, measured alike
+    rows = results["cameras"]
+    assert [r["cameras"] for r in rows][:1] == [1] and all(r["cpu_cores"] > 0 for r in rows)

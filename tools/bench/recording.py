@@ -11,6 +11,10 @@ every second, 30 fps; textured moving content so the bitrate is a camera's).
   decoding the same file with its default threads, and PyAV's decoder runs FFmpeg's own
   automatic thread count too) and against OpenCV's `VideoCapture.read` (today's reader),
   as CPU time per frame (getrusage: every thread of the process or of the child).
+- **Cameras a core**: 1, 2, ... copies of the stream read at their own rate (30 fps, a file
+  played like a live camera) by demuxing readers whose packets go to clip recorders, each
+  frame through the stream's change gate, until frames drop (fewer than 95% delivered);
+  the model's own time apart (no model runs). Tracking is not in it (it needs detections).
 - **Pre-capture delivered**: events at random times on the same stream, each starting a clip
   through the recorder; how far before the event each clip starts, against the asked
   pre-capture, beside what starting at the next keyframe (DeepStream's Smart Record) and at
@@ -220,6 +224,62 @@ def pre_capture(packets: list[Packet], workdir: Path, events: int) -> dict[str, 
             "next_keyframe": spread(next_key), "segment_10s": spread(segment)}
 
 
+def _consume(source: DemuxSource, gate: Any, delivered: list[int], index: int,
+             stop: Any) -> None:
+    """One stream's loop without the model: each frame through its change gate."""
+    while not stop.is_set():
+        frame = source.queue.get(0.2)
+        if frame is not None:
+            gate.admit(frame.data, frame.captured_mono)
+            delivered[index] += 1
+
+
+def cameras(path: Path, workdir: Path, *, seconds: float, most: int) -> list[dict[str, Any]]:
+    """n cameras at once, n = 1, 2, ...: the share of frames each delivered, until < 95%."""
+    import threading
+
+    from edged.streams.config import GateConfig
+    from edged.streams.gate import ChangeGate
+
+    rows = []
+    for n in range(1, most + 1):
+        sources, threads = [], []
+        delivered = [0] * n
+        stop = threading.Event()
+        for i in range(n):
+            store = ClipStore(workdir / f"cams{n}-{i}", 10**12, 0)
+            recorder = ClipRecorder(f"c{i}", ClipsConfig(enabled=True), store)
+            source = DemuxSource(f"c{i}", f"file://{path}", FrameQueue(2, "drop_oldest"),
+                                 backoff=Backoff(1, 1), sink=recorder, loop=True)
+            sources.append(source)
+            threads.append(threading.Thread(
+                target=_consume, args=(source, ChangeGate(GateConfig(enabled=True)),
+                                       delivered, i, stop), daemon=True))
+        for source in sources:
+            source.start()
+        for thread in threads:
+            thread.start()
+        # (a warm-up second: the readers open and reach their pace)
+        stop.wait(1.0)
+        first = list(delivered)
+        cpu, wall = _cpu_self(), time.perf_counter()
+        stop.wait(seconds)
+        got = [d - f for d, f in zip(delivered, first, strict=True)]
+        cpu, wall = _cpu_self() - cpu, time.perf_counter() - wall
+        stop.set()
+        for source in sources:
+            source.stop(10.0)
+        for thread in threads:
+            thread.join(5.0)
+        share = sum(got) / (n * FPS * wall)
+        rows.append({"cameras": n, "delivered_pct": round(100 * share, 1),
+                     "fps_each": round(sum(got) / n / wall, 1),
+                     "cpu_cores": round(cpu / wall, 2)})
+        if share < 0.95:
+            break
+    return rows
+
+
 def run_bench(workdir: Path, *, quick: bool = False) -> dict[str, Any]:
     seconds = 4 if quick else 12
     video = make_stream(workdir / "cam.mp4", seconds)
@@ -228,7 +288,9 @@ def run_bench(workdir: Path, *, quick: bool = False) -> dict[str, Any]:
                        "keyframe_every_s": 1.0},
             "recording": recording_cpu(packets, workdir, repeats=5 if quick else 10),
             "reader": reader_cpu(video, seconds * FPS),
-            "pre_capture": pre_capture(packets, workdir, 10 if quick else 40)}
+            "pre_capture": pre_capture(packets, workdir, 10 if quick else 40),
+            "cameras": cameras(video, workdir, seconds=2.0 if quick else 6.0,
+                               most=2 if quick else 16)}
 
 
 def format_table(results: dict[str, Any]) -> str:
@@ -257,4 +319,10 @@ def format_table(results: dict[str, Any]) -> str:
         row = pre[key]
         lines.append(f"  {name:<30}{row['min']:>8}{row['p50']:>8}{row['max']:>8}"
                      f"{row['short']:>7}")
+    lines.append("cameras at once (1080p30 each: read, packets to a recorder, decode, BGR, "
+                 "change gate; no model), until frames drop")
+    lines.append(f"  {'cameras':>8}{'delivered':>11}{'fps each':>10}{'CPU cores':>11}")
+    for row in results["cameras"]:
+        lines.append(f"  {row['cameras']:>8}{str(row['delivered_pct']) + '%':>11}"
+                     f"{row['fps_each']:>10}{row['cpu_cores']:>11}")
     return "\n".join(lines)
