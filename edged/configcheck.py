@@ -68,7 +68,7 @@ def _check_recording(config: DaemonConfig, found: Findings, line: _Line) -> None
     """A stream keeps clips: the recording folder must be usable, as `run` would find it
     (an error where it exists but is not writable, or cannot be made; a warning where its
     parent does not exist here: a path on the device)."""
-    if not any(s.clips.enabled for s in config.streams):
+    if not any(s.clips.enabled or s.record.enabled for s in config.streams):
         return
     folder = config.recording.dir
     at = line("recording.dir")

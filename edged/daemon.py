@@ -181,7 +181,8 @@ class Daemon:
         self.events.store = open_store(self.config.cache.dir / "snapshots",
                                        self.config.cache.snapshots_mb)
         self.clips = open_clips(self.config.recording,
-                                any(s.clips.enabled for s in self.config.streams))
+                                any(s.clips.enabled or s.record.enabled
+                                    for s in self.config.streams))
         self.updater.recover()
         self.local.recover()
         self.cache.preload(self.config.cache.preload_names(self.repository.names()),

@@ -2,10 +2,12 @@
 (`recording.dir`, `edged/recording/store.py`), on the Unix socket and the TCP listener alike,
 under the same owner checks as every route.
 
-- `GET /v2/edged/clips[?stream=S&event=E&since=T&until=T&limit=N]`: `{"clips": [{id, stream,
-  start_time, end_time, duration, events, size, codec, width, height, packets, url}],
-  "used_bytes", "budget_bytes"}`, newest first (`since`/`until`: Unix s, clips overlapping
-  them; `limit` 100 unless given, at most 10000);
+- `GET /v2/edged/clips[?stream=S&event=E&kind=K&since=T&until=T&limit=N]`: `{"clips": [{id,
+  stream, start_time, end_time, duration, events, size, codec, width, height, packets, kind,
+  url}],
+  "used_bytes", "budget_bytes"}`, newest first (`kind`: `clip`, an event's, or `segment`, of
+  continuous recording; `since`/`until`: Unix s, those overlapping them; `limit` 100 unless
+  given, at most 10000);
 - `GET /v2/edged/clips/{id}`: the MP4 (`video/mp4`), with `Accept-Ranges: bytes`. A `Range:
   bytes=a-b` (or `a-`, or `-n`) answers 206 with `Content-Range`; a range that starts past the
   end is 416 (`Content-Range: bytes */size`); several ranges, or one that does not parse, are
@@ -55,8 +57,11 @@ class ClipRoutes:
         limit = _number(query.get("limit"), "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
         since = _time(query.get("since"), "since")
         until = _time(query.get("until"), "until")
+        kind = query.get("kind")
+        if kind not in (None, "clip", "segment"):
+            raise InvalidInput(f"kind must be clip or segment, got {kind[:16]!r}")
         clips = store.list(stream=query.get("stream"), event=query.get("event"), since=since,
-                           until=until)[:limit]
+                           until=until, kind=kind)[:limit]
         return json_response({"clips": [c.row() for c in clips],
                               "used_bytes": store.used_bytes,
                               "budget_bytes": store.budget_bytes})

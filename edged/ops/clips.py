@@ -1,6 +1,7 @@
-"""`edged clips list|export`: a running daemon's event clips, over its socket (or the loopback
-TCP listener). `list` prints them newest first (or as JSON); `export` downloads one clip (by id,
-or the clip of an event) in HTTP ranges into a file, written whole or not at all."""
+"""`edged clips list|export`: a running daemon's event clips and continuous segments, over
+its socket (or the loopback TCP listener). `list` prints them newest first (or as JSON);
+`export` downloads one (by id, or the clip of an event) in HTTP ranges into a file, written
+whole or not at all."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def add_clips_arguments(
     listing = sub.add_parser("list", help="the clips a daemon keeps, newest first")
     listing.add_argument("--stream", help="only this stream's")
     listing.add_argument("--event", metavar="OBJECT_ID", help="only the clip of this event")
+    listing.add_argument("--kind", choices=("clip", "segment"),
+                         help="only event clips, or only continuous segments")
     listing.add_argument("--since", type=float, metavar="UNIX_S", help="ending after this")
     listing.add_argument("--until", type=float, metavar="UNIX_S", help="starting before this")
     listing.add_argument("--limit", type=int, default=100)
@@ -42,8 +45,8 @@ def add_clips_arguments(
 def cmd_clips(args: argparse.Namespace, client: Any) -> int:
     with client:
         if args.clips_command == "list":
-            rows = _list(client, stream=args.stream, event=args.event, since=args.since,
-                         until=args.until, limit=args.limit)
+            rows = _list(client, stream=args.stream, event=args.event, kind=args.kind,
+                         since=args.since, until=args.until, limit=args.limit)
             if args.json:
                 print(json.dumps(rows, indent=2))
             else:

@@ -34,15 +34,30 @@ class ClipsConfig:
 
 
 @dataclass(frozen=True)
+class RecordConfig:
+    """Continuous recording (`edged/recording/segments.py`): every packet of the stream into
+    MP4 segments cut at keyframes, kept `recording.segments_days` (event clips are kept
+    longer: `recording.clips_days`, and the budget deletes segments before clips)."""
+
+    enabled: bool = setting(False, "record the stream continuously, in segments")
+    segment_s: float = setting(10.0, "a segment ends at the first keyframe this long after "
+                                     "its start", check=between(1, 3600))
+
+
+@dataclass(frozen=True)
 class RecordingConfig:
     """Where clips are kept and how much disk they may use."""
 
     dir: Path = setting(Path("/var/lib/edged/recordings"), "clips are kept here, a folder per "
                         "stream; it must exist or be creatable, and be writable")
-    clips_mb: int = setting(10240, "clips kept at most (MiB); the oldest are deleted first",
+    clips_mb: int = setting(10240, "clips and segments kept at most (MiB): the oldest "
+                                   "segments are deleted first, then the oldest clips",
                             check=at_least(1))
     clips_days: float = setting(30.0, "clips older than this (days, by their end) are "
                                       "deleted; 0 = kept until the budget needs the room",
                                 check=at_least(0))
+    segments_days: float = setting(7.0, "continuous segments older than this (days) are "
+                                        "deleted; 0 = kept until the budget needs the room",
+                                   check=at_least(0))
     min_free_mb: int = setting(1024, "free space the disk keeps: below it no clip starts "
                                      "(inference goes on)", check=at_least(0))

@@ -27,15 +27,16 @@ from edged.recording.writer import PART
 
 logger = logging.getLogger(__name__)
 
-ID = re.compile(r"^[0-9]{1,12}\.[0-9]{3}-[A-Za-z0-9_.-]{1,128}-c[0-9]{1,9}$")
+ID = re.compile(r"^[0-9]{1,12}\.[0-9]{3}-[A-Za-z0-9_.-]{1,128}-[cs][0-9]{1,9}$")
 
 
 def valid_id(clip_id: str) -> bool:
     return bool(ID.match(clip_id)) and ".." not in clip_id
 
 
-def clip_id(start_wall: float, stream: str, number: int) -> str:
-    return f"{start_wall:.3f}-{stream}-c{number}"
+def clip_id(start_wall: float, stream: str, number: int, kind: str = "clip") -> str:
+    """`<start>-<stream>-c<n>` for an event clip, `...-s<n>` for a continuous segment."""
+    return f"{start_wall:.3f}-{stream}-{'s' if kind == 'segment' else 'c'}{number}"
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class ClipInfo:
     width: int
     height: int
     packets: int
+    kind: str = "clip"  # "clip" (an event's) | "segment" (continuous recording)
 
     @property
     def duration(self) -> float:
@@ -62,7 +64,8 @@ class ClipInfo:
 
 class ClipStore:
     def __init__(self, root: Path, budget_bytes: int, min_free_bytes: int, *,
-                 max_age_s: float = 0.0, clock: Callable[[], float] = time.time) -> None:
+                 max_age_s: float = 0.0, segment_age_s: float = 0.0,
+                 clock: Callable[[], float] = time.time) -> None:
         """Opens (and makes) the folder, repairs it and reads what it holds; raises
         RecordingUnavailable when the folder cannot be made or written. `max_age_s`: clips
         that ended longer ago are deleted (0: never for their age)."""
@@ -70,6 +73,7 @@ class ClipStore:
         self.budget_bytes = budget_bytes
         self.min_free_bytes = min_free_bytes
         self.max_age_s = max_age_s
+        self.segment_age_s = segment_age_s
         self.clock = clock
         self.deleted = 0  # clips deleted by the budget since start
         self.dropped = 0  # files dropped by the repair at start
@@ -80,15 +84,18 @@ class ClipStore:
 
     # -- reading -----------------------------------------------------------------------------
     def list(self, *, stream: str | None = None, since: float | None = None,
-             until: float | None = None, event: str | None = None) -> list[ClipInfo]:
-        """Clips newest first: of a stream, overlapping [since, until], holding an event."""
+             until: float | None = None, event: str | None = None,
+             kind: str | None = None) -> list[ClipInfo]:
+        """Clips newest first: of a stream, overlapping [since, until], holding an event,
+        of a kind (clip, segment)."""
         with self._lock:
             clips = list(self._clips.values())
         return sorted((c for c in clips
                        if (stream is None or c.stream == stream)
                        and (since is None or c.end_time >= since)
                        and (until is None or c.start_time <= until)
-                       and (event is None or event in c.events)),
+                       and (event is None or event in c.events)
+                       and (kind is None or c.kind == kind)),
                       key=lambda c: c.start_time, reverse=True)
 
     def get(self, clip_id: str) -> ClipInfo | None:
@@ -130,27 +137,30 @@ class ClipStore:
     def enforce_budget(self) -> None:
         """Delete the clips past their age, then the oldest while over the budget. Only
         finished clips are in the index: the one being written is never touched."""
-        if self.max_age_s > 0:
-            cutoff = self.clock() - self.max_age_s
-            with self._lock:
-                old = [c for c in self._clips.values() if c.end_time < cutoff]
-                for clip in old:
-                    del self._clips[clip.id]
+        ages = {"clip": self.max_age_s, "segment": self.segment_age_s}
+        now = self.clock()
+        with self._lock:
+            old = [c for c in self._clips.values()
+                   if ages.get(c.kind, 0) > 0 and c.end_time < now - ages[c.kind]]
             for clip in old:
-                self._remove(clip)
-                self.deleted += 1
-                logger.info("clip %s deleted: older than %.1f days", clip.id,
-                            self.max_age_s / 86400, extra={"stream": clip.stream})
+                del self._clips[clip.id]
+        for clip in old:
+            self._remove(clip)
+            self.deleted += 1
+            logger.info("%s %s deleted: older than %.1f days", clip.kind, clip.id,
+                        ages[clip.kind] / 86400, extra={"stream": clip.stream})
         while True:
             with self._lock:
                 used = sum(c.size for c in self._clips.values())
                 if used <= self.budget_bytes or len(self._clips) <= 1:
                     return
-                oldest = min(self._clips.values(), key=lambda c: c.start_time)
+                # Segments go first: an event's clip is the evidence kept longest.
+                oldest = min(self._clips.values(),
+                             key=lambda c: (c.kind != "segment", c.start_time))
                 del self._clips[oldest.id]
             self._remove(oldest)
             self.deleted += 1
-            logger.info("clip %s deleted: clips over %d MiB", oldest.id,
+            logger.info("%s %s deleted: recordings over %d MiB", oldest.kind, oldest.id,
                         self.budget_bytes // 2**20, extra={"stream": oldest.stream})
 
     def _remove(self, info: ClipInfo) -> None:
@@ -207,12 +217,13 @@ def check_folder(root: Path) -> None:
 
 
 def open_clips(cfg: RecordingConfig, wanted: bool) -> ClipStore | None:
-    """The daemon's clip store when a stream keeps clips (None otherwise); raises
+    """The daemon's clip store when a stream keeps clips or records (None otherwise); raises
     RecordingUnavailable when its folder cannot be used: the daemon does not start."""
     if not wanted:
         return None
     store = ClipStore(cfg.dir, cfg.clips_mb * 2**20, cfg.min_free_mb * 2**20,
-                      max_age_s=cfg.clips_days * 86400)
+                      max_age_s=cfg.clips_days * 86400,
+                      segment_age_s=cfg.segments_days * 86400)
     logger.info("clips: %d kept in %s (%.1f of %d MiB)", len(store.list()), cfg.dir,
                 store.used_bytes / 2**20, cfg.clips_mb)
     return store

@@ -48,7 +48,9 @@ class ClipWriter:
         self.end_wall: float | None = None
         self.packets = 0
         self.error: str | None = None
-        self._step = 0.0  # one frame's duration: the last packet's, or the last interval
+        self._step = 0.0  # one frame's duration: the packets', or the shortest interval
+        self._prev_wall: float | None = None
+        self._max_wall: float | None = None
 
     def write(self, packet: Packet) -> bool:
         """Mux one packet; False once writing has failed (the disk is full: the file keeps
@@ -81,11 +83,17 @@ class ClipWriter:
             return False
         self._last_dts = packet.dts
         self.packets += 1
+        wall = packet.wall
         if packet.duration:
             self._step = float(packet.duration * packet.fmt.time_base)
-        elif self.end_wall is not None and packet.wall > self.end_wall - self._step:
-            self._step = packet.wall - (self.end_wall - self._step)  # (RTP gives none)
-        self.end_wall = packet.wall + self._step
+        elif self._prev_wall is not None and wall != self._prev_wall:
+            # (RTP gives no duration: a frame is the shortest step between two pictures;
+            # with B-frames, decode order is not presentation order)
+            gap = abs(wall - self._prev_wall)
+            self._step = gap if self._step == 0.0 else min(self._step, gap)
+        self._prev_wall = wall
+        self._max_wall = wall if self._max_wall is None else max(self._max_wall, wall)
+        self.end_wall = self._max_wall + self._step  # the last picture shown, and its frame
         return True
 
     def close(self) -> Written | None:

@@ -15,7 +15,7 @@ from edged.events.config import (
     TrackConfig,
     ZoneConfig,
 )
-from edged.recording.config import ClipsConfig
+from edged.recording.config import ClipsConfig, RecordConfig
 
 STREAM_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst", "mqtt")
 
@@ -122,6 +122,8 @@ class StreamConfig:
     publish: PublishConfig = setting(factory=PublishConfig, help="what the stream publishes")
     clips: ClipsConfig = setting(factory=ClipsConfig, help="event clips: the camera's own "
                                                           "packets around each object's event")
+    record: RecordConfig = setting(factory=RecordConfig, help="continuous recording in "
+                                                              "segments")
     gate: GateConfig = setting(factory=GateConfig, help="change gating: frames whose picture "
                                                         "did not change skip the model")
 
@@ -139,12 +141,13 @@ def check_stream_clips(parsed: Parsed[Any], path: str, stream: StreamConfig) -> 
     """Clips need the camera's packets: the pyav reader on rtsp://, http(s):// or file://;
     `clips.zones` names zones of the stream."""
     clips = stream.clips
-    if not clips.enabled:
+    if not clips.enabled and not stream.record.enabled:
         return []
     issues = []
     scheme = stream.source.partition("://")[0]
+    key = "clips.enabled" if clips.enabled else "record.enabled"
     if scheme not in ("rtsp", "http", "https", "file"):
-        issues.append(parsed.issue(f"{path}.clips.enabled", f"clips are recorded from rtsp://, "
+        issues.append(parsed.issue(f"{path}.{key}", f"clips are recorded from rtsp://, "
                                    f"http(s):// and file:// sources, not {scheme}://"))
     elif stream.reader == "opencv":
         issues.append(parsed.issue(f"{path}.reader", "clips need the camera's packets, which "

@@ -22,6 +22,7 @@ from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.post import Postprocessor
 from edged.recording.clips import Announce, ClipRecorder
+from edged.recording.segments import PacketTee, SegmentRecorder
 from edged.recording.store import ClipStore
 from edged.sources import SensorLink, Source, open_source
 from edged.sources.sensor import Subscribe
@@ -121,8 +122,11 @@ class StreamSet:
                 dataclasses.replace(cfg.publish, events=False)
             output = outputs(publish, (model.config.postprocess or PostprocessConfig()).kind)
             recorder = self._recorder(cfg, output.events)
+            sinks = [s for s in (recorder, self._segments(cfg)) if s is not None]
             source = open_source(cfg, SensorLink(self.subscribe, self.unsubscribe, sample,
-                                                 spec.dtype), recorder)  # (started later)
+                                                 spec.dtype),  # (started by the pipeline)
+                                 sinks[0] if len(sinks) == 1 else
+                                 PacketTee(sinks) if sinks else None)
             events = self._events(cfg, model, recorder) if output.events else None  # last
         except EdgedError as exc:
             logger.error("stream %s is not started: %s", cfg.name, exc,
@@ -165,6 +169,17 @@ class StreamSet:
                                 "not", extra={"stream": cfg.name, "code": "clips_off"})
             return None
         return ClipRecorder(cfg.name, cfg.clips, store, self.announce_clip)
+
+    def _segments(self, cfg: StreamConfig) -> SegmentRecorder | None:
+        """The stream's continuous recording, when asked for and the store is open."""
+        if not cfg.record.enabled:
+            return None
+        store = self.clip_store()
+        if store is None:
+            logger.warning("stream %s: not recording: the recording folder is not open (see "
+                           "the log)", cfg.name, extra={"stream": cfg.name, "code": "clips_off"})
+            return None
+        return SegmentRecorder(cfg.name, cfg.record, store)
 
     def _cascades(self, cfg: StreamConfig, model: ModelVersion) -> list[Cascade]:
         """The stream's secondary models, each checked (EdgedError names the first that

@@ -8,6 +8,7 @@ the oldest."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Callable
@@ -20,7 +21,8 @@ from support.video import carphone_frames, corrupt_ts, encode_h264, ffprobe, rts
 
 from edged.core.errors import RecordingUnavailable
 from edged.recording.clips import ClipRecorder
-from edged.recording.config import ClipsConfig
+from edged.recording.config import ClipsConfig, RecordConfig
+from edged.recording.segments import PacketTee, SegmentRecorder
 from edged.recording.store import ClipInfo, ClipStore, valid_id
 from edged.sources.base import Backoff, Frame, FrameQueue
 from edged.sources.demux import DemuxSource
@@ -380,3 +382,70 @@ def test_clip_when_an_object_starts_before_any_keyframe_starts_at_the_next_one(
     [clip] = store.list()
     assert clip.id == ref.id and clip.events == ("early",)
     assert clip.start_time == packets[0].wall and clip.end_time >= packets[59].wall + POST_S
+
+
+def test_segments_when_recording_continuously_follow_one_another_from_keyframes(
+        h264: Path, tmp_path: Path) -> None:
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+    segments = SegmentRecorder("door", RecordConfig(enabled=True, segment_s=2.0), store)
+    clips = ClipRecorder("door", ClipsConfig(enabled=True, pre_capture_s=1.0,
+                                             post_capture_s=1.0), store)
+    source = DemuxSource("door", f"file://{h264}", FrameQueue(4, "block"), watchdog_s=5.0,
+                         backoff=Backoff(0.2, 1.0), sink=PacketTee([segments, clips]))
+    source.start()
+    try:
+        n = 0
+        while (frame := source.queue.get(5.0)) is not None:
+            n += 1
+            if n == 100:
+                clips.object_started("o", frame.captured)
+                clips.object_ended("o", frame.captured)
+    finally:
+        source.stop(10.0)
+        segments.close()
+        clips.close()
+    assert n == 360
+    parts = sorted(store.list(kind="segment"), key=lambda c: c.start_time)
+    [clip] = store.list(kind="clip")
+    assert clip.events == ("o",)
+    assert len(parts) == 6 and sum(p.packets for p in parts) == 360
+    for before, after in itertools.pairwise(parts):
+        assert abs(after.start_time - before.end_time) < 0.01  # no gap, no overlap
+    for part in parts:
+        assert part.kind == "segment" and part.id.endswith(tuple(f"-s{i}" for i in range(9)))
+        assert 2.0 <= part.duration <= 2.0 + 0.5 + FRAME_S or part is parts[-1]
+        probe = ffprobe(store.path(part))
+        assert probe["frames"][0]["key_frame"] == 1 and len(probe["frames"]) == part.packets
+
+
+def test_store_when_over_budget_deletes_segments_before_clips_and_ages_them_apart(
+        h264: Path, tmp_path: Path) -> None:
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+    segments = SegmentRecorder("door", RecordConfig(enabled=True, segment_s=4.0), store)
+    clips = ClipRecorder("door", ClipsConfig(enabled=True, pre_capture_s=1.0,
+                                             post_capture_s=0.5), store)
+    source = DemuxSource("door", f"file://{h264}", FrameQueue(4, "block"), watchdog_s=5.0,
+                         backoff=Backoff(0.2, 1.0), sink=PacketTee([segments, clips]))
+    source.start()
+    try:
+        n = 0
+        while (frame := source.queue.get(5.0)) is not None:
+            n += 1
+            if n == 60:  # a clip early on: older than most segments
+                clips.object_started("o", frame.captured)
+                clips.object_ended("o", frame.captured)
+    finally:
+        source.stop(10.0)
+        segments.close()
+        clips.close()
+    [clip] = store.list(kind="clip")
+    parts = sorted(store.list(kind="segment"), key=lambda c: c.start_time)
+    assert len(parts) == 3
+    room = clip.size + parts[-1].size  # the clip and the newest segment fit
+    small = ClipStore(tmp_path / "rec", room, 0)
+    kept = {c.id for c in small.list()}
+    assert kept == {clip.id, parts[-1].id}  # the older clip outlived two newer segments
+    now = parts[-1].end_time + 100.0
+    aged = ClipStore(tmp_path / "rec", 10**9, 0, max_age_s=3600.0, segment_age_s=50.0,
+                     clock=lambda: now)
+    assert [c.id for c in aged.list()] == [clip.id]  # segments age out sooner

@@ -130,6 +130,8 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
     assert main(["clips", "list", "--json", "--stream", "door", *target]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert red["id"] in [row["id"] for row in listed]
+    assert main(["clips", "list", "--kind", "segment", "--json", *target]) == 0
+    assert json.loads(capsys.readouterr().out) == []  # (this stream keeps no segments)
     assert main(["clips", "list", *target]) == 0
     assert red["id"] in capsys.readouterr().out
     out = tmp_path / "red.mp4"

@@ -44,6 +44,10 @@ def test_clips_config_when_valid_reads_every_key_and_picks_the_pyav_reader() -> 
                                                              "unknown key"),
     (stream("rtsp://h/s", ", reader: gstreamer"), "streams[0].reader"),
     ("recording: {clips_mb: 0}\n", "recording.clips_mb: must be >= 1"),
+    ("streams: [{name: cam, source: 'v4l2:///dev/video0', model: m, record: {enabled: true}}]"
+     "\n", "streams[0].record.enabled: clips are recorded from rtsp://"),
+    ("streams: [{name: cam, source: 'rtsp://h/s', model: m, record: {enabled: true, "
+     "segment_s: 0.5}}]\n", "streams[0].record.segment_s"),
 ])
 def test_clips_config_when_wrong_names_the_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
