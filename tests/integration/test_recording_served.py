@@ -8,6 +8,7 @@ Range (206, 416), 404 for an unknown id and refusals for path tricks."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
                 mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}",
                 streams=f"[{{name: door, source: '{url}', model: grid_det, "
                         f"labels: [red, blue], clips: {{enabled: true, pre_capture_s: {PRE_S}, "
-                        f"post_capture_s: {POST_S}}}}}]")
+                        f"post_capture_s: {POST_S}}}, record: {{enabled: true, "
+                        f"segment_s: 2}}}}]")
             got = sub.collect(until=ended_with_clips(prefix), timeout=90,
                               what="two objects' ends and their clips")
         finally:
@@ -131,7 +133,14 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
     listed = json.loads(capsys.readouterr().out)
     assert red["id"] in [row["id"] for row in listed]
     assert main(["clips", "list", "--kind", "segment", "--json", *target]) == 0
-    assert json.loads(capsys.readouterr().out) == []  # (this stream keeps no segments)
+    segments = sorted(json.loads(capsys.readouterr().out), key=lambda r: r["start_time"])
+    assert len(segments) >= 3 and {r["kind"] for r in segments} == {"segment"}
+    gaps = [after["start_time"] - before["end_time"]
+            for before, after in itertools.pairwise(segments)]
+    assert min(gaps) > -0.01, "segments never overlap"
+    assert sum(abs(g) < 0.01 for g in gaps) >= 2, f"they join exactly (but at a reconnect): {gaps}"
+    probe = ffprobe(store.path(store.get(segments[0]["id"])))  # type: ignore[arg-type]
+    assert probe["frames"][0]["key_frame"] == 1
     assert main(["clips", "list", *target]) == 0
     assert red["id"] in capsys.readouterr().out
     out = tmp_path / "red.mp4"
