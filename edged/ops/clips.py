@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ def add_clips_arguments(
     which = export.add_mutually_exclusive_group(required=True)
     which.add_argument("id", nargs="?", help="the clip's id")
     which.add_argument("--event", metavar="OBJECT_ID", help="the clip of this event")
+    which.add_argument("--stream", help="a span of this stream's continuous segments "
+                                        "(with --since and --until), joined into one file")
+    export.add_argument("--since", type=float, metavar="UNIX_S", help="the span's start")
+    export.add_argument("--until", type=float, metavar="UNIX_S", help="the span's end")
     export.add_argument("--output", "-o", type=Path, required=True, metavar="FILE")
     return listing, export
 
@@ -52,6 +57,8 @@ def cmd_clips(args: argparse.Namespace, client: Any) -> int:
             else:
                 print_rows(rows)
             return 0
+        if args.stream is not None:
+            return export_span(client, args)
         clip_id = args.id
         if clip_id is None:
             rows = _list(client, event=args.event, limit=1)
@@ -100,6 +107,30 @@ def export(client: Any, clip_id: str, output: Path) -> int:
     finally:
         part.unlink(missing_ok=True)
     return total or 0
+
+
+def export_span(client: Any, args: argparse.Namespace) -> int:
+    """The stream's segments overlapping [since, until], downloaded and joined by remux (whole
+    segments: the file starts at the keyframe at or before `since`)."""
+    from edged.recording.concat import concatenate
+
+    if args.since is None or args.until is None or args.until <= args.since:
+        raise ToolError("--stream needs --since and --until (Unix s), until after since")
+    rows = _list(client, stream=args.stream, kind="segment", since=args.since,
+                 until=args.until, limit=10_000)
+    if not rows:
+        raise ToolError(f"no segments of {args.stream} between {args.since} and {args.until}")
+    rows.sort(key=lambda r: r["start_time"])
+    with tempfile.TemporaryDirectory(prefix="edged-span-") as tmp:
+        parts = []
+        for row in rows:
+            part = Path(tmp) / f"{row['id']}.mp4"
+            export(client, row["id"], part)
+            parts.append(part)
+        packets = concatenate(parts, args.output)
+    print(f"{args.output}: {len(rows)} segments of {args.stream} from "
+          f"{rows[0]['start_time']} to {rows[-1]['end_time']}, {packets} packets")
+    return 0
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:

@@ -19,8 +19,9 @@ import pytest
 from support.polling import wait_until
 from support.video import carphone_frames, corrupt_ts, encode_h264, ffprobe, rtsp_server
 
-from edged.core.errors import RecordingUnavailable
+from edged.core.errors import InvalidInput, RecordingUnavailable
 from edged.recording.clips import ClipRecorder
+from edged.recording.concat import concatenate
 from edged.recording.config import ClipsConfig, RecordConfig
 from edged.recording.segments import PacketTee, SegmentRecorder
 from edged.recording.store import ClipInfo, ClipStore, valid_id
@@ -449,3 +450,40 @@ def test_store_when_over_budget_deletes_segments_before_clips_and_ages_them_apar
     aged = ClipStore(tmp_path / "rec", 10**9, 0, max_age_s=3600.0, segment_age_s=50.0,
                      clock=lambda: now)
     assert [c.id for c in aged.list()] == [clip.id]  # segments age out sooner
+
+
+def test_concatenate_when_given_a_span_of_segments_writes_one_file_of_them_all(
+        h264: Path, tmp_path: Path) -> None:
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+    segments = SegmentRecorder("door", RecordConfig(enabled=True, segment_s=2.0), store)
+    source = DemuxSource("door", f"file://{h264}", FrameQueue(4, "block"), watchdog_s=5.0,
+                         backoff=Backoff(0.2, 1.0), sink=segments)
+    source.start()
+    try:
+        while source.queue.get(5.0) is not None:
+            pass
+    finally:
+        source.stop(10.0)
+        segments.close()
+    parts = sorted(store.list(kind="segment"), key=lambda c: c.start_time)
+    out = tmp_path / "span.mp4"
+    written = concatenate([store.path(p) for p in parts[1:4]], out)
+    assert written == sum(p.packets for p in parts[1:4])
+    probe = ffprobe(out)
+    assert probe["frames"][0]["key_frame"] == 1 and len(probe["frames"]) == written
+    times = [float(f["pts_time"]) for f in probe["frames"]]
+    assert times == sorted(times)  # one timeline, no jump back at a joint
+    expected = sum(p.duration for p in parts[1:4])
+    assert abs(float(probe["format"]["duration"]) - expected) <= 2 * FRAME_S
+
+
+def test_concatenate_when_the_format_changes_refuses_and_leaves_no_file(
+        frames: list[np.ndarray], tmp_path: Path) -> None:
+    import cv2
+
+    big = encode_h264(tmp_path / "big.mp4", frames[:30], gop=15)
+    small = encode_h264(tmp_path / "small.mp4", [cv2.resize(f, (88, 72)) for f in frames[:30]],
+                        gop=15)
+    with pytest.raises(InvalidInput, match=r"88x72.*export it in parts"):
+        concatenate([big, small], tmp_path / "out.mp4")
+    assert not list(tmp_path.glob("out.mp4*"))

@@ -141,6 +141,13 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
     assert sum(abs(g) < 0.01 for g in gaps) >= 2, f"they join exactly (but at a reconnect): {gaps}"
     probe = ffprobe(store.path(store.get(segments[0]["id"])))  # type: ignore[arg-type]
     assert probe["frames"][0]["key_frame"] == 1
+    span = tmp_path / "span.mp4"  # a span of segments, joined into one file by remux
+    since, until = segments[0]["start_time"] + 0.5, segments[2]["start_time"] + 0.5
+    assert main(["clips", "export", "--stream", "door", "--since", str(since), "--until",
+                 str(until), "-o", str(span), *target]) == 0
+    joined = ffprobe(span)
+    assert joined["frames"][0]["key_frame"] == 1
+    assert len(joined["frames"]) == sum(r["packets"] for r in segments[:3])
     assert main(["clips", "list", *target]) == 0
     assert red["id"] in capsys.readouterr().out
     out = tmp_path / "red.mp4"
