@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from edged.core.schema import at_least, between, check_names, setting
 
@@ -42,6 +43,9 @@ class RecordConfig:
     enabled: bool = setting(False, "record the stream continuously, in segments")
     segment_s: float = setting(10.0, "a segment ends at the first keyframe this long after "
                                      "its start", check=between(1, 3600))
+    mode: Literal["all", "active_objects"] = setting(
+        "all", "all: every segment is kept; active_objects: only segments during which a "
+        "tracked object was in view (a detect stream with events)")
 
 
 @dataclass(frozen=True)

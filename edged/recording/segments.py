@@ -2,7 +2,9 @@
 beside the event clips in the store), each starting at a keyframe and ending at the first
 keyframe `segment_s` after its start, so segments follow one another without a gap or an
 overlap. A camera that stops (a reconnect, a new format) ends the segment there; the next
-starts at the next keyframe. Below the store's free-space floor no segment starts
+starts at the next keyframe. Mode `active_objects` keeps only segments during which the
+events stage saw a tracked object (decided one segment late: the model answers after the
+packets are written). Below the store's free-space floor no segment starts
 (`recording_no_room`, logged the first ten times, then every hundredth) and inference goes on.
 `PacketTee` hands one reader's packets to the segments and the clips alike."""
 
@@ -19,6 +21,8 @@ from edged.sources import PacketSink, worth_logging
 from edged.sources.packets import Packet
 
 logger = logging.getLogger(__name__)
+
+ACTIVITY_STEP_S = 0.5  # object activity is kept at this resolution
 
 
 class PacketTee:
@@ -50,6 +54,17 @@ class SegmentRecorder:
         self._id = ""
         self._start = 0.0
         self._number = 0
+        self.dropped_idle = 0  # segments without an object in view (mode active_objects)
+        self._active: list[float] = []  # when objects were in view, at most 2 a second
+        # mode active_objects: the last finished segment waits for the activity of its
+        # frames, which the events stage reports after the model answered (after the packets)
+        self._pending: ClipInfo | None = None
+
+    def activity(self, frame_time: float) -> None:
+        """A frame with tracked objects in view, at its capture time (the stream's thread)."""
+        with self._lock:
+            if not self._active or frame_time - self._active[-1] >= ACTIVITY_STEP_S:
+                self._active.append(frame_time)
 
     def packet(self, packet: Packet) -> None:
         with self._lock:
@@ -74,6 +89,7 @@ class SegmentRecorder:
     def close(self) -> None:
         with self._lock:
             self._finish()
+            self._decide()
 
     def _open(self, packet: Packet) -> ClipWriter | None:
         if not self.store.has_room():
@@ -102,8 +118,26 @@ class SegmentRecorder:
         written = writer.close()
         if written is None:
             return
-        self.store.add(ClipInfo(self._id, self.stream, round(written.start_wall, 3),
-                                round(written.end_wall, 3), (), written.size, writer.fmt.codec,
-                                writer.fmt.width, writer.fmt.height, written.packets,
-                                kind="segment"))
-        self.segments_written += 1
+        info = ClipInfo(self._id, self.stream, round(written.start_wall, 3),
+                        round(written.end_wall, 3), (), written.size, writer.fmt.codec,
+                        writer.fmt.width, writer.fmt.height, written.packets, kind="segment")
+        if self.cfg.mode == "all":
+            self.store.add(info)
+            self.segments_written += 1
+            return
+        self._decide()  # the one before: its frames' activity is in by now
+        self._pending = info
+
+    def _decide(self) -> None:
+        """Keep the pending segment when an object was in view during it; else delete it
+        (it was never in the store: no record was written)."""
+        info, self._pending = self._pending, None
+        if info is None:
+            return
+        if any(info.start_time - ACTIVITY_STEP_S <= t <= info.end_time for t in self._active):
+            self.store.add(info)
+            self.segments_written += 1
+        else:
+            self.store.path(info).unlink(missing_ok=True)
+            self.dropped_idle += 1
+        self._active = [t for t in self._active if t > info.end_time]

@@ -58,10 +58,13 @@ class EventsStage:
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  recent: RecentEvents | None = None,
-                 clips: ClipRecorder | None = None) -> None:
+                 clips: ClipRecorder | None = None,
+                 activity: Callable[[float], None] | None = None) -> None:
         """`recent`: the daemon's list of recent objects, which this stage's events join;
         `clips`: the stream's clip recorder (None: no clips), told of the objects that
-        `clips.labels`/`clips.zones` pick, whose events then name their clip."""
+        `clips.labels`/`clips.zones` pick, whose events then name their clip; `activity`:
+        told the capture time of each frame with tracked objects in view (continuous
+        recording's `active_objects` mode)."""
         self.cfg = cfg
         self.engine = StreamEvents(cfg.name, cfg)
         self.publisher = publisher
@@ -79,6 +82,7 @@ class EventsStage:
         self.recent = recent
         self.visible: tuple[Visible, ...] = ()  # the objects in the last frame (live view)
         self.clips = clips
+        self.activity = activity
         self._clipped: set[str] = set()  # objects the recorder was told of, until their end
 
     def frame(self, frame_time: float, detections: Detections,
@@ -90,6 +94,8 @@ class EventsStage:
             self._report(self.engine.update(frame_time, detections, frame))
             self.visible = tuple((obj.id, obj.label, obj.score, obj.box, obj.sub_label)
                                  for obj in self.engine.seen)
+            if self.visible and self.activity is not None:
+                self.activity(frame_time)
         except Exception as exc:  # a bug here must not stop the stream's results
             self._failed(exc)
         elapsed_ms = (time.perf_counter() - start) * 1000
@@ -210,14 +216,16 @@ class EventsHub:
         self._discovery: dict[str, dict[str, bytes]] = {}  # stream -> topic -> config
 
     def stage(self, cfg: StreamConfig, known_labels: Sequence[str],
-              clips: ClipRecorder | None = None) -> EventsStage:
+              clips: ClipRecorder | None = None,
+              activity: Callable[[float], None] | None = None) -> EventsStage:
         """The events stage of a stream whose model can produce `known_labels`, its discovery
         configs published. Raises ConfigError when `labels:` names one the model has not."""
         if known_labels:
             check_labels(cfg.labels, known_labels, path="")
         publish: Publish | None = self.link.publish if self.link is not None else None
         stage = EventsStage(cfg, EventPublisher(cfg.name, publish, self.store),
-                            on_close=self._closed, recent=self.recent, clips=clips)
+                            on_close=self._closed, recent=self.recent, clips=clips,
+                            activity=activity)
         with self._lock:
             self._stages[cfg.name] = stage
         labels = list(cfg.labels) or list(known_labels)

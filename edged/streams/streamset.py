@@ -122,12 +122,14 @@ class StreamSet:
                 dataclasses.replace(cfg.publish, events=False)
             output = outputs(publish, (model.config.postprocess or PostprocessConfig()).kind)
             recorder = self._recorder(cfg, output.events)
-            sinks = [s for s in (recorder, self._segments(cfg)) if s is not None]
+            segments = self._segments(cfg, output.events)
+            sinks = [s for s in (recorder, segments) if s is not None]
             source = open_source(cfg, SensorLink(self.subscribe, self.unsubscribe, sample,
                                                  spec.dtype),  # (started by the pipeline)
                                  sinks[0] if len(sinks) == 1 else
                                  PacketTee(sinks) if sinks else None)
-            events = self._events(cfg, model, recorder) if output.events else None  # last
+            events = self._events(cfg, model, recorder, segments) \
+                if output.events else None  # the last check
         except EdgedError as exc:
             logger.error("stream %s is not started: %s", cfg.name, exc,
                          extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
@@ -148,13 +150,15 @@ class StreamSet:
         pipeline.start()
         return pipeline
 
-    def _events(self, cfg: StreamConfig, model: ModelVersion,
-                recorder: ClipRecorder | None) -> EventsStage:
+    def _events(self, cfg: StreamConfig, model: ModelVersion, recorder: ClipRecorder | None,
+                segments: SegmentRecorder | None) -> EventsStage:
         """The stream's events stage, its `labels:` checked against the model's (ConfigError
         names those it cannot produce: the stream is then not started)."""
         assert self.events is not None  # (output.events is false without a hub)
         known = Postprocessor(model.config.postprocess, model.dir.parent, model.head).labels
-        return self.events.stage(cfg, known, clips=recorder)
+        activity = segments.activity if segments is not None and \
+            cfg.record.mode == "active_objects" else None
+        return self.events.stage(cfg, known, clips=recorder, activity=activity)
 
     def _recorder(self, cfg: StreamConfig, events: bool) -> ClipRecorder | None:
         """The stream's clip recorder when it keeps clips (and can: its objects' events are
@@ -170,10 +174,14 @@ class StreamSet:
             return None
         return ClipRecorder(cfg.name, cfg.clips, store, self.announce_clip)
 
-    def _segments(self, cfg: StreamConfig) -> SegmentRecorder | None:
+    def _segments(self, cfg: StreamConfig, events: bool) -> SegmentRecorder | None:
         """The stream's continuous recording, when asked for and the store is open."""
         if not cfg.record.enabled:
             return None
+        if cfg.record.mode == "active_objects" and not events:
+            logger.warning("stream %s: record.mode active_objects keeps segments with tracked "
+                           "objects in view, and this stream tracks none: nothing will be kept",
+                           cfg.name, extra={"stream": cfg.name, "code": "clips_off"})
         store = self.clip_store()
         if store is None:
             logger.warning("stream %s: not recording: the recording folder is not open (see "

@@ -487,3 +487,25 @@ def test_concatenate_when_the_format_changes_refuses_and_leaves_no_file(
     with pytest.raises(InvalidInput, match=r"88x72.*export it in parts"):
         concatenate([big, small], tmp_path / "out.mp4")
     assert not list(tmp_path.glob("out.mp4*"))
+
+
+def test_segments_when_mode_is_active_objects_keep_only_those_with_an_object_in_view(
+        h264: Path, tmp_path: Path) -> None:
+    from tools.bench.recording import read_packets
+
+    packets = read_packets(h264)  # 12 s, a keyframe every 0.5 s: six 2 s segments
+    store = ClipStore(tmp_path / "rec", 10**9, 0)
+    segments = SegmentRecorder("door", RecordConfig(enabled=True, segment_s=2.0,
+                                                    mode="active_objects"), store)
+    seen = {150, 151, 152}  # an object in view for three frames, 5 s in
+    for i, packet in enumerate(packets):
+        segments.packet(packet)
+        if i - 20 in seen:  # the events stage reports after the model: 20 frames late
+            segments.activity(packets[i - 20].wall)
+    segments.close()
+    [kept] = store.list(kind="segment")
+    assert kept.start_time <= packets[150].wall <= kept.end_time
+    assert segments.dropped_idle == 5 and segments.segments_written == 1
+    assert sorted(p.name for p in (tmp_path / "rec" / "door").iterdir()) == sorted(
+        [f"{kept.id}.mp4", f"{kept.id}.json"])  # the idle ones are gone from the disk
+    assert ffprobe(store.path(kept))["frames"][0]["key_frame"] == 1
