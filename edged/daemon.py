@@ -38,7 +38,7 @@ from edged.ota.manifest import TrustStore
 from edged.ota.progress import OtaProgress
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
-from edged.recording.store import ClipStore, open_clips
+from edged.recording.store import ClipStore, open_clips, retention_loop
 from edged.reload import plan as reload_plan
 from edged.service.health import HealthMonitor, RecentErrors
 from edged.service.loops import health_loop, report_loop, status_loop
@@ -52,8 +52,6 @@ from edged.streams.pipeline import StreamPipeline
 from edged.streams.streamset import StreamSet
 
 logger = logging.getLogger(__name__)
-
-CLIP_SWEEP_S = 3600.0  # how often clips past recording.clips_days are looked for
 
 DRAIN_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 5.0
@@ -264,23 +262,13 @@ class Daemon:
                          self.streams.describe, interval_s=0, terminal=self.terminal,
                          logger=logger), lambda: self.config.logging.status_interval_s))]
             if self.clips is not None:  # clips age out even while no new one comes
-                tasks.append(asyncio.create_task(self._sweep_clips()))
+                tasks.append(asyncio.create_task(retention_loop(self.clips)))
             await self._stop.wait()
         finally:
             for task in tasks:
                 task.cancel()
             await self.shutdown()
             logging.getLogger().removeHandler(self.recent)
-
-    async def _sweep_clips(self) -> None:
-        """Clip retention by age, hourly (a new clip also sweeps)."""
-        while True:
-            await asyncio.sleep(CLIP_SWEEP_S)
-            if self.clips is not None:
-                try:
-                    await asyncio.to_thread(self.clips.enforce_budget)
-                except OSError as exc:  # the disk went away: logged, tried again later
-                    logger.warning("clip retention failed: %s", exc)
 
     # -- health and status -------------------------------------------------------------------
     def _throttle_warning(self, reason: str, stats: TegraStats) -> None:

@@ -27,6 +27,7 @@ from edged.recording.writer import PART
 
 logger = logging.getLogger(__name__)
 
+SWEEP_S = 3600.0  # how often recordings past their age are looked for
 ID = re.compile(r"^[0-9]{1,12}\.[0-9]{3}-[A-Za-z0-9_.-]{1,128}-[cs][0-9]{1,9}$")
 
 
@@ -227,3 +228,15 @@ def open_clips(cfg: RecordingConfig, wanted: bool) -> ClipStore | None:
     logger.info("clips: %d kept in %s (%.1f of %d MiB)", len(store.list()), cfg.dir,
                 store.used_bytes / 2**20, cfg.clips_mb)
     return store
+
+
+async def retention_loop(store: ClipStore, every_s: float = SWEEP_S) -> None:
+    """Retention by age even while no new file comes (each new one also sweeps)."""
+    import asyncio
+
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await asyncio.to_thread(store.enforce_budget)
+        except OSError as exc:  # the disk went away: logged, tried again next time
+            logger.warning("recording retention failed: %s", exc)
