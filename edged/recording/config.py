@@ -43,9 +43,10 @@ class RecordConfig:
     enabled: bool = setting(False, "record the stream continuously, in segments")
     segment_s: float = setting(10.0, "a segment ends at the first keyframe this long after "
                                      "its start", check=between(1, 3600))
-    mode: Literal["all", "active_objects"] = setting(
-        "all", "all: every segment is kept; active_objects: only segments during which a "
-        "tracked object was in view (a detect stream with events)")
+    mode: Literal["all", "motion", "active_objects"] = setting(
+        "all", "all: every segment is kept; motion: only segments during which the picture "
+        "changed (the change gate's measure, gate.threshold); active_objects: only segments "
+        "during which a tracked object was in view (a detect stream with events)")
 
 
 @dataclass(frozen=True)

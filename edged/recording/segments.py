@@ -2,10 +2,12 @@
 beside the event clips in the store), each starting at a keyframe and ending at the first
 keyframe `segment_s` after its start, so segments follow one another without a gap or an
 overlap. A camera that stops (a reconnect, a new format) ends the segment there; the next
-starts at the next keyframe. Mode `active_objects` keeps only segments during which the
-events stage saw a tracked object (decided one segment late: the model answers after the
-packets are written). Below the store's free-space floor no segment starts
-(`recording_no_room`, logged the first ten times, then every hundredth) and inference goes on.
+starts at the next keyframe. Mode `motion` keeps only segments during which the picture
+changed (the change gate's measure), `active_objects` those during which the events stage saw
+a tracked object; both are told by the stream's thread (`activity`), after the packets are
+written, so the decision comes one segment late. Below the store's free-space floor no
+segment starts (`recording_no_room`, logged the first ten times, then every hundredth) and
+inference goes on.
 `PacketTee` hands one reader's packets to the segments and the clips alike."""
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class SegmentRecorder:
         self._pending: ClipInfo | None = None
 
     def activity(self, frame_time: float) -> None:
-        """A frame with tracked objects in view, at its capture time (the stream's thread)."""
+        """A frame with motion or tracked objects in view (by the mode), at its capture time
+        (the stream's thread)."""
         with self._lock:
             if not self._active or frame_time - self._active[-1] >= ACTIVITY_STEP_S:
                 self._active.append(frame_time)
@@ -121,7 +124,7 @@ class SegmentRecorder:
         info = ClipInfo(self._id, self.stream, round(written.start_wall, 3),
                         round(written.end_wall, 3), (), written.size, writer.fmt.codec,
                         writer.fmt.width, writer.fmt.height, written.packets, kind="segment")
-        if self.cfg.mode == "all":
+        if self.cfg.mode == "all":  # (motion and active_objects wait to be told)
             self.store.add(info)
             self.segments_written += 1
             return

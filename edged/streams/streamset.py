@@ -143,10 +143,12 @@ class StreamSet:
             logger.info("stream %s: change gate on (frames go to the model when over %g of "
                         "the picture changed, at least every %g s)", cfg.name,
                         cfg.gate.threshold, cfg.gate.max_skip_s, extra={"stream": cfg.name})
+        motion = segments.activity if segments is not None and \
+            cfg.record.mode == "motion" else None
         pipeline = StreamPipeline(cfg, source, self.scheduler,
                                   self.publish if output.frames else None,
                                   backend_of=self.backend_of, cascades=cascades, events=events,
-                                  live=live, gate=gate)
+                                  live=live, gate=gate, motion=motion)
         pipeline.start()
         return pipeline
 

@@ -18,11 +18,13 @@ import pytest
 from support.broker import Broker, Received, Subscriber
 from support.browser import Browser
 from support.daemon import ServeFactory
+from support.polling import wait_until
 from support.video import crossing_h264, ffprobe, rtsp_server
 
 from edged.cli import main
 from edged.ops import clips as clips_cli
 from edged.ops.client import EdgedClient
+from edged.recording.segments import SegmentRecorder
 from tools.assets import models as test_models
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "schemas" /
@@ -174,3 +176,31 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
                            " v.play(); return v.currentTime > 0.2 && v.currentTime; })()",
                            timeout=30, what="the clip playing")
     assert played > 0.2 and page.console == [], page.console
+
+
+def test_daemon_when_recording_motion_keeps_only_segments_where_the_picture_changed(
+        make_served: ServeFactory, crossing: Path) -> None:
+    with rtsp_server(crossing) as url:
+        served = make_served(
+            cache="preload: [grid_det]",
+            streams=f"[{{name: door, source: '{url}', model: grid_det, labels: [red, blue], "
+                    "record: {enabled: true, segment_s: 2, mode: motion}}]")
+        store = served.daemon.clips
+        assert store is not None and served.daemon.pipelines
+        motion = served.daemon.pipelines[0].motion
+        recorder = getattr(motion, "__self__", None)  # the stream's SegmentRecorder
+        assert isinstance(recorder, SegmentRecorder)
+        # The squares cross 4.2 s and 9.6 s into the video; between, 4.2 s of a still
+        # picture: a segment there has no motion and goes.
+
+        def gaps() -> list[float]:
+            kept = sorted(store.list(kind="segment"), key=lambda c: c.start_time)
+            return [b.start_time - a.end_time for a, b in itertools.pairwise(kept)]
+
+        wait_until(lambda: recorder.dropped_idle >= 1 and any(g > 1.5 for g in gaps()),
+                   timeout=60, what="both crossings kept, a still segment between dropped",
+                   details=lambda: f"gaps {gaps()}, dropped {recorder.dropped_idle}")
+    kept = sorted(store.list(kind="segment"), key=lambda c: c.start_time)
+    assert len(kept) >= 2 and all(g > -0.01 for g in gaps())
+    for row in kept:
+        assert ffprobe(store.path(row))["frames"][0]["key_frame"] == 1

@@ -49,7 +49,7 @@ def test_clips_config_when_valid_reads_every_key_and_picks_the_pyav_reader() -> 
     ("streams: [{name: cam, source: 'rtsp://h/s', model: m, record: {enabled: true, "
      "segment_s: 0.5}}]\n", "streams[0].record.segment_s"),
     ("streams: [{name: cam, source: 'rtsp://h/s', model: m, record: {enabled: true, "
-     "mode: motion}}]\n", "streams[0].record.mode"),
+     "mode: sometimes}}]\n", "streams[0].record.mode"),
 ])
 def test_clips_config_when_wrong_names_the_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
