@@ -17,8 +17,14 @@ from edged.events.config import check_stream_events
 from edged.inference.config import CacheConfig
 from edged.mqtt.config import MqttConfig, check_requests
 from edged.ota.config import OtaConfig
+from edged.recording.config import RecordingConfig
 from edged.service.config import HealthConfig, LoggingConfig
-from edged.streams.config import STREAM_SCHEMES, StreamConfig, check_stream_gate
+from edged.streams.config import (
+    STREAM_SCHEMES,
+    StreamConfig,
+    check_stream_clips,
+    check_stream_gate,
+)
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")  # what `edged run` reads without --config
 
@@ -34,6 +40,8 @@ class DaemonConfig:
     mqtt: MqttConfig = setting(factory=MqttConfig, help="MQTT link")
     streams: list[StreamConfig] = setting(factory=list, help="camera and sensor streams")
     ota: OtaConfig = setting(factory=OtaConfig, help="over-the-air model updates")
+    recording: RecordingConfig = setting(factory=RecordingConfig,
+                                         help="where event clips are kept, and how much")
     logging: LoggingConfig = setting(factory=LoggingConfig, help="logging")
     health: HealthConfig = setting(factory=HealthConfig, help="progress checks and watchdog")
     allocator: Literal["glibc", "jemalloc", "auto"] = setting(
@@ -66,6 +74,7 @@ def check_streams(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
             issues.append(parsed.issue(f"{at}.source", f"unsupported scheme {scheme!r}"))
         issues += check_stream_events(parsed, at, stream)
         issues += check_stream_gate(parsed, at, stream)
+        issues += check_stream_clips(parsed, at, stream)
     return issues
 
 

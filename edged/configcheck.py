@@ -60,7 +60,26 @@ def check(parsed: Parsed[DaemonConfig], *, models_dir_given: bool = False) -> Fi
             if not path.is_file():
                 found.warnings.append(f"{at}.source: {path} does not exist here (a file on "
                                       f"the device?){line(f'{at}.source')}")
+    _check_recording(config, found, line)
     return found
+
+
+def _check_recording(config: DaemonConfig, found: Findings, line: _Line) -> None:
+    """A stream keeps clips: the recording folder must be usable, as `run` would find it
+    (an error where it exists but is not writable, or cannot be made; a warning where its
+    parent does not exist here: a path on the device)."""
+    if not any(s.clips.enabled or s.record.enabled for s in config.streams):
+        return
+    folder = config.recording.dir
+    at = line("recording.dir")
+    if folder.is_dir():
+        if not os.access(folder, os.W_OK | os.X_OK):
+            found.errors.append(f"recording.dir: {folder} is not writable by this user{at}")
+    elif folder.exists():
+        found.errors.append(f"recording.dir: {folder} is not a folder{at}")
+    elif not folder.parent.is_dir():
+        found.warnings.append(f"recording.dir: {folder} does not exist here (a path on the "
+                              f"device?); `edged run` makes it{at}")
 
 
 def _check_models(config: DaemonConfig, streams: list[tuple[str, StreamConfig]],

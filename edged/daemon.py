@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -39,6 +40,7 @@ from edged.ota.manifest import TrustStore
 from edged.ota.progress import OtaProgress
 from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
+from edged.recording.store import ClipStore, open_clips, retention_loop
 from edged.reload import plan as reload_plan
 from edged.service.generation_metrics import GenerationCollector
 from edged.service.health import HealthMonitor, RecentErrors
@@ -110,7 +112,9 @@ class Daemon:
             subscribe=self.mqtt.subscribe if self.mqtt else None,
             unsubscribe=self.mqtt.unsubscribe if self.mqtt else None,
             backend_of=self.cache.serving_on, events=self.events,
-            live_viewers=config.api.live_viewers)
+            live_viewers=config.api.live_viewers, clip_store=lambda: self.clips,
+            announce_clip=self._announce_clip)
+        self.clips: ClipStore | None = None  # opened by warm_up when a stream keeps clips
         self.ota_progress = OtaProgress(shadows=lambda: self.updater.shadows.status())
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
             self.scheduler.counters, self.cache.status, loads=self.cache.counters,
@@ -131,6 +135,7 @@ class Daemon:
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.status.live, status=self.status.report,
                              snapshots=lambda: self.events.store, live=self.streams.live,
+                             clips=lambda: self.clips,
                              recent=lambda: self.events.recent, installs=lambda: self.local,
                              generations=lambda: self.generations)
         self.updater = Updater(self.repository, self.cache, config.ota,
@@ -180,6 +185,9 @@ class Daemon:
         self.config.cache.dir.mkdir(parents=True, exist_ok=True)
         self.events.store = open_store(self.config.cache.dir / "snapshots",
                                        self.config.cache.snapshots_mb)
+        self.clips = open_clips(self.config.recording,
+                                any(s.clips.enabled or s.record.enabled
+                                    for s in self.config.streams))
         self.updater.recover()
         self.local.recover()
         self.cache.preload(self.config.cache.preload_names(self.repository.names()),
@@ -196,6 +204,10 @@ class Daemon:
     def _publish_result(self, stream: str, payload: bytes) -> None:
         if self.mqtt is not None:
             self.mqtt.publish("results", topics.results(stream), payload)
+
+    def _announce_clip(self, row: dict[str, Any]) -> None:
+        if self.mqtt is not None:
+            self.mqtt.publish("events", topics.CLIPS, json.dumps(row).encode())
 
     def _ota_event(self, event: Event) -> None:
         self.local.observe(event)
@@ -256,6 +268,8 @@ class Daemon:
                      asyncio.create_task(status_loop(StatusLines(
                          self.streams.describe, interval_s=0, terminal=self.terminal,
                          logger=logger), lambda: self.config.logging.status_interval_s))]
+            if self.clips is not None:  # clips age out even while no new one comes
+                tasks.append(asyncio.create_task(retention_loop(self.clips)))
             await self._stop.wait()
         finally:
             for task in tasks:

@@ -18,6 +18,7 @@ TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=u
          ".css": "text/css; charset=utf-8"}
 ASSETS = ("app.js", "zones.js", "style.css")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "media-src 'self'; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 # On every answer the page and its live views give: this origin only.
 SAME_ORIGIN = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",

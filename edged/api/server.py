@@ -17,6 +17,7 @@ from typing import Any
 
 from edged import __version__
 from edged.api import logsettings
+from edged.api.clips import ClipRoutes
 from edged.api.config import ApiConfig, split_host_port
 from edged.api.events import EventRoutes
 from edged.api.generate import GenerateRoutes
@@ -48,6 +49,7 @@ from edged.events.tally import RecentEvents
 from edged.inference.cache import ModelCache
 from edged.inference.generation import Generations
 from edged.inference.scheduler import Scheduler
+from edged.recording.store import ClipStore
 from edged.service.metrics import CONTENT_TYPE, Metrics
 
 logger = logging.getLogger(__name__)
@@ -67,7 +69,8 @@ class ApiServer:
                  live: Callable[[str], Viewable | None] = lambda name: None,
                  recent: Callable[[], RecentEvents | None] = lambda: None,
                  installs: Callable[[], Installs | None] = lambda: None,
-                 generations: Callable[[], Generations | None] = lambda: None) -> None:
+                 generations: Callable[[], Generations | None] = lambda: None,
+                 clips: Callable[[], ClipStore | None] = lambda: None) -> None:
         """`live` gives a running stream's live view by name, `recent` the recent objects of
         the detect streams (the status page and its pictures), `installs` the OTA installer
         that takes models on the socket (the Mender module's path), `generations` the
@@ -79,6 +82,7 @@ class ApiServer:
         self.is_live: Liveness = is_live or (lambda: (True, []))
         self.status = status
         self.snapshots = SnapshotRoutes(snapshots)
+        self.clips = ClipRoutes(clips)
         self.live_views = LiveRoutes(live, max_fps=config.live_fps,
                                      stopping=lambda: self.connections.closing)
         self.events = EventRoutes(recent)
@@ -119,6 +123,7 @@ class ApiServer:
             ("POST", "/v2/logging", self.logging),
             ("GET", "/v2/edged/status", self.daemon_status),
             *self.snapshots.routes(),
+            *self.clips.routes(),
             *self.installs.routes(),
             *self.live_views.routes(),
             *self.events.routes(),

@@ -69,6 +69,26 @@ class SnapshotNotFound(EdgedError):
     http_status = 404
 
 
+class ClipNotFound(EdgedError):
+    """No clip of that id is kept (never was, or retention deleted it)."""
+
+    code = "clip_not_found"
+    http_status = 404
+
+
+class RangeNotSatisfiable(EdgedError):
+    """A `Range` outside the file."""
+
+    code = "range_not_satisfiable"
+    http_status = 416
+
+
+class RecordingUnavailable(EdgedError):
+    """The recording folder is missing and cannot be made, or is not writable."""
+
+    code = "recording_unavailable"
+
+
 class StreamNotFound(EdgedError):
     """No running stream of that name (or none with pictures: a sensor stream)."""
 

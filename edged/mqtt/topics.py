@@ -32,6 +32,8 @@ STATUS = "status"
 STATS = "stats"
 WARNINGS = "warnings"
 EVENTS = "events"
+# Each finished event clip (JSON: its id, stream, span, events, size, URL path).
+CLIPS = "clips"
 # What OTA takes under each root it listens on: manifests, inline chunks, shadow commands.
 OTA_FILTERS = ("ota/+", "ota/+/chunk/+", "ota/+/command")
 OTA = "/ota/"  # between a root and a model name in an inbound topic

@@ -322,11 +322,17 @@ class Source(ABC):
         # stall longer than an interval the schedule starts again from now (no burst).
         on_time = now - self._next_offer < self.min_interval_s
         self._next_offer = (self._next_offer if on_time else now) + self.min_interval_s
-        frame = Frame(self.name, self._seq, time.time(), now, data)
+        frame = Frame(self.name, self._seq, self.frame_wall(), now, data)
         dropped = self.queue.put(frame)
         with self._lock:
             self.stats.frames_in += 1
             self.stats.dropped += dropped
+
+    def frame_wall(self) -> float:
+        """The capture time (Unix s) of the frame read() just gave: now, unless the reader
+        knows better (a demuxing reader maps the frame's timestamp, on the clock its packets
+        use, so events and recordings agree)."""
+        return time.time()
 
     def reject(self, reason: str) -> None:
         """A payload that is not a valid frame: counted, logged, and the stream goes on."""

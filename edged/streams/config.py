@@ -15,6 +15,7 @@ from edged.events.config import (
     TrackConfig,
     ZoneConfig,
 )
+from edged.recording.config import ClipsConfig, RecordConfig
 
 STREAM_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst", "mqtt")
 
@@ -98,6 +99,10 @@ class StreamConfig:
         "(nvv4l2decoder through GStreamer) where it can run, else FFmpeg on the CPU")
     codec: Literal["auto", "h264", "h265"] = setting(
         "auto", "the hardware decoder's codec: auto = read from a file, H.264 for rtsp://")
+    reader: Literal["auto", "opencv", "pyav"] = setting(
+        "auto", "camera reader: pyav = PyAV's demuxing reader (rtsp:// over TCP, http(s)://, "
+        "file://: packets for clips and frames from one connection); opencv = "
+        "cv2.VideoCapture; auto = pyav where the stream keeps clips, else opencv")
     payload: Literal["json", "raw"] = setting(
         "json", "mqtt:// sensors: JSON arrays, or raw little-endian tensors")
     log_results: bool = setting(False, "log one line per result at DEBUG (the demo does); "
@@ -116,6 +121,10 @@ class StreamConfig:
     snapshots: SnapshotsConfig = setting(factory=SnapshotsConfig,
                                          help="each object's best frame as a JPEG")
     publish: PublishConfig = setting(factory=PublishConfig, help="what the stream publishes")
+    clips: ClipsConfig = setting(factory=ClipsConfig, help="event clips: the camera's own "
+                                                          "packets around each object's event")
+    record: RecordConfig = setting(factory=RecordConfig, help="continuous recording in "
+                                                              "segments")
     gate: GateConfig = setting(factory=GateConfig, help="change gating: frames whose picture "
                                                         "did not change skip the model")
 
@@ -127,3 +136,26 @@ def check_stream_gate(parsed: Parsed[Any], path: str, stream: StreamConfig) -> l
         return [parsed.issue(f"{path}.gate.enabled", "a change gate measures pictures; "
                                                      "mqtt:// sensor streams have none")]
     return []
+
+
+def check_stream_clips(parsed: Parsed[Any], path: str, stream: StreamConfig) -> list[ConfigIssue]:
+    """Clips need the camera's packets: the pyav reader on rtsp://, http(s):// or file://;
+    `clips.zones` names zones of the stream."""
+    clips = stream.clips
+    if not clips.enabled and not stream.record.enabled:
+        return []
+    issues = []
+    scheme = stream.source.partition("://")[0]
+    key = "clips.enabled" if clips.enabled else "record.enabled"
+    if scheme not in ("rtsp", "http", "https", "file"):
+        issues.append(parsed.issue(f"{path}.{key}", f"clips are recorded from rtsp://, "
+                                   f"http(s):// and file:// sources, not {scheme}://"))
+    elif stream.reader == "opencv":
+        issues.append(parsed.issue(f"{path}.reader", "clips need the camera's packets, which "
+                                   "OpenCV does not give: reader: pyav (or auto)"))
+    zones = {z.name for z in stream.zones}
+    for i, zone in enumerate(clips.zones):
+        if zone not in zones:
+            issues.append(parsed.issue(f"{path}.clips.zones[{i}]", f"no zone {zone!r} in this "
+                                                                   "stream"))
+    return issues

@@ -27,6 +27,7 @@ from edged.events.publish import EventPublisher, Publish
 from edged.events.store import SnapshotStore
 from edged.events.tally import RecentEvents, Tally
 from edged.processing.detections import Detections
+from edged.recording.clips import ClipRecorder
 from edged.sources import worth_logging
 from edged.streams.config import StreamConfig
 from edged.streams.live import Visible
@@ -56,8 +57,14 @@ class EventsStage:
                  on_close: Callable[[EventsStage], None] = lambda stage: None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
-                 recent: RecentEvents | None = None) -> None:
-        """`recent`: the daemon's list of recent objects, which this stage's events join."""
+                 recent: RecentEvents | None = None,
+                 clips: ClipRecorder | None = None,
+                 activity: Callable[[float], None] | None = None) -> None:
+        """`recent`: the daemon's list of recent objects, which this stage's events join;
+        `clips`: the stream's clip recorder (None: no clips), told of the objects that
+        `clips.labels`/`clips.zones` pick, whose events then name their clip; `activity`:
+        told the capture time of each frame with tracked objects in view (continuous
+        recording's `active_objects` mode)."""
         self.cfg = cfg
         self.engine = StreamEvents(cfg.name, cfg)
         self.publisher = publisher
@@ -74,6 +81,9 @@ class EventsStage:
         self.tally = Tally()
         self.recent = recent
         self.visible: tuple[Visible, ...] = ()  # the objects in the last frame (live view)
+        self.clips = clips
+        self.activity = activity
+        self._clipped: set[str] = set()  # objects the recorder was told of, until their end
 
     def frame(self, frame_time: float, detections: Detections,
               frame: np.ndarray | None) -> None:
@@ -84,6 +94,8 @@ class EventsStage:
             self._report(self.engine.update(frame_time, detections, frame))
             self.visible = tuple((obj.id, obj.label, obj.score, obj.box, obj.sub_label)
                                  for obj in self.engine.seen)
+            if self.visible and self.activity is not None:
+                self.activity(frame_time)
         except Exception as exc:  # a bug here must not stop the stream's results
             self._failed(exc)
         elapsed_ms = (time.perf_counter() - start) * 1000
@@ -115,6 +127,8 @@ class EventsStage:
         try:
             self._report(self.engine.flush())
         finally:
+            if self.clips is not None:
+                self.clips.close()
             self.on_close(self)
 
     def request_republish(self) -> None:
@@ -138,6 +152,8 @@ class EventsStage:
     def _report(self, changes: Changes) -> None:
         if not changes:
             return
+        if self.clips is not None:
+            self._name_clips(changes.events)
         self.publisher.changes(changes)
         now = self.wall()
         self.tally.add(changes, now)
@@ -154,6 +170,37 @@ class EventsStage:
                                 extra={"stream": self.cfg.name})
 
 
+    def _name_clips(self, events: list[dict]) -> None:
+        """Tell the recorder of objects that want a clip, and name it in their events:
+        `has_clip` on each, and on the `end` the clip's id, URL and span."""
+        assert self.clips is not None
+        cfg = self.cfg.clips
+        for event in events:
+            after = event["after"]
+            object_id = after["id"]
+            if event["type"] == "end":
+                # (told of its end whether or not a clip could start: the recorder may have
+                # started one for it later, at a keyframe, and must not wait for it forever)
+                ref = self.clips.object_ended(object_id, after["end_time"]) \
+                    if object_id in self._clipped else None
+                self._clipped.discard(object_id)
+                after["has_clip"] = ref is not None
+                if ref is not None:
+                    after["clip"] = ref.payload()
+                continue
+            if object_id not in self._clipped and wants_clip(cfg.labels, cfg.zones, after):
+                self.clips.object_started(object_id, after["start_time"])
+                self._clipped.add(object_id)
+            after["has_clip"] = self.clips.in_clip(object_id)
+
+
+def wants_clip(labels: Sequence[str], zones: Sequence[str], obj: dict) -> bool:
+    """An object gets a clip when its label is one of `labels` and it entered one of
+    `zones` (empty: any), as Frigate's required zones."""
+    return (not labels or obj["label"] in labels) and \
+        (not zones or any(z in zones for z in obj["entered_zones"]))
+
+
 class EventsHub:
     """The daemon's detect streams' events: their stages, their discovery configs, and the
     snapshot store they share. `link` None: MQTT is off; `device` None: no discovery."""
@@ -168,14 +215,17 @@ class EventsHub:
         self._stages: dict[str, EventsStage] = {}
         self._discovery: dict[str, dict[str, bytes]] = {}  # stream -> topic -> config
 
-    def stage(self, cfg: StreamConfig, known_labels: Sequence[str]) -> EventsStage:
+    def stage(self, cfg: StreamConfig, known_labels: Sequence[str],
+              clips: ClipRecorder | None = None,
+              activity: Callable[[float], None] | None = None) -> EventsStage:
         """The events stage of a stream whose model can produce `known_labels`, its discovery
         configs published. Raises ConfigError when `labels:` names one the model has not."""
         if known_labels:
             check_labels(cfg.labels, known_labels, path="")
         publish: Publish | None = self.link.publish if self.link is not None else None
         stage = EventsStage(cfg, EventPublisher(cfg.name, publish, self.store),
-                            on_close=self._closed, recent=self.recent)
+                            on_close=self._closed, recent=self.recent, clips=clips,
+                            activity=activity)
         with self._lock:
             self._stages[cfg.name] = stage
         labels = list(cfg.labels) or list(known_labels)

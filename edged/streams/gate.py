@@ -74,6 +74,7 @@ class ChangeGate:
         self._since = 0.0  # its capture time (monotonic s)
         self._key: Hashable = None  # what answered it (model name and version), frame size
         self.last_change = 0.0  # the share of pixels that changed in the last frame measured
+        self.moved = False  # the last frame was measured and had changed (motion, for records)
 
     def admit(self, frame: np.ndarray, now: float, key: Hashable = None) -> bool:
         """True: this frame goes to the model (and becomes the reference). `now`: its capture
@@ -83,13 +84,14 @@ class ChangeGate:
         key = (key, frame.shape)  # a camera back at another size: boxes are in new pixels
         due = (reference is None or key != self._key
                or not 0 <= now - self._since < self.cfg.max_skip_s)
+        self.moved = False
         if not due:
             assert reference is not None
             changed = cv2.threshold(cv2.absdiff(thumb, reference), self.cfg.pixel_threshold,
                                     255, cv2.THRESH_BINARY)[1]
             count = cv2.countNonZero(changed)
             self.last_change = count / thumb.size
-            due = count > self.cfg.threshold * thumb.size
+            due = self.moved = count > self.cfg.threshold * thumb.size
         if due:
             self._reference, self._since, self._key = thumb, now, key
         return due

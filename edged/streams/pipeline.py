@@ -72,10 +72,14 @@ class StreamPipeline:
                  publish: Publish | None, *, backend_of: Callable[[str, int], str] | None = None,
                  cascades: Sequence[Cascade] = (), events: EventsStage | None = None,
                  live: LiveView | None = None, gate: ChangeGate | None = None,
+                 motion: Callable[[float], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`publish` takes each frame's results (None: the stream publishes none); `events`
         tracks a detect stream's detections; `live` keeps the latest frame for pictures;
-        `gate` keeps frames whose picture did not change from the model."""
+        `gate` keeps frames whose picture did not change from the model; `motion` is told
+        the capture time of each frame whose picture changed (continuous recording's
+        `motion` mode), measured by `gate`, or by a gate of its own that holds nothing back
+        where the stream has none."""
         self.cfg = cfg
         self.events = events
         self.live = live
@@ -84,6 +88,9 @@ class StreamPipeline:
         self.scheduler = scheduler
         self.publish = publish
         self.gate = gate
+        self.motion = motion
+        self._motion_gate = ChangeGate(cfg.gate) if motion is not None and gate is None \
+            else None
         self.backend_of = backend_of or (lambda name, version: "unknown")
         self.clock = clock
         self.stats = PipelineStats()
@@ -172,8 +179,11 @@ class StreamPipeline:
         buffer = None
         try:
             model = self.scheduler.model(self.cfg.model)
-            if self.gate is not None and not self.gate.admit(
-                    frame.data, frame.captured_mono, (model.name, model.version)):
+            admitted = self.gate is None or self.gate.admit(
+                frame.data, frame.captured_mono, (model.name, model.version))
+            if self.motion is not None:
+                self._measure_motion(frame)
+            if not admitted:
                 return _InFlight(frame, None, None, None, model, self.clock())
             inputs, geometry, buffer = self._inputs(frame, model)
             future = self.scheduler.submit(self.cfg.model, inputs, priority=self.cfg.priority)
@@ -181,6 +191,16 @@ class StreamPipeline:
             self._failed(frame, buffer, exc)
             return None
         return _InFlight(frame, geometry, future, buffer, model, self.clock())
+
+    def _measure_motion(self, frame: Frame) -> None:
+        assert self.motion is not None
+        gate = self.gate
+        if gate is None:
+            gate = self._motion_gate
+            assert gate is not None
+            gate.admit(frame.data, frame.captured_mono)  # (measures only: nothing held back)
+        if gate.moved:
+            self.motion(frame.captured)
 
     def _inputs(self, frame: Frame, model: ModelVersion
                 ) -> tuple[dict[str, np.ndarray], Geometry | None, np.ndarray | None]:

@@ -21,6 +21,9 @@ from edged.inference.scheduler import Scheduler
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.post import Postprocessor
+from edged.recording.clips import Announce, ClipRecorder
+from edged.recording.segments import PacketTee, SegmentRecorder
+from edged.recording.store import ClipStore
 from edged.sources import SensorLink, Source, open_source
 from edged.sources.sensor import Subscribe
 from edged.streams.cascade import Cascade
@@ -43,11 +46,14 @@ class StreamSet:
                  subscribe: Subscribe | None = None,
                  unsubscribe: Callable[[str], None] | None = None,
                  backend_of: Callable[[str, int], str] | None = None,
-                 events: EventsHub | None = None, live_viewers: int = 4) -> None:
+                 events: EventsHub | None = None, live_viewers: int = 4,
+                 clip_store: Callable[[], ClipStore | None] = lambda: None,
+                 announce_clip: Announce | None = None) -> None:
         """`publish` takes each result; `subscribe`/`unsubscribe` are the MQTT link's, for
         sensor streams (None while MQTT is off); `backend_of` names what runs a version;
         `events` makes detect streams' events stages (None: no events); `live_viewers`: live
-        MJPEG viewers per stream at once."""
+        MJPEG viewers per stream at once; `clip_store` gives the store clips go into (None:
+        none are kept), `announce_clip` publishes each finished clip."""
         self.scheduler = scheduler
         self.live_viewers = live_viewers
         self.events = events
@@ -55,6 +61,8 @@ class StreamSet:
         self.subscribe = subscribe
         self.unsubscribe = unsubscribe
         self.backend_of = backend_of
+        self.clip_store = clip_store
+        self.announce_clip = announce_clip
         self._lock = threading.Lock()  # changes of the set; readers take the tuple as it is
         self._pipelines: tuple[StreamPipeline, ...] = ()
 
@@ -114,9 +122,15 @@ class StreamSet:
             publish = cfg.publish if self.events is not None else \
                 dataclasses.replace(cfg.publish, events=False)
             output = outputs(publish, (model.config.postprocess or PostprocessConfig()).kind)
+            recorder = self._recorder(cfg, output.events)
+            segments = self._segments(cfg, output.events)
+            sinks = [s for s in (recorder, segments) if s is not None]
             source = open_source(cfg, SensorLink(self.subscribe, self.unsubscribe, sample,
-                                                 spec.dtype))  # (started by the pipeline)
-            events = self._events(cfg, model) if output.events else None  # the last check
+                                                 spec.dtype),  # (started by the pipeline)
+                                 sinks[0] if len(sinks) == 1 else
+                                 PacketTee(sinks) if sinks else None)
+            events = self._events(cfg, model, recorder, segments) \
+                if output.events else None  # the last check
         except EdgedError as exc:
             logger.error("stream %s is not started: %s", cfg.name, exc,
                          extra={"stream": cfg.name, "model": cfg.model, "code": exc.code})
@@ -130,19 +144,53 @@ class StreamSet:
             logger.info("stream %s: change gate on (frames go to the model when over %g of "
                         "the picture changed, at least every %g s)", cfg.name,
                         cfg.gate.threshold, cfg.gate.max_skip_s, extra={"stream": cfg.name})
+        motion = segments.activity if segments is not None and \
+            cfg.record.mode == "motion" else None
         pipeline = StreamPipeline(cfg, source, self.scheduler,
                                   self.publish if output.frames else None,
                                   backend_of=self.backend_of, cascades=cascades, events=events,
-                                  live=live, gate=gate)
+                                  live=live, gate=gate, motion=motion)
         pipeline.start()
         return pipeline
 
-    def _events(self, cfg: StreamConfig, model: ModelVersion) -> EventsStage:
+    def _events(self, cfg: StreamConfig, model: ModelVersion, recorder: ClipRecorder | None,
+                segments: SegmentRecorder | None) -> EventsStage:
         """The stream's events stage, its `labels:` checked against the model's (ConfigError
         names those it cannot produce: the stream is then not started)."""
         assert self.events is not None  # (output.events is false without a hub)
         known = Postprocessor(model.config.postprocess, model.dir.parent, model.head).labels
-        return self.events.stage(cfg, known)
+        activity = segments.activity if segments is not None and \
+            cfg.record.mode == "active_objects" else None
+        return self.events.stage(cfg, known, clips=recorder, activity=activity)
+
+    def _recorder(self, cfg: StreamConfig, events: bool) -> ClipRecorder | None:
+        """The stream's clip recorder when it keeps clips (and can: its objects' events are
+        what start them, and the store must be open)."""
+        if not cfg.clips.enabled:
+            return None
+        store = self.clip_store()
+        if store is None or not events:
+            logger.warning("stream %s: no clips: %s", cfg.name,
+                           "the recording folder is not open (see the log)" if store is None
+                           else "clips follow tracked objects' events, which this stream has "
+                                "not", extra={"stream": cfg.name, "code": "clips_off"})
+            return None
+        return ClipRecorder(cfg.name, cfg.clips, store, self.announce_clip)
+
+    def _segments(self, cfg: StreamConfig, events: bool) -> SegmentRecorder | None:
+        """The stream's continuous recording, when asked for and the store is open."""
+        if not cfg.record.enabled:
+            return None
+        if cfg.record.mode == "active_objects" and not events:
+            logger.warning("stream %s: record.mode active_objects keeps segments with tracked "
+                           "objects in view, and this stream tracks none: nothing will be kept",
+                           cfg.name, extra={"stream": cfg.name, "code": "clips_off"})
+        store = self.clip_store()
+        if store is None:
+            logger.warning("stream %s: not recording: the recording folder is not open (see "
+                           "the log)", cfg.name, extra={"stream": cfg.name, "code": "clips_off"})
+            return None
+        return SegmentRecorder(cfg.name, cfg.record, store)
 
     def _cascades(self, cfg: StreamConfig, model: ModelVersion) -> list[Cascade]:
         """The stream's secondary models, each checked (EdgedError names the first that

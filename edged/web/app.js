@@ -261,7 +261,7 @@ function drawModels(s) {
 function drawEvents(events) {
   const box = document.getElementById("events");
   const shown = events.slice(0, EVENTS_SHOWN);
-  const key = shown.map((e) => `${e.type}:${e.object.id}:${e.object.has_snapshot}`).join("|");
+  const key = shown.map((e) => `${e.type}:${e.object.id}:${e.object.has_snapshot}:${e.object.clip ? e.object.clip.id : ""}`).join("|");
   if (key === edged.eventsKey) return; // unchanged: keep the pictures as they are
   edged.eventsKey = key;
   if (!shown.length) {
@@ -275,10 +275,16 @@ function drawEvents(events) {
                     alt: `${o.label} ${o.id}`, class: "snapshot", loading: "lazy" })
       : el("div", { class: "nopicture muted", text: "no snapshot" });
     const zones = o.entered_zones && o.entered_zones.length ? `zones: ${o.entered_zones.join(", ")}` : "";
+    // The event's clip (recording.md): written post_capture_s after the end, so nothing is
+    // fetched until it is played.
+    const clip = o.clip
+      ? el("video", { class: "clip", controls: "", preload: "none", src: o.clip.url,
+                      "data-clip": o.clip.id, title: `clip ${o.clip.id}, ${num(o.clip.duration, 1)} s` })
+      : null;
     return el("div", { class: "event", "data-id": o.id, "data-type": e.type }, picture,
       el("div", { class: "what", text: `${e.type} ${o.label}${o.sub_label ? ` (${o.sub_label})` : ""}` }),
       el("div", { class: "muted", text: `${o.stream} · ${num(o.top_score, 2)} · ${clock(e.time)}` }),
-      zones ? el("div", { text: zones }) : null);
+      zones ? el("div", { text: zones }) : null, clip);
   }));
 }
 

@@ -224,3 +224,21 @@ def test_bench_gate_when_run_quick_plays_each_real_clip_gated_and_not(
     assert results["clips"]["door"]["runs"]["gated"]["gated"] > 0
     assert len(results["gate_cost"]) == 4 and results["model_compute_ms"] > 0
     assert all(c["p50_us"] > 0 for c in results["gate_cost"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_recording_when_run_quick_measures_the_recorder_the_readers_and_pre_capture(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["recording", "--quick", "--out", str(tmp_path)]) == 0
+    assert "pre-capture delivered" in capsys.readouterr().out
+    results = json.loads((tmp_path / "recording.json").read_text())
+    assert results["recording"]["clips"] >= 1 and results["recording"]["cpu_s"] > 0
+    reader = results["reader"]
+    assert reader["frames"] == reader["opencv_frames"] == reader["packets_recorded"] > 0
+    assert all(v > 0 for v in reader["cpu_ms_per_frame"].values())
+    pre = results["pre_capture"]
+    assert pre["edged"]["short"] == 0 and pre["edged"]["min"] >= pre["asked_s"]
+    assert pre["next_keyframe"]["short"] > 0  # the policy edged improves on, measured alike
+    rows = results["cameras"]
+    assert [r["cameras"] for r in rows][:1] == [1] and all(r["cpu_cores"] > 0 for r in rows)

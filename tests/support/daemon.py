@@ -86,7 +86,7 @@ def make_served(repo_dir: Path, short_dir: Path, tmp_path: Path) -> Iterator[Ser
     def start(api: str = "", cache: str = "preload: [tiny_cls]",
               sock_name: str | None = None, mqtt: str = "enabled: false",
               streams: str = "[]", ota: str = "", device_id: str = "test",
-              models_dir: Path | None = None, health: str = "",
+              models_dir: Path | None = None, health: str = "", recording: str = "",
               **daemon_args: Any) -> Served:
         sock = short_dir / (sock_name or f"s{len(stack)}.sock")
         for attempt in range(1, START_TRIES + 1):
@@ -100,6 +100,7 @@ mqtt: {{{mqtt}}}
 streams: {streams}
 ota: {{{ota}}}
 health: {{{health}}}
+recording: {{dir: {tmp_path / f'recordings-{len(stack)}'}, {recording}}}
 """)
             running = serve(config, **daemon_args)
             try:

@@ -1,0 +1,58 @@
+"""One MP4 from several (a span of continuous segments), remuxed, never re-encoded: each
+file's packets follow the previous file's, their timestamps moved on by its duration. Files
+of another format (a camera that changed resolution) cannot share one track: refused, naming
+the first such file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from edged.core.errors import InvalidInput
+
+
+def concatenate(parts: Sequence[Path], output: Path) -> int:
+    """Write `parts` one after another into `output` (via `output.part`, renamed when
+    complete); returns the packets written."""
+    import av
+
+    if not parts:
+        raise InvalidInput("no recordings in that span")
+    partial = output.with_name(output.name + ".part")
+    written = 0
+    try:
+        with av.open(str(partial), "w", format="mp4",
+                     options={"movflags": "+faststart"}) as out:
+            stream = None
+            key: tuple[str, int, int] | None = None
+            offset = 0.0  # seconds the files so far last
+            for path in parts:
+                with av.open(str(path)) as source:
+                    video = source.streams.video[0]
+                    ctx = video.codec_context
+                    this = (ctx.name, int(ctx.width), int(ctx.height))
+                    if stream is None:
+                        stream, key = out.add_stream_from_template(video), this
+                    elif key is not None and this != key:
+                        raise InvalidInput(f"{path.name} is {this[0]} {this[1]}x{this[2]}, "
+                                           f"the span began {key[0]} {key[1]}x{key[2]}: "
+                                           "export it in parts")
+                    tb = video.time_base
+                    shift = round(offset / tb)
+                    end = 0
+                    for packet in source.demux(video):
+                        if packet.size == 0 or packet.pts is None:
+                            continue
+                        end = max(end, packet.pts + int(packet.duration or 0))
+                        packet.pts += shift
+                        packet.dts = (packet.dts if packet.dts is not None
+                                      else packet.pts - shift) + shift
+                        packet.stream = stream
+                        out.mux(packet)
+                        written += 1
+                    offset += float(end * tb)
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return written
