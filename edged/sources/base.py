@@ -180,6 +180,9 @@ class Source(ABC):
         self._next_offer = -1e18  # the clock time from which the next frame may be offered
         self._in_call_since: float | None = None  # inside open()/read(): the health tick's view
         self.state_changed = threading.Condition(self._lock)
+        # A file's frame rate, kept to as a live camera would (`_pace`): set when it opens.
+        self._frame_interval_s = 0.0
+        self._next_due = 0.0
 
     # -- what a device implements ------------------------------------------------------------
     @abstractmethod
@@ -194,6 +197,15 @@ class Source(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the device (called on the capture thread)."""
+
+    def _pace(self) -> None:
+        """Hold a file's frames to its frame rate, as a live camera would deliver them."""
+        self._next_due += self._frame_interval_s
+        wait = self._next_due - self.clock()
+        if wait > 0:
+            self._stop.wait(wait)
+        elif wait < -1.0:  # far behind (the host stalled): do not burst to catch up
+            self._next_due = self.clock()
 
     # -- the state machine -------------------------------------------------------------------
     @property

@@ -77,8 +77,6 @@ class CameraSource(Source):
         self._probe = probe or _PROBE
         self._plan: hwdecode.DecodePlan | None = None  # decided at the first open, kept
         self._capture: Any = None
-        self._frame_interval_s = 0.0
-        self._next_due = 0.0
         self.finished = False  # a file that ended without loop: nothing more will come
 
     def target(self) -> tuple[str | int, int]:
@@ -193,15 +191,6 @@ class CameraSource(Source):
         if self._frame_interval_s:
             self._pace()
         return np.asarray(frame)
-
-    def _pace(self) -> None:
-        """Hold a file's frames to its frame rate, as a live camera would deliver them."""
-        self._next_due += self._frame_interval_s
-        wait = self._next_due - self.clock()
-        if wait > 0:
-            self._stop.wait(wait)
-        elif wait < -1.0:  # far behind (the host stalled): do not burst to catch up
-            self._next_due = self.clock()
 
     def _ended(self) -> bool:
         if self.finished:

@@ -94,8 +94,6 @@ class DemuxSource(Source):
         self._frames: deque[tuple[np.ndarray, float]] = deque()
         self._wall = 0.0
         self._clock: WallClock | None = None  # this connection's timestamps to wall time
-        self._frame_interval_s = 0.0
-        self._next_due = 0.0
         self._eof = False
         self._threads = 1
         self._last_dts: int | None = None
@@ -320,12 +318,3 @@ class DemuxSource(Source):
         """How far ahead of the wall clock a packet may map: a paced file's packets are read
         ahead of their frames by the decoder's delay (a frame a thread)."""
         return FUTURE_S + (self._threads + 2) * self._frame_interval_s
-
-    def _pace(self) -> None:
-        """Hold a file's frames to its frame rate, as a live camera would deliver them."""
-        self._next_due += self._frame_interval_s
-        wait = self._next_due - self.clock()
-        if wait > 0:
-            self._stop.wait(wait)
-        elif wait < -1.0:  # far behind (the host stalled): do not burst to catch up
-            self._next_due = self.clock()
