@@ -16,7 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.polling import wait_until
-from support.video import carphone_frames, corrupt_ts, encode_h264, ffprobe, rtsp_server
+from support.video import (
+    carphone_frames,
+    carphone_h264,
+    corrupt_ts,
+    encode_h264,
+    ffprobe,
+    rtsp_server,
+)
 
 from edged.core.errors import RecordingUnavailable
 from edged.recording.clips import ClipRecorder
@@ -36,9 +43,7 @@ def frames(real_models: Path) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def h264(frames: list[np.ndarray], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """12 s of carphone at 30 fps, a keyframe every 15 frames, with B-frames."""
-    return encode_h264(tmp_path_factory.mktemp("video") / "carphone.mp4", frames, repeat=3,
-                       gop=15, bframes=2)
+    return carphone_h264(frames, tmp_path_factory.mktemp("video"))
 
 
 Script = Callable[[int, Frame, ClipRecorder], None]

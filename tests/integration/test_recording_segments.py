@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.video import carphone_frames, encode_h264, ffprobe
+from support.video import carphone_frames, carphone_h264, encode_h264, ffprobe
 
 from edged.core.errors import InvalidInput
 from edged.recording.clips import ClipRecorder
@@ -21,6 +21,7 @@ from edged.recording.segments import PacketTee, SegmentRecorder
 from edged.recording.store import ClipStore
 from edged.sources.base import Backoff, FrameQueue
 from edged.sources.demux import DemuxSource
+from edged.sources.packets import PacketSink
 
 FRAME_S = 1 / 30
 
@@ -32,9 +33,29 @@ def frames(real_models: Path) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def h264(frames: list[np.ndarray], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """12 s of carphone at 30 fps, a keyframe every 15 frames, with B-frames."""
-    return encode_h264(tmp_path_factory.mktemp("video") / "carphone.mp4", frames, repeat=3,
-                       gop=15, bframes=2)
+    return carphone_h264(frames, tmp_path_factory.mktemp("video"))
+
+
+def play(h264: Path, sink: PacketSink, *recorders: SegmentRecorder | ClipRecorder,
+         clip: tuple[ClipRecorder, int] | None = None) -> int:
+    """Read the file to its end through a demuxing reader whose packets go to `sink`; an
+    object's event on the `clip` recorder at the given frame (from 1). Closes `recorders`;
+    returns the frames read."""
+    source = DemuxSource("door", f"file://{h264}", FrameQueue(4, "block"), watchdog_s=5.0,
+                         backoff=Backoff(0.2, 1.0), sink=sink)
+    source.start()
+    try:
+        n = 0
+        while (frame := source.queue.get(5.0)) is not None:
+            n += 1
+            if clip is not None and n == clip[1]:
+                clip[0].object_started("o", frame.captured)
+                clip[0].object_ended("o", frame.captured)
+    finally:
+        source.stop(10.0)
+        for recorder in recorders:
+            recorder.close()
+    return n
 
 
 def test_segments_when_recording_continuously_follow_one_another_from_keyframes(
@@ -43,20 +64,7 @@ def test_segments_when_recording_continuously_follow_one_another_from_keyframes(
     segments = SegmentRecorder("door", RecordConfig(enabled=True, segment_s=2.0), store)
     clips = ClipRecorder("door", ClipsConfig(enabled=True, pre_capture_s=1.0,
                                              post_capture_s=1.0), store)
-    source = DemuxSource("door", f"file://{h264}", FrameQueue(4, "block"), watchdog_s=5.0,
-                         backoff=Backoff(0.2, 1.0), sink=PacketTee([segments, clips]))
-    source.start()
-    try:
-        n = 0
-        while (frame := source.queue.get(5.0)) is not None:
-            n += 1
-            if n == 100:
-                clips.object_started("o", frame.captured)
-                clips.object_ended("o", frame.captured)
-    finally:
-        source.stop(10.0)
-        segments.close()
-        clips.close()
+    n = play(h264, PacketTee([segments, clips]), segments, clips, clip=(clips, 100))
     assert n == 360
     parts = sorted(store.list(kind="segment"), key=lambda c: c.start_time)
     [clip] = store.list(kind="clip")
@@ -77,20 +85,8 @@ def test_store_when_over_budget_deletes_segments_before_clips_and_ages_them_apar
     segments = SegmentRecorder("door", RecordConfig(enabled=True, segment_s=4.0), store)
     clips = ClipRecorder("door", ClipsConfig(enabled=True, pre_capture_s=1.0,
                                              post_capture_s=0.5), store)
-    source = DemuxSource("door", f"file://{h264}", FrameQueue(4, "block"), watchdog_s=5.0,
-                         backoff=Backoff(0.2, 1.0), sink=PacketTee([segments, clips]))
-    source.start()
-    try:
-        n = 0
-        while (frame := source.queue.get(5.0)) is not None:
-            n += 1
-            if n == 60:  # a clip early on: older than most segments
-                clips.object_started("o", frame.captured)
-                clips.object_ended("o", frame.captured)
-    finally:
-        source.stop(10.0)
-        segments.close()
-        clips.close()
+    # a clip early on: older than most segments
+    play(h264, PacketTee([segments, clips]), segments, clips, clip=(clips, 60))
     [clip] = store.list(kind="clip")
     parts = sorted(store.list(kind="segment"), key=lambda c: c.start_time)
     assert len(parts) == 3
@@ -108,15 +104,7 @@ def test_concatenate_when_given_a_span_of_segments_writes_one_file_of_them_all(
         h264: Path, tmp_path: Path) -> None:
     store = ClipStore(tmp_path / "rec", 10**9, 0)
     segments = SegmentRecorder("door", RecordConfig(enabled=True, segment_s=2.0), store)
-    source = DemuxSource("door", f"file://{h264}", FrameQueue(4, "block"), watchdog_s=5.0,
-                         backoff=Backoff(0.2, 1.0), sink=segments)
-    source.start()
-    try:
-        while source.queue.get(5.0) is not None:
-            pass
-    finally:
-        source.stop(10.0)
-        segments.close()
+    play(h264, segments, segments)
     parts = sorted(store.list(kind="segment"), key=lambda c: c.start_time)
     out = tmp_path / "span.mp4"
     written = concatenate([store.path(p) for p in parts[1:4]], out)

@@ -27,6 +27,12 @@ def carphone_frames(real_models: Path) -> list[np.ndarray]:
         return [f.to_ndarray(format="bgr24") for f in container.decode(video=0)]
 
 
+def carphone_h264(frames: list[np.ndarray], folder: Path) -> Path:
+    """The recording tests' usual clip: 12 s of carphone at 30 fps, a keyframe every 15
+    frames, with B-frames."""
+    return encode_h264(folder / "carphone.mp4", frames, repeat=3, gop=15, bframes=2)
+
+
 def encode_h264(path: Path, frames: list[np.ndarray], *, repeat: int = 1, fps: int = 30,
                 gop: int = 15, bframes: int = 0, codec: str = "h264") -> Path:
     """An H.264 (or `codec` h265) file of `frames` played `repeat` times, a keyframe every
