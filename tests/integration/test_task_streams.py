@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from support import ultralytics_masks as ref
 from support.broker import Broker, Received, Subscriber
-from support.daemon import ServeFactory
+from support.daemon import Served, ServeFactory
 from support.demo import get, image
 
 from edged.cli import main
@@ -72,19 +73,30 @@ def ended(prefix: str) -> Any:
     return done
 
 
-def test_segment_stream_when_an_object_is_lit_publishes_its_mask_in_results_and_events(
-        broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> None:
-    task_models.write_task_models(repo_dir, ["seg_yolo"])
-    video = write_video(tmp_path / "ellipse.avi", "ellipse")
-    prefix = "t/seg"
+def served_stream(broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path,
+                  model: str, shape: str, prefix: str,
+                  collect: Callable[[Subscriber], list[Received]],
+                  extra: str = "") -> tuple[Served, list[Received]]:
+    """A daemon streaming a video of a lit `shape` through `model`, publishing under `prefix`
+    on the test's broker; what `collect` took from a subscriber to everything under it."""
+    task_models.write_task_models(repo_dir, [model])
+    video = write_video(tmp_path / f"{shape}.avi", shape)
     sub = Subscriber(broker, f"{prefix}/#")
     try:
-        served = make_served(cache="preload: [seg_yolo]",
-                             streams=stream(video, "seg_yolo", ZONES),
+        served = make_served(cache=f"preload: [{model}]", streams=stream(video, model, extra),
                              mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}")
-        got = sub.collect(until=ended(prefix), timeout=60, what="the object's end")
+        return served, collect(sub)
     finally:
         sub.close()
+
+
+def test_segment_stream_when_an_object_is_lit_publishes_its_mask_in_results_and_events(
+        broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> None:
+    prefix = "t/seg"
+    served, got = served_stream(
+        broker, make_served, repo_dir, tmp_path, "seg_yolo", "ellipse", prefix,
+        lambda sub: sub.collect(until=ended(prefix), timeout=60, what="the object's end"),
+        ZONES)
     # the live view draws the mask: the ellipse tinted, the corner far from it as it was
     status, _, body = get(served.http, "/v2/edged/streams/cam/latest.jpg")
     status_raw, _, body_raw = get(served.http, "/v2/edged/streams/cam/latest.jpg?raw=1")
@@ -111,16 +123,10 @@ def test_segment_stream_when_an_object_is_lit_publishes_its_mask_in_results_and_
 
 def test_pose_stream_when_a_person_is_lit_publishes_named_keypoints_in_frame_pixels(
         broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> None:
-    task_models.write_task_models(repo_dir, ["pose_yolo"])
-    video = write_video(tmp_path / "square.avi", "square")
     prefix = "t/pose"
-    sub = Subscriber(broker, f"{prefix}/#")
-    try:
-        make_served(cache="preload: [pose_yolo]", streams=stream(video, "pose_yolo"),
-                    mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}")
-        got = sub.collect(until=ended(prefix), timeout=60, what="the person's end")
-    finally:
-        sub.close()
+    _, got = served_stream(
+        broker, make_served, repo_dir, tmp_path, "pose_yolo", "square", prefix,
+        lambda sub: sub.collect(until=ended(prefix), timeout=60, what="the person's end"))
     results = messages(got, f"{prefix}/streams/cam/results")
     assert results
     for message in results:
@@ -141,18 +147,12 @@ def test_pose_stream_when_a_person_is_lit_publishes_named_keypoints_in_frame_pix
 
 def test_semantic_stream_when_regions_are_lit_publishes_each_class_share_and_polygons(
         broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> None:
-    task_models.write_task_models(repo_dir, ["semantic"])
-    video = write_video(tmp_path / "square.avi", "square")
     prefix = "t/sem"
-    sub = Subscriber(broker, f"{prefix}/#")
-    try:
-        make_served(cache="preload: [semantic]", streams=stream(video, "semantic"),
-                    mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}")
-        got = sub.collect(f"{prefix}/streams/cam/results",
-                          until=lambda got: len(got) >= FRAMES, timeout=60,
-                          what="each frame's segments")
-    finally:
-        sub.close()
+    _, got = served_stream(
+        broker, make_served, repo_dir, tmp_path, "semantic", "square", prefix,
+        lambda sub: sub.collect(f"{prefix}/streams/cam/results",
+                                until=lambda got: len(got) >= FRAMES, timeout=60,
+                                what="each frame's segments"))
     lit = lit_frame("square").max(axis=2) > 127
     for message in messages(got, f"{prefix}/streams/cam/results"):
         jsonschema.validate(message, RESULT)
