@@ -14,6 +14,7 @@ from edged.backends.config import BackendsConfig
 from edged.core.errors import ConfigError, ConfigIssue
 from edged.core.schema import Parsed, check_name, parse, parse_file, setting
 from edged.events.config import check_stream_events
+from edged.galleries.config import FacesConfig
 from edged.inference.config import CacheConfig
 from edged.mqtt.config import MqttConfig, check_requests
 from edged.ota.config import OtaConfig
@@ -44,6 +45,8 @@ class DaemonConfig:
                                          help="where event clips are kept, and how much")
     logging: LoggingConfig = setting(factory=LoggingConfig, help="logging")
     health: HealthConfig = setting(factory=HealthConfig, help="progress checks and watchdog")
+    faces: FacesConfig = setting(factory=FacesConfig, help="face recognition: the detector, "
+                                                           "embedder and gallery")
     allocator: Literal["glibc", "jemalloc", "auto"] = setting(
         "auto", "the C heap's allocator, read at start (EDGED_ALLOCATOR overrides): auto: "
                 "jemalloc where libjemalloc2 is installed (the daemon re-executes itself with "

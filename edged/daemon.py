@@ -51,6 +51,7 @@ from edged.service.status import DaemonStatus
 from edged.service.statusline import StatusLines, TerminalStatus
 from edged.service.systemd import Notifier, activated_unix_socket, listen_fds
 from edged.streams.events_stage import EventsHub, open_store
+from edged.streams.faces import FaceService, open_faces
 from edged.streams.pipeline import StreamPipeline
 from edged.streams.streamset import StreamSet
 
@@ -107,13 +108,14 @@ class Daemon:
             if discovery.enabled:
                 self.mqtt.subscribe(topics.under(discovery.prefix, topics.STATUS),
                                     self.events.rediscover)
+        self.faces: FaceService | None = None  # opened by warm_up when faces.enabled
         self.streams = StreamSet(
             self.scheduler, self._publish_result,
             subscribe=self.mqtt.subscribe if self.mqtt else None,
             unsubscribe=self.mqtt.unsubscribe if self.mqtt else None,
             backend_of=self.cache.serving_on, events=self.events,
             live_viewers=config.api.live_viewers, clip_store=lambda: self.clips,
-            announce_clip=self._announce_clip)
+            announce_clip=self._announce_clip, faces=lambda: self.faces)
         self.clips: ClipStore | None = None  # opened by warm_up when a stream keeps clips
         self.ota_progress = OtaProgress(shadows=lambda: self.updater.shadows.status())
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
@@ -137,7 +139,8 @@ class Daemon:
                              snapshots=lambda: self.events.store, live=self.streams.live,
                              clips=lambda: self.clips,
                              recent=lambda: self.events.recent, installs=lambda: self.local,
-                             generations=lambda: self.generations)
+                             generations=lambda: self.generations,
+                             faces=lambda: self.faces)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
@@ -192,6 +195,7 @@ class Daemon:
         self.local.recover()
         self.cache.preload(self.config.cache.preload_names(self.repository.names()),
                            within_budget=self.config.cache.preload == "all")
+        self.faces = open_faces(self.config.faces, self.config.models_dir, self.scheduler)
         for row in self.cache.status():
             logger.info("model %s:%d %s%s", row.name, row.version, row.state,
                         f" on {', '.join(row.providers)}" if row.providers else
@@ -403,6 +407,8 @@ class Daemon:
             await asyncio.to_thread(self.scheduler.close, 0.0)  # a no-op unless the above failed
             await asyncio.to_thread(self.generations.close, 0.0)
             await asyncio.to_thread(self.cache.close, timeout_s=UNLOAD_TIMEOUT_S)
+            if self.faces is not None:  # after the streams and the API: nothing writes now
+                await asyncio.to_thread(self.faces.close)
             self.shm.close()
             if self.mqtt is not None:
                 for name, payload in self.reporter.offline_states():  # not READY any more

@@ -199,13 +199,15 @@ class PostprocessConfig:
     """What a stream publishes from the outputs: top-k classes, detections (boxes in frame
     pixels, after a score threshold and NMS), or the raw tensors (small ones in full)."""
 
-    kind: Literal["classify", "detect", "segment", "pose", "text", "semantic", "raw"] = setting(
+    kind: Literal["classify", "detect", "segment", "pose", "text", "semantic", "embed",
+                  "raw"] = setting(
         "raw", "what the outputs are read as (the task): classify (top-k classes), detect "
         "(boxes in frame pixels), segment (boxes with a mask polygon each: a detection table "
         "with mask coefficients + a prototypes output), pose (boxes with keypoints), text "
         "(a CTC recogniser: [N, T, C] over `names`, the character set, blank first), "
         "semantic (a class map [N, C, H, W]: per class its share of the frame and its "
-        "regions as polygons) or raw "
+        "regions as polygons), embed (an embedder's [N, D] vectors: a stream publishes their "
+        "size, galleries match them) or raw "
         "(the tensors); unset: told by edged.tasks from the ONNX metadata and outputs, else "
         "raw with the reason")
     output: str | None = setting(None, "output to read (classify; detect: the one table); "
