@@ -20,6 +20,7 @@ from edged.api import logsettings
 from edged.api.clips import ClipRoutes
 from edged.api.config import ApiConfig, split_host_port
 from edged.api.events import EventRoutes
+from edged.api.galleries import Faces, GalleryRoutes
 from edged.api.generate import GenerateRoutes
 from edged.api.http import browsers
 from edged.api.http.bodies import json_body
@@ -38,7 +39,6 @@ from edged.api.http.routing import Router
 from edged.api.kserve import KServeRoutes
 from edged.api.live import LiveRoutes, Viewable
 from edged.api.openai import OpenAiRoutes
-from edged.api.galleries import Faces, GalleryRoutes
 from edged.api.ota_routes import Installs, OtaRoutes
 from edged.api.page import PageRoutes
 from edged.api.shm import ShmRegistry

@@ -22,7 +22,7 @@ def _check_template(points: list[list[float]]) -> str | None:
 
 
 def _check_size(size: list[int]) -> str | None:
-    return None if len(size) == 2 and 16 <= min(size) and max(size) <= 1024 else \
+    return None if len(size) == 2 and min(size) >= 16 and max(size) <= 1024 else \
         "crop_size must be [width, height], 16..1024"
 
 

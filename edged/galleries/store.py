@@ -216,7 +216,7 @@ class Gallery:
         """How many rows (enrolled and unknown) each embedder made."""
         counts: dict[str, int] = {}
         for table in ("entries", "unknowns"):
-            for key, n in self._db.execute(f"SELECT embedder, COUNT(*) FROM {table} "  # noqa: S608
+            for key, n in self._db.execute(f"SELECT embedder, COUNT(*) FROM {table} "
                                            "GROUP BY embedder"):
                 counts[key] = counts.get(key, 0) + int(n)
         return counts
@@ -237,7 +237,7 @@ class Gallery:
         for table in ("entries", "unknowns"):
             while True:
                 rows = self._db.execute(
-                    f"SELECT id, crop FROM {table} WHERE embedder != ? AND crop IS NOT NULL "  # noqa: S608
+                    f"SELECT id, crop FROM {table} WHERE embedder != ? AND crop IS NOT NULL "
                     "LIMIT ?", (embedder, batch)).fetchall()
                 if not rows:
                     break
@@ -245,7 +245,7 @@ class Gallery:
                 with self._lock:
                     self._db.execute("BEGIN")
                     self._db.executemany(
-                        f"UPDATE {table} SET vector = ?, embedder = ? WHERE id = ?",  # noqa: S608
+                        f"UPDATE {table} SET vector = ?, embedder = ? WHERE id = ?",
                         [(unit(v).tobytes(), embedder, i)
                          for (i, _), v in zip(rows, vectors, strict=True)])
                     self._db.execute("COMMIT")

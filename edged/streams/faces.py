@@ -261,7 +261,7 @@ class FaceService:
 
     def _reembed(self, key: str) -> int:
         def embed(pngs: list[bytes]) -> np.ndarray:
-            crops = [cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR) for p in pngs]
+            crops = [decode_image(p) for p in pngs]
             vectors, made = self.embed(crops)
             if made != key:
                 raise FacesUnavailable(f"the embedder changed again ({made}) while "

@@ -29,8 +29,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tools.assets.models import _N, _bright_box, _const, _rows, build_model, declare_float, \
-    write_model
+from tools.assets.models import (
+    _N,
+    _bright_box,
+    _const,
+    _rows,
+    build_model,
+    declare_float,
+    write_model,
+)
 
 FACE_SIZE = 160
 FACE_GRID = (FACE_SIZE // 8) ** 2 + (FACE_SIZE // 16) ** 2 + (FACE_SIZE // 32) ** 2  # 525

@@ -59,7 +59,7 @@ def test_align_when_dots_mark_the_landmarks_puts_them_on_the_template() -> None:
     frame = np.zeros((480, 640, 3), np.uint8)
     landmarks = _moved(TEMPLATE, 0.5, 2.0, (300.0, 100.0))
     for x, y in landmarks:
-        frame[int(round(y)) - 2:int(round(y)) + 3, int(round(x)) - 2:int(round(x)) + 3] = 255
+        frame[round(y) - 2:round(y) + 3, round(x) - 2:round(x) + 3] = 255
     crop = align(frame, landmarks, TEMPLATE, (112, 112))
     assert crop.shape == (112, 112, 3)
     for x, y in TEMPLATE:  # each dot's centre lands within a pixel of its template point
