@@ -98,7 +98,26 @@ def check_mqtt(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
             for path, message in check_requests(parsed.value.mqtt)]
 
 
-CHECKS = (check_streams, check_cache, check_mqtt)
+def check_faces(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
+    """`as: identity` cascades need the face pipeline on, and its embedder."""
+    issues = []
+    faces = parsed.value.faces
+    for i, stream in enumerate(parsed.value.streams):
+        for j, secondary in enumerate(stream.secondary):
+            if secondary.as_ != "identity":
+                continue
+            at = f"{parsed.at('streams', i)}.secondary[{j}]"
+            if not faces.enabled:
+                issues.append(parsed.issue(f"{at}.as", "identity needs the face pipeline: "
+                                                       "faces.enabled: true"))
+            elif secondary.model != faces.embedder:
+                issues.append(parsed.issue(f"{at}.model", f"as: identity runs the face "
+                                                          f"pipeline's embedder "
+                                                          f"({faces.embedder})"))
+    return issues
+
+
+CHECKS = (check_streams, check_cache, check_mqtt, check_faces)
 
 
 def load_config(path: Path) -> DaemonConfig:
