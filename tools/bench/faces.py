@@ -11,7 +11,8 @@ Runtime's threads included), and set beside the direct library call in the same 
   rows) on the ArcFace-shaped stand-in (tools/assets/faces.py: [1, 3, 112, 112] → [1, 512]),
   against `session.run` on the very ONNX Runtime session edged holds, with the same tensor;
 - match: `Gallery.match` at 10k enrolled entries (512-d, 100 of them negatives), against the
-  bare numpy floor (`vectors @ q`, argmax), answers compared;
+  bare numpy floor (`vectors @ q` through BLAS, argmax; and numpy's own single-thread loop,
+  `einsum`, which edged uses), answers compared;
 - detect: the YOLOv8-face stand-in on the 1080p frame through the scheduler, for scale;
 - identify: `FaceService.identify` of one face (align, embed, match, and an unknown's
   grouping), the path a stream's `as: identity` cascade takes.
@@ -119,6 +120,8 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
         results["match_same_answer"] = found is not None and found.entry - 1 == floor_best
         results["match"] = timed(lambda: gallery.match(probe, cfg.match_threshold), repeats)
         results["match_numpy"] = timed(lambda: int(np.argmax(unit @ q)), repeats)
+        results["match_einsum"] = timed(lambda: int(np.argmax(np.einsum("ij,j->i", unit, q))),
+                                        repeats)
         results["entries"] = gallery.counts()["entries"]
 
         results["detect"] = timed(lambda: faces.find_faces(frame), max(10, repeats // 10))
@@ -140,6 +143,7 @@ def format_table(results: dict[str, Any]) -> str:
     rows = [("align (edged: Umeyama + warpAffine)", "align", "align_opencv"),
             ("embed 112x112 → 512 (edged: pre + scheduler)", "embed", "embed_direct"),
             (f"match at {r['entries']} entries (edged Gallery.match)", "match", "match_numpy"),
+            ("  numpy einsum + argmax (one thread, no BLAS)", "match_einsum", None),
             ("detect the 1080p frame (YOLOv8-face stand-in)", "detect", None),
             ("identify one face (align + embed + match + group)", "identify", None)]
     lines = [f"face pipeline per face, {r['frame']}; median wall ms, CPU ms a call "
