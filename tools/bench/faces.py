@@ -148,11 +148,11 @@ def format_table(results: dict[str, Any]) -> str:
             ("identify one face (align + embed + match + group)", "identify", None)]
     lines = [f"face pipeline per face, {r['frame']}; median wall ms, CPU ms a call "
              f"({r['repeats']} repeats)",
-             f"{'stage':<50}{'wall':>9}{'cpu':>9}{'direct':>9}{'ratio':>7}"]
+             f"{'stage':<50}{'wall':>8}{'cpu':>8}{'direct':>8}{'cpu':>8}{'ratio':>7}"]
     for title, key, direct in rows:
         wall, cpu = r[key]
-        base = r[direct][0] if direct else None
-        lines.append(f"{title:<50}{wall:>9}{cpu:>9}{base if base is not None else '':>9}"
+        base, base_cpu = r[direct] if direct else ("", "")
+        lines.append(f"{title:<50}{wall:>8}{cpu:>8}{base:>8}{base_cpu:>8}"
                      f"{(f'{wall / base:.2f}' if base else ''):>7}")
     lines.append("direct: OpenCV's similarity + warp; session.run on edged's own session; "
                  "numpy's matrix-vector product and argmax")
