@@ -32,8 +32,8 @@ from tools.assets.faces import make_face_embedder, paste_face, write_face_models
 from tools.real_models import member
 
 SCHEMAS = Path(__file__).parents[2] / "docs" / "schemas"
-EVENT, RESULT = (json.loads((SCHEMAS / name).read_text()) for name in (
-    "events.schema.json", "stream-result.schema.json"))
+EVENT, RESULT, UPDATE = (json.loads((SCHEMAS / name).read_text()) for name in (
+    "events.schema.json", "stream-result.schema.json", "tracked-object-update.schema.json"))
 SIZE = (640, 480)
 FACES = "enabled: true, detector: face_yolo, embedder: face_embedder"
 PRELOAD = "preload: [face_yolo, face_embedder]"
@@ -146,6 +146,8 @@ def test_faces_when_enrolled_by_the_cli_a_stream_names_the_face_in_results_and_e
         jsonschema.validate(event, EVENT)
     event = next(e for e in messages(got, f"{prefix}/events") if e["after"]["sub_label"] == "Ana")
     assert event["after"]["identity"]["name"] == "Ana"
+    for said in messages(got, f"{prefix}/tracked_object_update"):
+        jsonschema.validate(said, UPDATE)
     update = next(u for u in messages(got, f"{prefix}/tracked_object_update") if u["name"])
     assert update["type"] == "face" and update["camera"] == "door"
     assert update["id"] == event["after"]["id"] and update["score"] > 0.9
@@ -204,6 +206,7 @@ def test_faces_when_an_unknown_face_recurs_groups_it_and_naming_the_group_enrols
         assert len(groups) == 1 and None not in groups
         assert all(i["name"] is None for i in identities(got, prefix))
         update = messages(got, f"{prefix}/tracked_object_update")[0]
+        jsonschema.validate(update, UPDATE)
         assert (update["name"], update["group"]) == (None, next(iter(groups)))
         with served.client() as client:
             status, listed = call(client, "GET", f"{GALLERY}/groups")
