@@ -119,6 +119,61 @@ def make_face_yolo(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
+SCRFD_SIZE = 320
+# InsightFace's scrfd_*_bnkps.onnx output order and (numeric) names: scores, boxes, points per
+# stride 8, 16, 32
+SCRFD_OUTPUTS = (("448", "471", "494"), ("451", "474", "497"), ("454", "477", "500"))
+
+
+def make_face_scrfd(seed: int = 0) -> onnx.ModelProto:
+    """An SCRFD export as InsightFace's `scrfd_*_bnkps.onnx` are laid out: `input.1 [1, 3,
+    320, 320]`, (x - 127.5) / 128 RGB, nine outputs (scores [1, N, 1], boxes [1, N, 4],
+    points [1, N, 10] per stride 8, 16, 32, in that order; two anchors a cell; the batched
+    form its newer exports write and `SCRFD` reads). Its answer: every
+    anchor whose centre (its cell's top-left corner times the stride) lies inside the lit box
+    scores the box's brightness and gives the box (distances to its sides, in strides) and the
+    five points where ArcFace's template puts them in it (offsets, in strides)."""
+    del seed
+    nodes, inits = _bright_box()
+    for node in nodes:
+        node.input[:] = ["input.1" if n == "x" else n for n in node.input]
+    weights = np.zeros((4, 10), np.float32)
+    for i, (x, y) in enumerate(ARCFACE):
+        fx, fy = x / CROP, y / CROP
+        weights[0, 2 * i], weights[2, 2 * i] = 1 - fx, fx
+        weights[1, 2 * i + 1], weights[3, 2 * i + 1] = 1 - fy, fy
+    inits += [_const("points_w", weights), _const("sides", [-1, -1, 1, 1]),
+              _const("zero", 0.0), _const("axis0", [0], np.int64)]
+    nodes += [_N("MatMul", ["xyxy", "points_w"], ["points"]),
+              _N("Mul", ["xyxy", "sides"], ["signed"])]
+    outputs = []
+    for level, stride in enumerate((8, 16, 32)):
+        cells = SCRFD_SIZE // stride
+        ys, xs = np.mgrid[0:cells, 0:cells]
+        centres = np.repeat(np.stack([xs, ys], -1).reshape(-1, 2) * stride, 2, axis=0)
+        n = len(centres)
+        score, box, point = (names[level] for names in SCRFD_OUTPUTS)
+        inits += [_const(f"c4_{stride}", np.concatenate([centres, -centres], 1)),
+                  _const(f"c10_{stride}", -np.tile(centres, 5)),
+                  _const(f"inv_{stride}", 1.0 / stride)]
+        nodes += [_N("Add", ["signed", f"c4_{stride}"], [f"d_{stride}"]),
+                  _N("Mul", [f"d_{stride}", f"inv_{stride}"], [f"{box}_2d"]),
+                  _N("ReduceMin", [f"d_{stride}"], [f"near_{stride}"], axes=[1], keepdims=1),
+                  _N("Greater", [f"near_{stride}", "zero"], [f"in_{stride}"]),
+                  _N("Cast", [f"in_{stride}"], [f"inf_{stride}"], to=onnx.TensorProto.FLOAT),
+                  _N("Mul", [f"inf_{stride}", "score"], [f"{score}_2d"]),
+                  _N("Add", ["points", f"c10_{stride}"], [f"p_{stride}"]),
+                  _N("Mul", [f"p_{stride}", f"inv_{stride}"], [f"{point}_2d"])]
+        nodes += [_N("Unsqueeze", [f"{name}_2d", "axis0"], [name]) for name in (score, box, point)]
+        outputs.append((score, box, point, n))
+    declared = [declare_float(o[0], [1, o[3], 1]) for o in outputs] + \
+        [declare_float(o[1], [1, o[3], 4]) for o in outputs] + \
+        [declare_float(o[2], [1, o[3], 10]) for o in outputs]
+    return build_model("face_scrfd", nodes,
+                       [declare_float("input.1", [1, 3, SCRFD_SIZE, SCRFD_SIZE])], declared,
+                       _unique(inits))
+
+
 def _unique(inits: list[onnx.TensorProto]) -> list[onnx.TensorProto]:
     kept: dict[str, onnx.TensorProto] = {}
     for init in inits:
