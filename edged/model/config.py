@@ -184,7 +184,7 @@ def _check_kpt_shape(shape: list[int]) -> str | None:
 
 
 HeadFormat = Literal["auto", "yolo", "yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas",
-                     "detr", "priorbox", "scrfd"]
+                     "detr", "priorbox", "scrfd", "yunet"]
 # RetinaFace's priors (Pytorch_Retinaface's cfg_mnet / cfg_re50): two sizes a cell per step
 RETINAFACE_PRIOR_SIZES = [[16.0, 32.0], [64.0, 128.0], [256.0, 512.0]]
 
@@ -227,7 +227,8 @@ class PostprocessConfig:
         "priorbox = RetinaFace-style loc [N, 4] + conf [N, 2] + landmarks [N, 2K] over prior "
         "boxes (prior_sizes, prior_steps, variance); scrfd = InsightFace's SCRFD: per stride "
         "8/16/32 scores [N, 1] + boxes [N, 4] (+ landmarks [N, 10]) as distances from anchor "
-        "centres; yolo = yolov5 or yolov8 by `objectness` and `transposed`")
+        "centres; yunet = OpenCV's YuNet: cls_, obj_, bbox_, kps_ per stride 8/16/32; yolo = "
+        "yolov5 or yolov8 by `objectness` and `transposed`")
     objectness: bool = setting(False, "yolo: a 5th column scales the class scores")
     transposed: bool | None = setting(None, "yolo: the head is [4+C, N] (YOLOv8); null = "
                                       "guess: fewer rows than columns")

@@ -1,4 +1,6 @@
-"""SCRFD's head (InsightFace's face detector: `scrfd_*_bnkps.onnx`, and the exports built on
+"""The anchor-free face heads: SCRFD's and YuNet's.
+
+SCRFD's head (InsightFace's face detector: `scrfd_*_bnkps.onnx`, and the exports built on
 it): per stride of 8, 16, 32 (and 64, 128 for five-level models) a score output [N, 1], a box
 output [N, 4] and, with keypoints, a landmarks output [N, 10]; N = the level's cells times its
 anchors a cell (2 for three levels, 1 for five, as InsightFace's `SCRFD` has them). Boxes are
@@ -6,10 +8,17 @@ distances from each anchor's centre (the cell's top-left corner times the stride
 sides, in strides; points are offsets from it likewise (`distance2bbox`, `distance2kps`).
 The levels are told by the outputs' widths (1, 4, 10) and their row counts (largest first:
 stride 8), or by InsightFace's output order (scores, boxes, points) where the rows are dynamic.
+
+YuNet's head (OpenCV's `FaceDetectorYN`, `face_detection_yunet_2023mar.onnx`): per stride 8,
+16, 32 the outputs `cls_<s>` [N, 1], `obj_<s>` [N, 1], `bbox_<s>` [N, 4], `kps_<s>` [N, 10],
+one anchor a cell (N = cells); the score is sqrt(cls * obj) (each clipped to 0..1), the box's
+centre (cell + bbox[0:2]) * stride and size exp(bbox[2:4]) * stride, each point (cell + kps)
+* stride: OpenCV's `FaceDetectorYNImpl::postProcess`. Told by those names.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from edged.core.errors import InvalidModel
@@ -20,8 +29,48 @@ LEVELS = {6: (3, False), 9: (3, True), 10: (5, False), 15: (5, True)}  # outputs
 STRIDES = {3: (8, 16, 32), 5: (8, 16, 32, 64, 128)}
 
 
-def scrfd_levels(outputs: Sequence[TensorSpec], batched: bool
-                 ) -> list[tuple[int, str, str, str | None]] | None:
+Level = tuple[int, str, str, "str | None", "str | None"]
+YUNET = re.compile(r"(cls|obj|bbox|kps)_(8|16|32)$")
+
+
+def yunet_levels(outputs: Sequence[TensorSpec], batched: bool) -> list[Level] | None:
+    """(stride, cls, bbox, kps, obj) per stride 8, 16, 32, or None: YuNet's twelve outputs by
+    their names, each [N, 1], [N, 1], [N, 4], [N, 10] where the widths are fixed."""
+    if len(outputs) != 12:
+        return None
+    named = {}
+    for o in outputs:
+        found = YUNET.match(o.name)
+        if found is None:
+            return None
+        width = _dims(o, batched)[-1:] if _dims(o, batched) else ()
+        want = {"cls": 1, "obj": 1, "bbox": 4, "kps": 10}[found.group(1)]
+        if width and width[0] not in (want, -1):
+            return None
+        named[(found.group(1), int(found.group(2)))] = o.name
+    if len(named) != 12:
+        return None
+    return [(s, named[("cls", s)], named[("bbox", s)], named[("kps", s)], named[("obj", s)])
+            for s in (8, 16, 32)]
+
+
+def yunet_head(outputs: Sequence[TensorSpec], ev: _Evidence) -> Head | None:
+    levels = yunet_levels(outputs, ev.batched)
+    if levels is None:
+        if ev.cfg.format == "yunet":
+            raise InvalidModel(f"detect/yunet: expected YuNet's cls_, obj_, bbox_ and kps_ "
+                               f"outputs at strides 8, 16 and 32, got {_shapes(outputs)}")
+        return None
+    return Head("yunet", f"yunet: cls, obj, bbox and kps at strides 8, 16, 32 "
+                f"({_shapes(outputs)}): OpenCV's FaceDetectorYN, score sqrt(cls * obj), boxes "
+                f"and points from each cell, in strides",
+                boxes=",".join(lv[2] for lv in levels), scores=",".join(lv[1] for lv in levels),
+                landmarks=",".join(str(lv[3]) for lv in levels), box="xyxy",
+                normalized=False, extra=10, grid=ev.size, nms=True, levels=tuple(levels),
+                anchors=1)
+
+
+def scrfd_levels(outputs: Sequence[TensorSpec], batched: bool) -> list[Level] | None:
     """(stride, scores, boxes, points or None) per level, or None when the outputs are not
     SCRFD's: 6, 9, 10 or 15 outputs, each [N, 1], [N, 4] or [N, 10], as many of each width
     as there are levels, with equal row counts per level."""
@@ -52,7 +101,7 @@ def scrfd_levels(outputs: Sequence[TensorSpec], batched: bool
         ordered = by_width
     strides = STRIDES[count]
     return [(strides[k], ordered[1][k][1].name, ordered[4][k][1].name,
-             ordered[10][k][1].name if with_points else None) for k in range(count)]
+             ordered[10][k][1].name if with_points else None, None) for k in range(count)]
 
 
 def scrfd_head(outputs: Sequence[TensorSpec], ev: _Evidence) -> Head | None:

@@ -174,6 +174,68 @@ def make_face_scrfd(seed: int = 0) -> onnx.ModelProto:
                        _unique(inits))
 
 
+def make_face_yunet(seed: int = 0) -> onnx.ModelProto:
+    """A YuNet export as OpenCV's zoo ships `face_detection_yunet_2023mar.onnx`: `input [1, 3,
+    320, 320]` BGR pixels 0..255, twelve outputs `cls_<s>`, `obj_<s>` [1, N, 1], `bbox_<s>`
+    [1, N, 4], `kps_<s>` [1, N, 10] for s = 8, 16, 32 (one anchor a cell), in that order. Its
+    answer: every cell whose corner lies inside the lit box scores cls 0.9, obj 1.0 and gives
+    the box (centre offsets from the cell and log sizes, in strides) and the five points at
+    ArcFace's template in it (offsets from the cell, in strides)."""
+    del seed
+    nodes, inits = _bright_box()
+    for node in nodes:
+        node.input[:] = ["input" if n == "x" else n for n in node.input]
+    weights = np.zeros((4, 10), np.float32)
+    for i, (x, y) in enumerate(ARCFACE):
+        fx, fy = x / CROP, y / CROP
+        weights[0, 2 * i], weights[2, 2 * i] = 1 - fx, fx
+        weights[1, 2 * i + 1], weights[3, 2 * i + 1] = 1 - fy, fy
+    pick_xy = np.array([[1, 0], [0, 1], [0, 0], [0, 0]], np.float32)
+    pick_wh = np.array([[0, 0], [0, 0], [1, 0], [0, 1]], np.float32)
+    inits += [_const("points_w", weights), _const("sides", [-1, -1, 1, 1]),
+              _const("zero", 0.0), _const("axis0", [0], np.int64), _const("cls_p", 0.9),
+              _const("pick_xy", pick_xy), _const("pick_wh", pick_wh)]
+    nodes += [_N("MatMul", ["xyxy", "points_w"], ["points"]),
+              _N("Mul", ["xyxy", "sides"], ["signed"]),
+              _N("MatMul", ["cxcywh", "pick_xy"], ["centre"]),
+              _N("MatMul", ["cxcywh", "pick_wh"], ["size"])]
+    parts: dict[str, list[str]] = {"cls": [], "obj": [], "bbox": [], "kps": []}
+    shapes = {}
+    for stride in (8, 16, 32):
+        cells = SCRFD_SIZE // stride
+        ys, xs = np.mgrid[0:cells, 0:cells]
+        grid = np.stack([xs, ys], -1).reshape(-1, 2).astype(np.float32)
+        n = len(grid)
+        s = str(stride)
+        inits += [_const(f"corner4_{s}", np.concatenate([grid, -grid], 1) * stride),
+                  _const(f"grid_{s}", -grid), _const(f"grid10_{s}", -np.tile(grid, 5)),
+                  _const(f"inv_{s}", 1.0 / stride), _const(f"zeros2_{s}", np.zeros((n, 2))),
+                  _const(f"ones_{s}", np.ones((n, 1)))]
+        nodes += [_N("Add", ["signed", f"corner4_{s}"], [f"d_{s}"]),
+                  _N("ReduceMin", [f"d_{s}"], [f"near_{s}"], axes=[1], keepdims=1),
+                  _N("Greater", [f"near_{s}", "zero"], [f"in_{s}"]),
+                  _N("Cast", [f"in_{s}"], [f"inf_{s}"], to=onnx.TensorProto.FLOAT),
+                  _N("Mul", [f"inf_{s}", "cls_p"], [f"cls_{s}_2d"]),
+                  _N("Mul", [f"ones_{s}", f"inf_{s}"], [f"obj_{s}_2d"]),
+                  _N("Mul", ["centre", f"inv_{s}"], [f"c_{s}"]),
+                  _N("Add", [f"c_{s}", f"grid_{s}"], [f"dc_{s}"]),
+                  _N("Mul", ["size", f"inv_{s}"], [f"sz_{s}"]),
+                  _N("Log", [f"sz_{s}"], [f"lsz_{s}"]),
+                  _N("Add", [f"lsz_{s}", f"zeros2_{s}"], [f"lszn_{s}"]),
+                  _N("Concat", [f"dc_{s}", f"lszn_{s}"], [f"bbox_{s}_2d"], axis=1),
+                  _N("Mul", ["points", f"inv_{s}"], [f"pp_{s}"]),
+                  _N("Add", [f"pp_{s}", f"grid10_{s}"], [f"kps_{s}_2d"])]
+        for part, width in (("cls", 1), ("obj", 1), ("bbox", 4), ("kps", 10)):
+            name = f"{part}_{s}"
+            nodes.append(_N("Unsqueeze", [f"{name}_2d", "axis0"], [name]))
+            parts[part].append(name)
+            shapes[name] = [1, n, width]
+    order = [name for part in ("cls", "obj", "bbox", "kps") for name in parts[part]]
+    return build_model("face_yunet", nodes,
+                       [declare_float("input", [1, 3, SCRFD_SIZE, SCRFD_SIZE])],
+                       [declare_float(name, shapes[name]) for name in order], _unique(inits))
+
+
 def _unique(inits: list[onnx.TensorProto]) -> list[onnx.TensorProto]:
     kept: dict[str, onnx.TensorProto] = {}
     for init in inits:

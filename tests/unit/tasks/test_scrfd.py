@@ -73,3 +73,34 @@ def test_scrfd_when_a_levels_part_is_missing_with_format_scrfd_names_the_shapes(
         [(3200, 1), (800, 1), (200, 1), (3200, 4), (800, 4), (200, 4), (3200, 10), (800, 10)])]
     with pytest.raises(InvalidModel, match="detect/scrfd: expected per stride scores"):
         choose_head(specs, None, PostprocessConfig(kind="detect", format="scrfd"))
+
+
+def test_yunet_when_a_face_is_in_view_finds_what_opencvs_own_decoding_finds(
+        tmp_path: Path) -> None:
+    """YuNet's head (OpenCV's FaceDetectorYN): told by its twelve named outputs, read as a face
+    keypoints task with BGR pixels as they are, and held to OpenCV's published decoding."""
+    from support import yunet_reference
+
+    from tools.assets.faces import make_face_yunet
+
+    write_model(make_face_yunet(), tmp_path / "yunet" / "1" / "model.onnx")
+    model = ModelRepository(tmp_path).resolve("yunet")
+    assert model.head is not None and model.head.format == "yunet"
+    assert model_config(model)["edged"]["task"]["kind"] == "pose"
+    assert model.config.preprocess is not None and model.config.preprocess.color == "bgr"
+    picture = np.zeros((480, 640, 3), np.uint8)
+    paste_face(picture, cv2.imread(str(member("astronaut.png")))[20:240, 100:300], 250, 90, 210)
+    spec = model.inputs[0]
+    pre = image_preprocess(model.config.preprocess, model.label, spec, model.max_batch_size > 0)
+    tensor, geometry = preprocess(picture, pre, spec)
+    session = ort.InferenceSession(str(model.onnx_path), providers=["CPUExecutionProvider"])
+    outputs = dict(zip([o.name for o in session.get_outputs()],
+                       session.run(None, {spec.name: tensor}), strict=True))
+    found = Postprocessor(model.config.postprocess, tmp_path, model.head)(
+        outputs, geometry)["detections"].rows()
+    faces, points = yunet_reference.detect(session, picture)
+    assert len(found) == len(faces) == 1
+    assert found[0]["box"] == pytest.approx(faces[0, :4].tolist(), abs=0.05)
+    assert found[0]["score"] == pytest.approx(float(faces[0, 4]), abs=1e-4)
+    assert np.array(list(found[0]["keypoints"].values())) == pytest.approx(points[0], abs=0.06)
+    assert found[0]["box"] == pytest.approx([250, 90, 460, 300], abs=2.0)
