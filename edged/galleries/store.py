@@ -177,10 +177,12 @@ class Gallery:
 
     # -- unknown ---------------------------------------------------------------------------
     def sighting(self, vector: np.ndarray, embedder: str, *, group_threshold: float,
-                 keep_below: float, crop: bytes | None = None,
+                 keep_below: float, crop: bytes | Callable[[], bytes] | None = None,
                  source: str | None = None) -> Sighting:
         """An unmatched face: the group of its nearest kept sighting (or a new group); kept
-        when it looks unlike every kept one (below `keep_below`) and the bound allows."""
+        when it looks unlike every kept one (below `keep_below`) and the bound allows.
+        `crop` may be a function that makes it: called only for a sighting that is kept (a
+        face standing in view is not encoded frame after frame)."""
         query = unit(vector)
         with self._lock:
             index = self._unknowns
@@ -192,9 +194,10 @@ class Gallery:
                 return Sighting(group, False, round(similarity, 5))
             if group is None:
                 group = self._next_group()
+            kept = crop() if callable(crop) else crop
             self._db.execute("INSERT INTO unknowns (grp, vector, embedder, crop, source, seen) "
                              "VALUES (?, ?, ?, ?, ?, ?)",
-                             (group, query.tobytes(), embedder, crop, source, time.time()))
+                             (group, query.tobytes(), embedder, kept, source, time.time()))
             self._reindex(entries=False)  # (the unknowns are few: max_unknowns)
         return Sighting(group, True, round(similarity, 5))
 

@@ -17,6 +17,7 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,7 @@ class FaceService:
                 continue
             seen = self.gallery.sighting(vector, key, group_threshold=self.cfg.group_threshold,
                                          keep_below=self.cfg.keep_similar_below,
-                                         crop=_png(crop), source=source)
+                                         crop=partial(_png, crop), source=source)
             found.append({"name": None, "similarity": seen.similarity, "group": seen.group})
         return found
 

@@ -279,3 +279,37 @@ def test_faces_when_restarted_and_the_embedder_is_updated_keeps_and_reembeds_the
         assert found["name"] == "Ana" and found["similarity"] > 0.9
         entries = call(client, "GET", f"{GALLERY}/names/Ana")[1]["entries"]
         assert [e["embedder"] for e in entries] == ["face_embedder:2"]
+
+
+def test_gallery_routes_when_asked_wrongly_answer_with_codes_and_change_nothing(
+        make_served: ServeFactory, faces_repo: Path) -> None:
+    served = make_served(cache=PRELOAD, faces=FACES)
+    with served.client() as client:
+        assert enrol(client, "Ana", png(picture((astronaut(), 20, 100, 200))))[0] == 201
+        cases = [
+            ("POST", f"{GALLERY}/names/Bo", b"{not json", 400, "invalid_input"),
+            ("POST", f"{GALLERY}/names/Bo", b'{"snapshot": "../../etc/passwd"}', 400,
+             "invalid_input"),
+            ("POST", f"{GALLERY}/names/Bo", b'{"snapshot": "1718000000.123-door-9"}', 404,
+             "snapshot_not_found"),
+            ("POST", f"{GALLERY}/groups/7/name", b'{"name": "Bo"}', 404, "identity_not_found"),
+            ("POST", f"{GALLERY}/groups/x/name", b'{"name": "Bo"}', 400, "invalid_input"),
+            ("POST", f"{GALLERY}/groups/7/name", b'["Bo"]', 400, "invalid_input"),
+            ("DELETE", f"{GALLERY}/names/Bo", None, 404, "identity_not_found"),
+            ("DELETE", f"{GALLERY}/entries/999", None, 404, "identity_not_found"),
+            ("DELETE", f"{GALLERY}/groups/3", None, 404, "identity_not_found"),
+            ("GET", f"{GALLERY}/names/Bo", None, 404, "identity_not_found"),
+        ]
+        for method, path, body, status, code in cases:
+            got, answer = call(client, method, path, body)
+            assert (got, answer["code"]) == (status, code), (method, path, answer)
+        listing = call(client, "GET", GALLERY)[1]
+        assert listing["names"] == [{"name": "Ana", "entries": 1, "negatives": 0}]
+        assert listing["groups"] == [] and client.ready()
+
+
+def test_gallery_routes_when_faces_are_off_say_so(make_served: ServeFactory) -> None:
+    served = make_served()
+    with served.client() as client:
+        status, answer = call(client, "GET", GALLERY)
+        assert (status, answer["code"]) == (503, "faces_unavailable")
