@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,12 +122,12 @@ class Gallery:
         now = time.time()
         with self._lock:
             self._room_for(len(faces))
-            self._db.execute("BEGIN")
-            self._db.executemany(
-                "INSERT INTO entries (name, negative, vector, embedder, crop, source, created) "
-                "VALUES (?, ?, ?, ?, NULL, ?, ?)",
-                [(n, int(neg), unit(v).tobytes(), embedder, source, now) for n, v, neg in faces])
-            self._db.execute("COMMIT")
+            with self._transaction():
+                self._db.executemany(
+                    "INSERT INTO entries (name, negative, vector, embedder, crop, source, "
+                    "created) VALUES (?, ?, ?, ?, NULL, ?, ?)",
+                    [(n, int(neg), unit(v).tobytes(), embedder, source, now)
+                     for n, v, neg in faces])
             self._reindex()
         return len(faces)
 
@@ -218,13 +219,12 @@ class Gallery:
                 raise IdentityNotFound(f"no unknown group {group}")
             self._room_for(len(rows))
             now = time.time()
-            self._db.execute("BEGIN")
-            self._db.executemany(
-                "INSERT INTO entries (name, negative, vector, embedder, crop, source, created) "
-                "VALUES (?, 0, ?, ?, ?, ?, ?)",
-                [(name, v, e, c, s or f"group {group}", now) for v, e, c, s in rows])
-            self._db.execute("DELETE FROM unknowns WHERE grp = ?", (group,))
-            self._db.execute("COMMIT")
+            with self._transaction():
+                self._db.executemany(
+                    "INSERT INTO entries (name, negative, vector, embedder, crop, source, "
+                    "created) VALUES (?, 0, ?, ?, ?, ?, ?)",
+                    [(name, v, e, c, s or f"group {group}", now) for v, e, c, s in rows])
+                self._db.execute("DELETE FROM unknowns WHERE grp = ?", (group,))
             self._reindex()
         return len(rows)
 
@@ -266,13 +266,11 @@ class Gallery:
                 if not rows:
                     break
                 vectors = embed([crop for _, crop in rows])
-                with self._lock:
-                    self._db.execute("BEGIN")
+                with self._lock, self._transaction():
                     self._db.executemany(
                         f"UPDATE {table} SET vector = ?, embedder = ? WHERE id = ?",
                         [(unit(v).tobytes(), embedder, i)
                          for (i, _), v in zip(rows, vectors, strict=True)])
-                    self._db.execute("COMMIT")
                 done += len(rows)
         with self._lock:
             self._reindex()
@@ -291,6 +289,17 @@ class Gallery:
                 "unknowns": self._unknown_count, "max_unknowns": self.max_unknowns}
 
     # -- inside ----------------------------------------------------------------------------
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN ... COMMIT, or ROLLBACK when the block raises (the file keeps all or none)."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
     def _room_for(self, more: int) -> None:
         held = self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
         if held + more > self.max_entries:

@@ -120,3 +120,17 @@ def test_gallery_when_rows_are_appended_matches_as_the_index_rebuilt_from_the_fi
         assert fast == gallery.match(query, 0.3)
         matched += fast is not None
     assert matched > 100  # the answers compared are mostly names, not all None
+
+
+def test_gallery_when_a_reembedding_fails_midway_keeps_the_file_whole_and_usable(
+        tmp_path: Path) -> None:
+    gallery = _open(tmp_path)
+    gallery.set_embedder("emb:1")
+    for i in range(3):
+        gallery.add("ana", np.eye(8, dtype=np.float32)[i], "emb:1", crop=b"c")
+    gallery.set_embedder("emb:2")
+    with pytest.raises(ValueError, match="zip"):  # one vector for three crops
+        gallery.reembed("emb:2", lambda crops: np.ones((1, 8), np.float32))
+    assert gallery.stale("emb:2") == (3, 0)  # rolled back: nothing half-written
+    gallery.add("bo", np.ones(8, np.float32), "emb:2")  # no transaction left open
+    assert gallery.counts()["entries"] == 4
