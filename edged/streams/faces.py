@@ -153,6 +153,13 @@ class FaceService:
         self.current()
         crops = self.crops(frame, faces)
         vectors, key = self.embed(crops)
+        try:
+            return self._identify(crops, vectors, key, source)
+        except sqlite3.Error as exc:  # the file (a full disk, a lost mount): the frame goes on
+            raise FacesUnavailable(f"the gallery {self.gallery.path} failed: {exc}") from exc
+
+    def _identify(self, crops: Sequence[np.ndarray], vectors: np.ndarray, key: str,
+                  source: str | None) -> list[dict[str, Any]]:
         found = []
         for crop, vector in zip(crops, vectors, strict=True):
             match = self.gallery.match(vector, self.cfg.match_threshold)
@@ -184,8 +191,11 @@ class FaceService:
         key = self.current()
         crop = self.crops(frame, faces)[0]
         vector, key = self.embed([crop])
-        entry = self.gallery.add(name, vector[0], key, crop=_png(crop), negative=negative,
-                                 source=source)
+        try:
+            entry = self.gallery.add(name, vector[0], key, crop=_png(crop), negative=negative,
+                                     source=source)
+        except sqlite3.Error as exc:
+            raise FacesUnavailable(f"the gallery {self.gallery.path} failed: {exc}") from exc
         return {"id": entry, "name": name, "negative": negative, "embedder": key,
                 "landmarks": [[round(x, 1), round(y, 1)] for x, y in faces[0]]}
 
