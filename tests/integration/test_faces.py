@@ -193,7 +193,8 @@ def test_faces_when_a_look_alike_is_marked_not_x_from_its_snapshot_stops_being_x
 
 
 def test_faces_when_an_unknown_face_recurs_groups_it_and_naming_the_group_enrols_it(
-        broker: Broker, make_served: ServeFactory, faces_repo: Path, tmp_path: Path) -> None:
+        broker: Broker, make_served: ServeFactory, faces_repo: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     prefix = "t/grp"
     video = write_video(tmp_path / "door.avi", picture((astronaut(), 380, 150, 180)))
     sub = Subscriber(broker, f"{prefix}/#")
@@ -211,10 +212,15 @@ def test_faces_when_an_unknown_face_recurs_groups_it_and_naming_the_group_enrols
         with served.client() as client:
             status, listed = call(client, "GET", f"{GALLERY}/groups")
             assert [g["group"] for g in listed["groups"]] == list(groups)
-            status, done = call(client, "POST", f"{GALLERY}/groups/{next(iter(groups))}/name",
-                                json.dumps({"name": "Ana"}).encode())
-            assert status == 201 and done["enrolled"] >= 1
+        group = str(next(iter(groups)))
+        assert main(["faces", "name-group", group, "Ana", "--socket", str(served.socket)]) == 0
+        assert json.loads(capsys.readouterr().out)["enrolled"] >= 1
         sub.collect(until=named(prefix, "Ana"), timeout=60, what="the named group matched")
+        assert main(["faces", "list", "--socket", str(served.socket)]) == 0
+        listing = capsys.readouterr().out
+        assert "Ana: " in listing and "unknown group" not in listing
+        assert main(["faces", "name-group", group, "Ana", "--socket", str(served.socket)]) == 1
+        assert "identity_not_found" in capsys.readouterr().err
     finally:
         sub.close()
 
