@@ -156,6 +156,7 @@ class Daemon:
             if self.mqtt is not None and requests.enabled else None)
         self.status.requests = self.requests.stats if self.requests is not None else \
             self.status.requests
+        self.status.faces = lambda: self.faces.status() if self.faces is not None else None
         # Installs handed over on the socket (the Mender update module), on the same worker.
         self.local = LocalInstalls(self.updater, self.ota.defer if self.ota is not None else None)
         self.updater.shadows.hooks = ShadowHooks(

@@ -229,6 +229,11 @@ class FaceService:
                 faces.append(points)
         return faces
 
+    def status(self) -> dict[str, Any]:
+        """What `edged status` shows: the gallery's counts and bounds, its embedder's state."""
+        return {**self.gallery.counts(), "names": len(self.gallery.names()),
+                "embedder": self.reembed_state()}
+
     def close(self, timeout_s: float = 5.0) -> None:
         """Wait (bounded) for a re-embedding in progress, then close the gallery's file."""
         thread = self._reembedding

@@ -245,6 +245,9 @@ def test_faces_when_enrolment_is_bad_refuses_with_its_code_and_keeps_serving(
         assert "at most 1 faces (faces.max_entries)" in answer["error"]
         assert call(client, "GET", GALLERY)[1]["counts"]["entries"] == 1
         assert client.ready()
+        faces = client.status()["faces"]
+        assert (faces["entries"], faces["max_entries"], faces["names"]) == (1, 1, 1)
+        assert faces["embedder"]["embedder"] == "face_embedder:1"
 
 
 def test_faces_when_restarted_and_the_embedder_is_updated_keeps_and_reembeds_the_gallery(
