@@ -74,6 +74,9 @@ class Sighting:
 
 
 class Gallery:
+    """One gallery file. Every use of the connection holds the lock (threads share it:
+    streams, the API, the re-embedding); `match` reads the index without it."""
+
     def __init__(self, path: Path, *, max_entries: int, max_unknowns: int) -> None:
         self.path = path
         self.max_entries = max_entries
@@ -133,15 +136,17 @@ class Gallery:
 
     def names(self) -> list[dict[str, Any]]:
         """Each name with its counts of entries and negatives."""
-        rows = self._db.execute(
-            "SELECT name, SUM(1 - negative), SUM(negative) FROM entries GROUP BY name "
-            "ORDER BY name").fetchall()
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, SUM(1 - negative), SUM(negative) FROM entries GROUP BY name "
+                "ORDER BY name").fetchall()
         return [{"name": n, "entries": int(p), "negatives": int(q)} for n, p, q in rows]
 
     def entries(self, name: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT id, name, negative, embedder, source, created, crop IS NOT NULL " \
                 "FROM entries" + (" WHERE name = ?" if name is not None else "") + " ORDER BY id"
-        rows = self._db.execute(query, (name,) if name is not None else ()).fetchall()
+        with self._lock:
+            rows = self._db.execute(query, (name,) if name is not None else ()).fetchall()
         return [{"id": i, "name": n, "negative": bool(neg), "embedder": e, "source": s,
                  "created": round(c, 3), "has_crop": bool(h)}
                 for i, n, neg, e, s, c, h in rows]
@@ -164,7 +169,8 @@ class Gallery:
             raise IdentityNotFound(f"no gallery entry {entry}")
 
     def crop(self, entry: int) -> bytes | None:
-        row = self._db.execute("SELECT crop FROM entries WHERE id = ?", (entry,)).fetchone()
+        with self._lock:
+            row = self._db.execute("SELECT crop FROM entries WHERE id = ?", (entry,)).fetchone()
         if row is None:
             raise IdentityNotFound(f"no gallery entry {entry}")
         return row[0]
@@ -203,8 +209,9 @@ class Gallery:
         return Sighting(group, True, round(similarity, 5))
 
     def groups(self) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT grp, COUNT(*), MIN(seen), MAX(seen) FROM unknowns "
-                                "GROUP BY grp ORDER BY grp").fetchall()
+        with self._lock:
+            rows = self._db.execute("SELECT grp, COUNT(*), MIN(seen), MAX(seen) FROM unknowns "
+                                    "GROUP BY grp ORDER BY grp").fetchall()
         return [{"group": g, "sightings": n, "first_seen": round(a, 3),
                  "last_seen": round(b, 3)} for g, n, a, b in rows]
 
@@ -239,17 +246,20 @@ class Gallery:
     def embedders(self) -> dict[str, int]:
         """How many rows (enrolled and unknown) each embedder made."""
         counts: dict[str, int] = {}
-        for table in ("entries", "unknowns"):
-            for key, n in self._db.execute(f"SELECT embedder, COUNT(*) FROM {table} "
-                                           "GROUP BY embedder"):
-                counts[key] = counts.get(key, 0) + int(n)
+        with self._lock:
+            for table in ("entries", "unknowns"):
+                rows = self._db.execute(f"SELECT embedder, COUNT(*) FROM {table} "
+                                        "GROUP BY embedder").fetchall()
+                for key, n in rows:
+                    counts[key] = counts.get(key, 0) + int(n)
         return counts
 
     def stale(self, embedder: str) -> tuple[int, int]:
         """(rows another embedder made that have a crop to re-embed from, those without)."""
-        with_crop, without = self._db.execute(
-            "SELECT SUM(crop IS NOT NULL), SUM(crop IS NULL) FROM entries WHERE embedder != ?",
-            (embedder,)).fetchone()
+        with self._lock:
+            with_crop, without = self._db.execute(
+                "SELECT SUM(crop IS NOT NULL), SUM(crop IS NULL) FROM entries "
+                "WHERE embedder != ?", (embedder,)).fetchone()
         return int(with_crop or 0), int(without or 0)
 
     def reembed(self, embedder: str, embed: Callable[[list[bytes]], np.ndarray], *,
@@ -260,9 +270,10 @@ class Gallery:
         done = 0
         for table in ("entries", "unknowns"):
             while True:
-                rows = self._db.execute(
-                    f"SELECT id, crop FROM {table} WHERE embedder != ? AND crop IS NOT NULL "
-                    "LIMIT ?", (embedder, batch)).fetchall()
+                with self._lock:
+                    rows = self._db.execute(
+                        f"SELECT id, crop FROM {table} WHERE embedder != ? "
+                        "AND crop IS NOT NULL LIMIT ?", (embedder, batch)).fetchall()
                 if not rows:
                     break
                 vectors = embed([crop for _, crop in rows])
@@ -284,7 +295,8 @@ class Gallery:
             self._reindex()
 
     def counts(self) -> dict[str, int]:
-        entries = self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+        with self._lock:
+            entries = self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
         return {"entries": int(entries), "max_entries": self.max_entries,
                 "unknowns": self._unknown_count, "max_unknowns": self.max_unknowns}
 
