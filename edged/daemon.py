@@ -42,6 +42,7 @@ from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
 from edged.recording.store import ClipStore, open_clips, retention_loop
 from edged.reload import plan as reload_plan
+from edged.service.face_metrics import FacesCollector
 from edged.service.generation_metrics import GenerationCollector
 from edged.service.health import HealthMonitor, RecentErrors
 from edged.service.loops import health_loop, report_loop, status_loop
@@ -124,6 +125,8 @@ class Daemon:
             link=self.mqtt.stats if self.mqtt is not None else None,
             looks=self.streams.looks, ota=self.ota_progress)
         self.metrics.registry.register(GenerationCollector(self.generations.statistics))
+        self.metrics.registry.register(FacesCollector(
+            lambda: self.faces.status() if self.faces is not None else None))
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)

@@ -90,6 +90,7 @@ class FaceService:
         self._lock = threading.Lock()
         self._reembedding: threading.Thread | None = None
         self.reembedded = 0  # rows re-embedded since start
+        self.identified = {"known": 0, "unknown": 0}  # faces told since start (metrics)
         self.reembed_error: str | None = None
 
     # -- the embedder ----------------------------------------------------------------------
@@ -165,7 +166,9 @@ class FaceService:
             match = self.gallery.match(vector, self.cfg.match_threshold)
             if match is not None:
                 found.append({"name": match.name, "similarity": match.similarity})
+                self.identified["known"] += 1
                 continue
+            self.identified["unknown"] += 1
             seen = self.gallery.sighting(vector, key, group_threshold=self.cfg.group_threshold,
                                          keep_below=self.cfg.keep_similar_below,
                                          crop=partial(_png, crop), source=source)
@@ -232,7 +235,7 @@ class FaceService:
     def status(self) -> dict[str, Any]:
         """What `edged status` shows: the gallery's counts and bounds, its embedder's state."""
         return {**self.gallery.counts(), "names": len(self.gallery.names()),
-                "embedder": self.reembed_state()}
+                "identified": dict(self.identified), "embedder": self.reembed_state()}
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Wait (bounded) for a re-embedding in progress, then close the gallery's file."""

@@ -248,6 +248,9 @@ def test_faces_when_enrolment_is_bad_refuses_with_its_code_and_keeps_serving(
         faces = client.status()["faces"]
         assert (faces["entries"], faces["max_entries"], faces["names"]) == (1, 1, 1)
         assert faces["embedder"]["embedder"] == "face_embedder:1"
+        metrics = client.metrics()
+        assert "edged_gallery_faces 1.0" in metrics and "edged_gallery_max_faces 1.0" in metrics
+        assert 'edged_faces_identified_total{outcome="known"} 0.0' in metrics
 
 
 def test_faces_when_restarted_and_the_embedder_is_updated_keeps_and_reembeds_the_gallery(
