@@ -208,6 +208,12 @@ class FaceService:
             raise FacesUnavailable("faces.detector is not set: enrolment from images needs a "
                                    "face detector with landmarks")
         model = self.scheduler.model(self.cfg.detector)
+        kind = (model.config.postprocess or PostprocessConfig()).kind
+        if kind != "pose":
+            raise InvalidModel(f"faces.detector {model.label} gives no landmarks "
+                               f"(postprocess.kind: {kind}): it must be a face detector with "
+                               "five points a face (a pose export with kpt_shape [5, 3], or a "
+                               "RetinaFace, SCRFD or YuNet head)")
         spec = model.inputs[0]
         batched = model.max_batch_size > 0
         pre = image_preprocess(model.config.preprocess, model.label, spec, batched)

@@ -325,3 +325,13 @@ def test_gallery_routes_when_faces_are_off_say_so(make_served: ServeFactory) -> 
     with served.client() as client:
         status, answer = call(client, "GET", GALLERY)
         assert (status, answer["code"]) == (503, "faces_unavailable")
+
+
+def test_enrolment_when_the_detector_gives_no_landmarks_names_the_model(
+        make_served: ServeFactory, faces_repo: Path) -> None:
+    served = make_served(cache=PRELOAD, faces="enabled: true, detector: tiny_cls, "
+                                              "embedder: face_embedder")
+    with served.client() as client:
+        status, answer = enrol(client, "Ana", png(picture((astronaut(), 20, 100, 200))))
+        assert (status, answer["code"]) == (400, "model_invalid")
+        assert "faces.detector tiny_cls:1 gives no landmarks" in answer["error"]
