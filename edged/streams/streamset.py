@@ -213,8 +213,9 @@ class StreamSet:
             return Cascade(secondary, self.scheduler, priority=cfg.priority)
         faces = self.faces()
         if faces is None:
-            raise InvalidModel(f"stream {cfg.name}: `as: identity` needs the face pipeline "
-                               "(faces.enabled: true)")
+            raise InvalidModel(f"stream {cfg.name}: `as: identity` needs the face pipeline, "
+                               "which is not running (faces.enabled: false, or its gallery "
+                               "could not be opened: see the log)")
         return FaceCascade(secondary, self.scheduler, faces, stream=cfg.name,
                            priority=cfg.priority)
 

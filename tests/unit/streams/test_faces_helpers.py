@@ -4,6 +4,8 @@ refused with a typed error."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cv2
 import numpy as np
 import pytest
@@ -44,3 +46,16 @@ def test_decode_image_when_corrupt_refuses_with_image_invalid(data: bytes, words
     with pytest.raises(InvalidImage, match=words) as caught:
         decode_image(data)
     assert caught.value.code == "image_invalid"
+
+
+def test_open_faces_when_the_gallery_file_is_not_a_database_logs_and_runs_without(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from edged.galleries.config import FacesConfig
+    from edged.streams.faces import open_faces
+
+    broken = tmp_path / "faces.sqlite"
+    broken.write_bytes(b"this is not a database file" * 100)
+    cfg = FacesConfig(enabled=True, database=broken)
+    assert open_faces(cfg, tmp_path / "models", scheduler=None) is None  # type: ignore[arg-type]
+    assert "the gallery" in caplog.text and "cannot be used" in caplog.text
+    assert broken.read_bytes().startswith(b"this is not")  # left as it was, for a person
