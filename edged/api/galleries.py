@@ -12,8 +12,11 @@ Vectors never leave the device: these routes list names, counts and groups, and 
   {name}". Errors: `image_invalid`, `no_face`, `several_faces`, `gallery_full` (507, naming
   the bound), `invalid_input` (a name with path or topic tricks);
 - `DELETE /v2/edged/galleries/faces/names/{name}`, `DELETE .../entries/{id}`;
-- `GET .../groups`; `POST .../groups/{group}/name` (`{"name": "Ana"}`: every kept sighting of
-  the unknown group enrolled under the name); `DELETE .../groups/{group}`;
+- `GET .../groups`; `GET .../groups/{group}` (its kept sightings); `POST
+  .../groups/{group}/name` (`{"name": "Ana"}`: every kept sighting of the unknown group
+  enrolled under the name); `DELETE .../groups/{group}`;
+- `GET .../entries/{id}/crop`, `GET .../sightings/{id}/crop`: the aligned face (PNG) an entry
+  or an unknown sighting was made from, to see whom a group is before naming it;
 - `POST .../reembed`: re-embed now the rows an older embedder made (waits; `{"reembedded": n}`).
 """
 
@@ -26,7 +29,12 @@ from typing import Any, Protocol
 
 from edged.api.http.budget import read_body
 from edged.api.http.messages import Handler, Request, Response, json_response
-from edged.core.errors import FacesUnavailable, InvalidInput, SnapshotNotFound
+from edged.core.errors import (
+    FacesUnavailable,
+    IdentityNotFound,
+    InvalidInput,
+    SnapshotNotFound,
+)
 from edged.core.numbers import ascii_int
 from edged.events.store import SnapshotStore, valid_id
 from edged.galleries.store import Gallery
@@ -56,6 +64,9 @@ class GalleryRoutes:
         return [("GET", PREFIX, self.index),
                 ("POST", f"{PREFIX}/reembed", self.reembed),
                 ("GET", f"{PREFIX}/groups", self.groups),
+                ("GET", f"{PREFIX}/groups/{{group}}", self.group),
+                ("GET", f"{PREFIX}/entries/{{id}}/crop", self.entry_crop),
+                ("GET", f"{PREFIX}/sightings/{{id}}/crop", self.sighting_crop),
                 ("POST", f"{PREFIX}/groups/{{group}}/name", self.name_group),
                 ("DELETE", f"{PREFIX}/groups/{{group}}", self.delete_group),
                 ("DELETE", f"{PREFIX}/entries/{{id}}", self.delete_entry),
@@ -134,6 +145,23 @@ class GalleryRoutes:
         gallery = self._faces().gallery
         return json_response({"groups": await asyncio.to_thread(gallery.groups)})
 
+    async def group(self, request: Request) -> Response:
+        gallery = self._faces().gallery
+        group = _number(request.match_info["group"], "group")
+        rows = await asyncio.to_thread(gallery.sightings, group)
+        return json_response({"group": group, "sightings": rows})
+
+    async def entry_crop(self, request: Request) -> Response:
+        gallery = self._faces().gallery
+        crop = await asyncio.to_thread(gallery.crop, _number(request.match_info["id"], "id"))
+        return _png(crop)
+
+    async def sighting_crop(self, request: Request) -> Response:
+        gallery = self._faces().gallery
+        crop = await asyncio.to_thread(gallery.sighting_crop,
+                                       _number(request.match_info["id"], "id"))
+        return _png(crop)
+
     async def name_group(self, request: Request) -> Response:
         gallery = self._faces().gallery
         group = _number(request.match_info["group"], "group")
@@ -158,6 +186,12 @@ class GalleryRoutes:
         faces = self._faces()
         done = await asyncio.to_thread(faces.reembed)
         return json_response({"reembedded": done, "embedder": faces.reembed_state()})
+
+
+def _png(crop: bytes | None) -> Response:
+    if crop is None:
+        raise IdentityNotFound("that row keeps no crop (enrolled without one)")
+    return Response(crop, content_type="image/png")
 
 
 def _number(raw: str, what: str) -> int:

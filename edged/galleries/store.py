@@ -215,6 +215,24 @@ class Gallery:
         return [{"group": g, "sightings": n, "first_seen": round(a, 3),
                  "last_seen": round(b, 3)} for g, n, a, b in rows]
 
+    def sightings(self, group: int) -> list[dict[str, Any]]:
+        """An unknown group's kept sightings (ids, when, where); IdentityNotFound: none."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, seen, source, crop IS NOT NULL FROM unknowns "
+                                    "WHERE grp = ? ORDER BY id", (group,)).fetchall()
+        if not rows:
+            raise IdentityNotFound(f"no unknown group {group}")
+        return [{"id": i, "seen": round(t, 3), "source": s, "has_crop": bool(c)}
+                for i, t, s, c in rows]
+
+    def sighting_crop(self, sighting: int) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT crop FROM unknowns WHERE id = ?",
+                                   (sighting,)).fetchone()
+        if row is None:
+            raise IdentityNotFound(f"no unknown sighting {sighting}")
+        return row[0]
+
     def name_group(self, group: int, name: str) -> int:
         """Enrol every kept sighting of an unknown group under `name` (the group is gone);
         how many. GalleryFull when they do not all fit (nothing is moved)."""

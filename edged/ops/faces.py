@@ -1,6 +1,7 @@
 """`edged faces ...`: a running daemon's face gallery over its socket (or the loopback TCP
 listener): `list`, `show NAME`, `add NAME IMAGE|--snapshot ID`, `not NAME IMAGE|--snapshot ID`
-(a negative: this face is not NAME), `delete NAME`, `delete-entry ID`, `groups`,
+(a negative: this face is not NAME), `delete NAME`, `delete-entry ID`, `groups`, `group G`
+(its sightings), `crop --entry ID | --sighting ID -o FILE` (the aligned face, PNG),
 `name-group GROUP NAME`, `delete-group GROUP`, `reembed`. Errors print their code and
 message (no_face, several_faces, gallery_full, image_invalid, ...) and exit 1."""
 
@@ -33,6 +34,14 @@ def add_faces_arguments(parser: argparse.ArgumentParser) -> tuple[argparse.Argum
         which.add_argument("image", nargs="?", type=Path, help="JPEG/PNG file")
         which.add_argument("--snapshot", metavar="OBJECT_ID", help="an event's snapshot")
         parsers.append(enrol)
+    group = sub.add_parser("group", help="an unknown group's kept sightings")
+    group.add_argument("group", type=int)
+    crop = sub.add_parser("crop", help="save the aligned face an entry or sighting came from")
+    which_crop = crop.add_mutually_exclusive_group(required=True)
+    which_crop.add_argument("--entry", type=int, metavar="ID")
+    which_crop.add_argument("--sighting", type=int, metavar="ID")
+    crop.add_argument("--output", "-o", type=Path, required=True, metavar="FILE")
+    parsers += [group, crop]
     delete = sub.add_parser("delete", help="forget a name (its entries and negatives)")
     delete.add_argument("name")
     entry = sub.add_parser("delete-entry", help="forget one entry")
@@ -49,6 +58,8 @@ def add_faces_arguments(parser: argparse.ArgumentParser) -> tuple[argparse.Argum
 
 
 def cmd_faces(args: argparse.Namespace, client: Any) -> int:
+    if args.faces_command == "crop":
+        return _crop(args, client)
     with client:
         status, answer = _call(client, args)
     if status >= 300:
@@ -80,6 +91,8 @@ def _call(client: Any, args: argparse.Namespace) -> tuple[int, Any]:
         return _json(client, "GET", f"{PREFIX}/groups")
     if command == "reembed":
         return _json(client, "POST", f"{PREFIX}/reembed", b"{}")
+    if command == "group":
+        return _json(client, "GET", f"{PREFIX}/groups/{args.group}")
     if command == "show":
         return _json(client, "GET", f"{PREFIX}/names/{quote(args.name, safe='')}")
     if command in ("add", "not"):
@@ -97,6 +110,24 @@ def _call(client: Any, args: argparse.Namespace) -> tuple[int, Any]:
         return _json(client, "POST", f"{PREFIX}/groups/{args.group}/name",
                      json.dumps({"name": args.name}).encode())
     return _json(client, "DELETE", f"{PREFIX}/groups/{args.group}")
+
+
+def _crop(args: argparse.Namespace, client: Any) -> int:
+    path = f"{PREFIX}/entries/{args.entry}/crop" if args.entry is not None else \
+        f"{PREFIX}/sightings/{args.sighting}/crop"
+    with client:
+        status, _headers, raw = client.request("GET", path)
+    if status != 200:
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = {"error": raw[:200].decode(errors="replace")}
+        print(f"edged faces crop: {answer.get('code', status)}: {answer.get('error')}",
+              file=sys.stderr)
+        return 1
+    args.output.write_bytes(raw)
+    print(f"{args.output}: {len(raw)} bytes")
+    return 0
 
 
 def _json(client: Any, method: str, path: str, body: bytes | None = None,

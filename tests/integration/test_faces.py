@@ -62,6 +62,10 @@ def picture(*faces: tuple[np.ndarray, int, int, int]) -> np.ndarray:
     return frame
 
 
+def decode(data: bytes) -> np.ndarray:
+    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+
+
 def png(frame: np.ndarray) -> bytes:
     return cv2.imencode(".png", frame)[1].tobytes()
 
@@ -209,10 +213,18 @@ def test_faces_when_an_unknown_face_recurs_groups_it_and_naming_the_group_enrols
         update = messages(got, f"{prefix}/tracked_object_update")[0]
         jsonschema.validate(update, UPDATE)
         assert (update["name"], update["group"]) == (None, next(iter(groups)))
+        group = str(next(iter(groups)))
         with served.client() as client:
             listed = call(client, "GET", f"{GALLERY}/groups")[1]
             assert [g["group"] for g in listed["groups"]] == list(groups)
-        group = str(next(iter(groups)))
+            sightings = call(client, "GET", f"{GALLERY}/groups/{group}")[1]["sightings"]
+            assert sightings and sightings[0]["source"] == "stream door"
+        # whom the group is, seen before naming it: the aligned face the sighting kept
+        saved = tmp_path / "seen.png"
+        assert main(["faces", "crop", "--sighting", str(sightings[0]["id"]), "-o", str(saved),
+                     "--socket", str(served.socket)]) == 0
+        capsys.readouterr()
+        assert cv2.imread(str(saved)).shape == (112, 112, 3)
         assert main(["faces", "name-group", group, "Ana", "--socket", str(served.socket)]) == 0
         assert json.loads(capsys.readouterr().out)["enrolled"] >= 1
         sub.collect(until=named(prefix, "Ana"), timeout=60, what="the named group matched")
@@ -221,6 +233,14 @@ def test_faces_when_an_unknown_face_recurs_groups_it_and_naming_the_group_enrols
         assert "Ana: " in listing and "unknown group" not in listing
         assert main(["faces", "name-group", group, "Ana", "--socket", str(served.socket)]) == 1
         assert "identity_not_found" in capsys.readouterr().err
+        assert main(["faces", "crop", "--sighting", str(sightings[0]["id"]), "-o",
+                     str(saved), "--socket", str(served.socket)]) == 1  # moved to Ana
+        assert "identity_not_found" in capsys.readouterr().err
+        with served.client() as client:
+            [entry] = call(client, "GET", f"{GALLERY}/names/Ana")[1]["entries"][:1]
+            status, headers, body = client.request("GET", f"{GALLERY}/entries/{entry['id']}/crop")
+            assert status == 200 and headers["Content-Type"] == "image/png"
+            assert decode(body).shape == (112, 112, 3)
     finally:
         sub.close()
 
