@@ -17,13 +17,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edged.core.errors import GalleryFull, IdentityNotFound, InvalidInput
+from edged.galleries.index import Index, appended, load_index
 from edged.galleries.match import Match, best_match, nearest_group, unit
 
 logger = logging.getLogger(__name__)
@@ -53,17 +54,6 @@ def check_identity_name(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Index:
-    """What matching reads: every row's unit vector and the columns beside it."""
-
-    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
-    ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    codes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    negative: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    names: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
 class Sighting:
     """An unknown face's verdict: its group (None: none, the unknowns are full) and whether
     the sighting was kept (a new look at the face) or only counted."""
@@ -87,8 +77,8 @@ class Gallery:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._lock = threading.Lock()
-        self._entries = _Index()
-        self._unknowns = _Index()
+        self._entries = Index()
+        self._unknowns = Index()
         self._unknown_count = 0
         with self._lock:
             self._reindex()
@@ -111,7 +101,7 @@ class Gallery:
                  time.time())).lastrowid
             assert row is not None
             if self._embedder() in (None, embedder):  # one row more: no rebuild
-                self._entries = _appended(self._entries, int(row), name, negative, unit(vector))
+                self._entries = appended(self._entries, int(row), name, negative, unit(vector))
             else:
                 self._reindex()
         return int(row)
@@ -353,9 +343,9 @@ class Gallery:
         rows, so that vectors of two embedders are never compared."""
         embedder = self._embedder()
         if entries:
-            self._entries = _load(self._rows(
+            self._entries = load_index(self._rows(
                 "SELECT id, name, negative, vector FROM entries WHERE embedder = ?", embedder))
-        self._unknowns = _load(self._rows(
+        self._unknowns = load_index(self._rows(
             "SELECT id, grp, 0, vector FROM unknowns WHERE embedder = ?", embedder),
             numeric=True)
         self._unknown_count = int(self._db.execute("SELECT COUNT(*) FROM unknowns")
@@ -366,42 +356,3 @@ class Gallery:
             query = query.replace(" WHERE embedder = ?", "")
             return iter(self._db.execute(query).fetchall())
         return iter(self._db.execute(query, (embedder,)).fetchall())
-
-
-def _appended(index: _Index, row: int, name: str, negative: bool, vector: np.ndarray
-              ) -> _Index:
-    """The index with one more row (a new one: the old stays as readers hold it)."""
-    if len(index.ids) and index.vectors.shape[1] != len(vector):
-        return index  # another width: matches nothing, as _load leaves it out
-    names = index.names if name in index.names else [*index.names, name]
-    vectors = np.concatenate([index.vectors.reshape(-1, len(vector)), vector[None]])
-    return _Index(vectors, np.append(index.ids, row), np.append(index.codes, names.index(name)),
-                  np.append(index.negative, negative), names)
-
-
-def _load(rows: Iterator[tuple[Any, ...]], numeric: bool = False) -> _Index:
-    """An index of (id, name or group, negative, vector blob) rows; `numeric`: the second
-    column is a group number, kept as the code itself."""
-    ids, keys, negative, blobs = [], [], [], []
-    for row_id, key, neg, blob in rows:
-        ids.append(row_id)
-        keys.append(key)
-        negative.append(bool(neg))
-        blobs.append(blob)
-    if not ids:
-        return _Index()
-    width = len(blobs[0]) // 4
-    vectors = np.frombuffer(b"".join(b for b in blobs if len(b) == width * 4), np.float32)
-    keep = [i for i, b in enumerate(blobs) if len(b) == width * 4]
-    # A copy: the joined bytes' buffer is not aligned for BLAS, which would then copy the
-    # whole matrix at every match (20 MiB at 10k entries: 3-8 ms instead of 0.2).
-    vectors = vectors.reshape(len(keep), width).copy()
-    if numeric:
-        return _Index(vectors, np.array([ids[i] for i in keep], np.int64),
-                      np.array([keys[i] for i in keep], np.int64),
-                      np.array([negative[i] for i in keep], bool), [])
-    names = sorted({keys[i] for i in keep})
-    code_of = {n: c for c, n in enumerate(names)}
-    return _Index(vectors, np.array([ids[i] for i in keep], np.int64),
-                  np.array([code_of[keys[i]] for i in keep], np.int64),
-                  np.array([negative[i] for i in keep], bool), names)
