@@ -63,7 +63,7 @@ test: lint corpus llm
 
 bench: bench-setup llm
 	$(BIN)/pip install --quiet -e '.[bench]'
-	for suite in core api streams gate ota quantize post events instructions fleet llm; do $(BIN)/python -m tools.bench $$suite || exit 1; done
+	for suite in core api streams gate ota quantize post events instructions fleet llm faces; do $(BIN)/python -m tools.bench $$suite || exit 1; done
 
 # The daemon under mixed load with faults for MINUTES (60): failures, RSS, fds, p99 per window.
 soak: setup

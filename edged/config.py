@@ -14,6 +14,7 @@ from edged.backends.config import BackendsConfig
 from edged.core.errors import ConfigError, ConfigIssue
 from edged.core.schema import Parsed, check_name, parse, parse_file, setting
 from edged.events.config import check_stream_events
+from edged.galleries.config import FacesConfig
 from edged.inference.config import CacheConfig
 from edged.mqtt.config import MqttConfig, check_requests
 from edged.ota.config import OtaConfig
@@ -44,6 +45,8 @@ class DaemonConfig:
                                          help="where event clips are kept, and how much")
     logging: LoggingConfig = setting(factory=LoggingConfig, help="logging")
     health: HealthConfig = setting(factory=HealthConfig, help="progress checks and watchdog")
+    faces: FacesConfig = setting(factory=FacesConfig, help="face recognition: the detector, "
+                                                           "embedder and gallery")
     allocator: Literal["glibc", "jemalloc", "auto"] = setting(
         "auto", "the C heap's allocator, read at start (EDGED_ALLOCATOR overrides): auto: "
                 "jemalloc where libjemalloc2 is installed (the daemon re-executes itself with "
@@ -95,7 +98,26 @@ def check_mqtt(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
             for path, message in check_requests(parsed.value.mqtt)]
 
 
-CHECKS = (check_streams, check_cache, check_mqtt)
+def check_faces(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
+    """`as: identity` cascades need the face pipeline on, and its embedder."""
+    issues = []
+    faces = parsed.value.faces
+    for i, stream in enumerate(parsed.value.streams):
+        for j, secondary in enumerate(stream.secondary):
+            if secondary.as_ != "identity":
+                continue
+            at = f"{parsed.at('streams', i)}.secondary[{j}]"
+            if not faces.enabled:
+                issues.append(parsed.issue(f"{at}.as", "identity needs the face pipeline: "
+                                                       "faces.enabled: true"))
+            elif secondary.model != faces.embedder:
+                issues.append(parsed.issue(f"{at}.model", f"as: identity runs the face "
+                                                          f"pipeline's embedder "
+                                                          f"({faces.embedder})"))
+    return issues
+
+
+CHECKS = (check_streams, check_cache, check_mqtt, check_faces)
 
 
 def load_config(path: Path) -> DaemonConfig:

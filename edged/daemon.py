@@ -42,6 +42,7 @@ from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
 from edged.recording.store import ClipStore, open_clips, retention_loop
 from edged.reload import plan as reload_plan
+from edged.service.face_metrics import FacesCollector
 from edged.service.generation_metrics import GenerationCollector
 from edged.service.health import HealthMonitor, RecentErrors
 from edged.service.loops import health_loop, report_loop, status_loop
@@ -51,6 +52,7 @@ from edged.service.status import DaemonStatus
 from edged.service.statusline import StatusLines, TerminalStatus
 from edged.service.systemd import Notifier, activated_unix_socket, listen_fds
 from edged.streams.events_stage import EventsHub, open_store
+from edged.streams.faces import FaceService, open_faces
 from edged.streams.pipeline import StreamPipeline
 from edged.streams.streamset import StreamSet
 
@@ -107,13 +109,14 @@ class Daemon:
             if discovery.enabled:
                 self.mqtt.subscribe(topics.under(discovery.prefix, topics.STATUS),
                                     self.events.rediscover)
+        self.faces: FaceService | None = None  # opened by warm_up when faces.enabled
         self.streams = StreamSet(
             self.scheduler, self._publish_result,
             subscribe=self.mqtt.subscribe if self.mqtt else None,
             unsubscribe=self.mqtt.unsubscribe if self.mqtt else None,
             backend_of=self.cache.serving_on, events=self.events,
             live_viewers=config.api.live_viewers, clip_store=lambda: self.clips,
-            announce_clip=self._announce_clip)
+            announce_clip=self._announce_clip, faces=lambda: self.faces)
         self.clips: ClipStore | None = None  # opened by warm_up when a stream keeps clips
         self.ota_progress = OtaProgress(shadows=lambda: self.updater.shadows.status())
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
@@ -122,6 +125,8 @@ class Daemon:
             link=self.mqtt.stats if self.mqtt is not None else None,
             looks=self.streams.looks, ota=self.ota_progress)
         self.metrics.registry.register(GenerationCollector(self.generations.statistics))
+        self.metrics.registry.register(FacesCollector(
+            lambda: self.faces.status() if self.faces is not None else None))
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)
@@ -137,7 +142,8 @@ class Daemon:
                              snapshots=lambda: self.events.store, live=self.streams.live,
                              clips=lambda: self.clips,
                              recent=lambda: self.events.recent, installs=lambda: self.local,
-                             generations=lambda: self.generations)
+                             generations=lambda: self.generations,
+                             faces=lambda: self.faces)
         self.updater = Updater(self.repository, self.cache, config.ota,
                                TrustStore.load(config.ota.trusted_keys), self._ota_event)
         self.ota = (OtaService(self.updater, self.mqtt, fleet_prefix=config.mqtt.fleet_prefix,
@@ -153,6 +159,7 @@ class Daemon:
             if self.mqtt is not None and requests.enabled else None)
         self.status.requests = self.requests.stats if self.requests is not None else \
             self.status.requests
+        self.status.faces = lambda: self.faces.status() if self.faces is not None else None
         # Installs handed over on the socket (the Mender update module), on the same worker.
         self.local = LocalInstalls(self.updater, self.ota.defer if self.ota is not None else None)
         self.updater.shadows.hooks = ShadowHooks(
@@ -192,6 +199,7 @@ class Daemon:
         self.local.recover()
         self.cache.preload(self.config.cache.preload_names(self.repository.names()),
                            within_budget=self.config.cache.preload == "all")
+        self.faces = open_faces(self.config.faces, self.config.models_dir, self.scheduler)
         for row in self.cache.status():
             logger.info("model %s:%d %s%s", row.name, row.version, row.state,
                         f" on {', '.join(row.providers)}" if row.providers else
@@ -403,6 +411,8 @@ class Daemon:
             await asyncio.to_thread(self.scheduler.close, 0.0)  # a no-op unless the above failed
             await asyncio.to_thread(self.generations.close, 0.0)
             await asyncio.to_thread(self.cache.close, timeout_s=UNLOAD_TIMEOUT_S)
+            if self.faces is not None:  # after the streams and the API: nothing writes now
+                await asyncio.to_thread(self.faces.close)
             self.shm.close()
             if self.mqtt is not None:
                 for name, payload in self.reporter.offline_states():  # not READY any more

@@ -20,6 +20,7 @@ from edged.api import logsettings
 from edged.api.clips import ClipRoutes
 from edged.api.config import ApiConfig, split_host_port
 from edged.api.events import EventRoutes
+from edged.api.galleries import Faces, GalleryRoutes
 from edged.api.generate import GenerateRoutes
 from edged.api.http import browsers
 from edged.api.http.bodies import json_body
@@ -70,7 +71,8 @@ class ApiServer:
                  recent: Callable[[], RecentEvents | None] = lambda: None,
                  installs: Callable[[], Installs | None] = lambda: None,
                  generations: Callable[[], Generations | None] = lambda: None,
-                 clips: Callable[[], ClipStore | None] = lambda: None) -> None:
+                 clips: Callable[[], ClipStore | None] = lambda: None,
+                 faces: Callable[[], Faces | None] = lambda: None) -> None:
         """`live` gives a running stream's live view by name, `recent` the recent objects of
         the detect streams (the status page and its pictures), `installs` the OTA installer
         that takes models on the socket (the Mender module's path), `generations` the
@@ -86,6 +88,7 @@ class ApiServer:
         self.live_views = LiveRoutes(live, max_fps=config.live_fps,
                                      stopping=lambda: self.connections.closing)
         self.events = EventRoutes(recent)
+        self.galleries = GalleryRoutes(faces, snapshots)
         self.installs = OtaRoutes(installs)
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
@@ -127,6 +130,7 @@ class ApiServer:
             *self.installs.routes(),
             *self.live_views.routes(),
             *self.events.routes(),
+            *self.galleries.routes(),
             *PageRoutes().routes(),  # the status page (GET only)
         ]
         router = Router()

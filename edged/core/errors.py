@@ -211,3 +211,45 @@ class QuantizationFailed(EdgedError):
 
     code = "quantization_failed"
     http_status = 500
+
+
+# -- galleries and faces (edged/galleries/, edged/streams/faces.py) -------------------------
+
+class GalleryFull(EdgedError):
+    """A gallery holds as many entries as its bound allows (`faces.max_entries`, or
+    `faces.max_unknowns` for unknown faces): delete some, or raise the bound."""
+
+    code = "gallery_full"
+    http_status = 507
+
+
+class IdentityNotFound(EdgedError):
+    """No enrolled name, entry or unknown group of that id."""
+
+    code = "identity_not_found"
+    http_status = 404
+
+
+class InvalidImage(InvalidInput):
+    """An image that does not decode (corrupt, empty, or not JPEG/PNG/BMP/WebP)."""
+
+    code = "image_invalid"
+
+
+class NoFace(InvalidInput):
+    """An enrolment image in which the face detector found no face with landmarks."""
+
+    code = "no_face"
+
+
+class SeveralFaces(InvalidInput):
+    """An enrolment image with more than one face: enrolment needs exactly one."""
+
+    code = "several_faces"
+
+
+class FacesUnavailable(EdgedError):
+    """The daemon runs no face pipeline (no `faces:` section), or its models cannot run."""
+
+    code = "faces_unavailable"
+    http_status = 503

@@ -26,6 +26,7 @@ from edged.events.lifecycle import (
     Event,
     TrackedObject,
     announce,
+    face_update,
     finish,
     object_id,
     update_if_due,
@@ -55,10 +56,12 @@ class Changes:
     lines: dict[str, LineTotals] = field(default_factory=dict)
     snapshots: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     object_snapshots: dict[str, bytes] = field(default_factory=dict)
+    # Frigate's tracked_object_update messages (a face told: known or an unknown group)
+    updates: list[Event] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.counts or self.zone_counts or self.lines
-                    or self.object_snapshots)
+                    or self.object_snapshots or self.updates)
 
 
 class StreamEvents:
@@ -104,6 +107,9 @@ class StreamEvents:
                 event = update_if_due(obj, t, self.cfg.update_interval_s)
                 if event is not None:
                     changes.events.append(event)
+                face = face_update(obj)
+                if face is not None:
+                    changes.updates.append(face)
         live = {tr.key for tr in self.tracker.tracks}
         for key in [k for k in self._objects if k not in live]:
             del self._objects[key]  # tentative tracks the tracker dropped: never announced
@@ -169,6 +175,7 @@ class StreamEvents:
         index = kept[tr.detection]
         obj.observe(frame_time, detections.sub_labels[index], detections.sub_label_scores[index],
                     detections.masks[index], detections.keypoints[index])
+        obj.observe_identity(detections.identities[index])
         return obj
 
     def _place(self, seen: list[TrackedObject], frame: np.ndarray | None,

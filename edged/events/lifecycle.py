@@ -53,6 +53,10 @@ class TrackedObject:
     published: Event | None = None  # payload of the last new/update
     published_watch: Watched | None = None
     published_at: float = -math.inf  # stream clock
+    # A face cascade's verdict ({name, similarity} or {name: None, similarity, group}), and
+    # the (name, group) last said on tracked_object_update.
+    identity: dict[str, Any] | None = None
+    face_said: tuple[str | None, int | None] | None = None
 
     @property
     def label(self) -> str:
@@ -79,6 +83,16 @@ class TrackedObject:
             if self.sub_label_score is None or sub_score > self.sub_label_score:
                 self.sub_label, self.sub_label_score = sub_label, sub_score
 
+    def observe_identity(self, identity: dict[str, Any] | None) -> None:
+        """A face cascade's verdict on this frame's detection: a known name outranks an
+        unknown group, and of known ones the most similar holds (frames flicker)."""
+        if identity is None:
+            return
+        held = self.identity
+        if held is None or (identity.get("name") is not None and (
+                held.get("name") is None or identity["similarity"] > held["similarity"])):
+            self.identity = dict(identity)
+
     def watched(self) -> Watched:
         """What a subscriber acts on; an update is due when it changed."""
         return (tuple(self.current_zones), tuple(self.zones.entered), self.top_score,
@@ -90,6 +104,8 @@ class TrackedObject:
             event["mask"] = self.mask
         if self.keypoints is not None:
             event["keypoints"] = self.keypoints
+        if self.identity is not None:
+            event["identity"] = self.identity
         return event
 
     def _payload(self) -> Event:
@@ -124,6 +140,24 @@ def finish(obj: TrackedObject) -> Event:
     """The `end` event: the object was last seen at its frame_time."""
     obj.end_time = obj.frame_time
     return {"type": "end", "before": obj.published, "after": obj.payload()}
+
+
+def face_update(obj: TrackedObject) -> Event | None:
+    """Frigate's `tracked_object_update` of type `face` when an announced object's face is
+    first told, or becomes someone (or another group): `name` (null: unknown), `score` (the
+    cosine similarity), `group` (an unknown face's group), `camera` (Frigate's word for the
+    stream), `stream`, `timestamp` (the frame's capture time)."""
+    identity = obj.identity
+    if identity is None or obj.id is None:
+        return None
+    said = (identity.get("name"), identity.get("group"))
+    if said == obj.face_said or (obj.face_said is not None and obj.face_said[0] is not None
+                                 and said[0] == obj.face_said[0]):
+        return None
+    obj.face_said = said
+    return {"type": "face", "id": obj.id, "name": said[0], "score": identity["similarity"],
+            "group": said[1], "camera": obj.stream, "stream": obj.stream,
+            "timestamp": obj.frame_time}
 
 
 def _publish(obj: TrackedObject, kind: str, t: float) -> Event:

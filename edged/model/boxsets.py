@@ -41,6 +41,13 @@ def tf_od_outputs(outputs: Sequence[TensorSpec]) -> dict[str, TensorSpec] | None
 def box_set_head(outputs: Sequence[TensorSpec], ev: _Evidence) -> Head | None:
     """The head of boxes beside scores, or None (format auto) when no output is boxes."""
     fmt = ev.cfg.format
+    if fmt in ("auto", "scrfd", "yunet"):
+        from edged.model.scrfd import scrfd_head, yunet_head
+
+        face = (yunet_head(outputs, ev) if fmt != "scrfd" else None) or \
+            (scrfd_head(outputs, ev) if fmt != "yunet" else None)
+        if face is not None:
+            return face
     tf = tf_od_outputs(outputs)
     if tf is not None and fmt in ("auto", "ssd"):
         return _tf_od(tf, ev)

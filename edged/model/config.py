@@ -184,7 +184,7 @@ def _check_kpt_shape(shape: list[int]) -> str | None:
 
 
 HeadFormat = Literal["auto", "yolo", "yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas",
-                     "detr", "priorbox"]
+                     "detr", "priorbox", "scrfd", "yunet"]
 # RetinaFace's priors (Pytorch_Retinaface's cfg_mnet / cfg_re50): two sizes a cell per step
 RETINAFACE_PRIOR_SIZES = [[16.0, 32.0], [64.0, 128.0], [256.0, 512.0]]
 
@@ -199,13 +199,15 @@ class PostprocessConfig:
     """What a stream publishes from the outputs: top-k classes, detections (boxes in frame
     pixels, after a score threshold and NMS), or the raw tensors (small ones in full)."""
 
-    kind: Literal["classify", "detect", "segment", "pose", "text", "semantic", "raw"] = setting(
+    kind: Literal["classify", "detect", "segment", "pose", "text", "semantic", "embed",
+                  "raw"] = setting(
         "raw", "what the outputs are read as (the task): classify (top-k classes), detect "
         "(boxes in frame pixels), segment (boxes with a mask polygon each: a detection table "
         "with mask coefficients + a prototypes output), pose (boxes with keypoints), text "
         "(a CTC recogniser: [N, T, C] over `names`, the character set, blank first), "
         "semantic (a class map [N, C, H, W]: per class its share of the frame and its "
-        "regions as polygons) or raw "
+        "regions as polygons), embed (an embedder's [N, D] vectors: a stream publishes their "
+        "size, galleries match them) or raw "
         "(the tensors); unset: told by edged.tasks from the ONNX metadata and outputs, else "
         "raw with the reason")
     output: str | None = setting(None, "output to read (classify; detect: the one table); "
@@ -223,8 +225,10 @@ class PostprocessConfig:
         "[N, 4] x1, y1, x2, y2 pixels + scores [N, C]; detr = [Q, 4+C] or logits [Q, C] + "
         "boxes [Q, 4] (0..1 cx, cy, w, h; no NMS), or labels + boxes + scores (D-FINE); "
         "priorbox = RetinaFace-style loc [N, 4] + conf [N, 2] + landmarks [N, 2K] over prior "
-        "boxes (prior_sizes, prior_steps, variance); yolo = yolov5 or yolov8 by `objectness` "
-        "and `transposed`")
+        "boxes (prior_sizes, prior_steps, variance); scrfd = InsightFace's SCRFD: per stride "
+        "8/16/32 scores [N, 1] + boxes [N, 4] (+ landmarks [N, 10]) as distances from anchor "
+        "centres; yunet = OpenCV's YuNet: cls_, obj_, bbox_, kps_ per stride 8/16/32; yolo = "
+        "yolov5 or yolov8 by `objectness` and `transposed`")
     objectness: bool = setting(False, "yolo: a 5th column scales the class scores")
     transposed: bool | None = setting(None, "yolo: the head is [4+C, N] (YOLOv8); null = "
                                       "guess: fewer rows than columns")

@@ -26,7 +26,8 @@ from edged.model.config import PostprocessConfig
 from edged.model.metadata import ExportMetadata
 from edged.model.tensor import TensorSpec
 
-Format = Literal["yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas", "detr", "priorbox"]
+Format = Literal["yolov5", "yolov8", "yolox", "end2end", "ssd", "yolonas", "detr", "priorbox",
+                 "scrfd", "yunet"]
 Box = Literal["cxcywh", "xyxy", "yxyx"]
 MAX_QUERIES = 1000  # DETR-style heads have 100-900 queries; anchor grids have thousands
 MAX_CLASSES = 2000
@@ -64,6 +65,10 @@ class Head:
     prior_sizes: tuple[tuple[float, ...], ...] = ()
     prior_steps: tuple[int, ...] = ()
     variance: tuple[float, float] = (0.1, 0.2)
+    # scrfd and yunet (edged.model.scrfd): per level (stride, scores, boxes, landmarks or
+    # None, objectness or None: YuNet's), and the anchors a cell
+    levels: tuple[tuple[int, str, str, str | None, str | None], ...] = ()
+    anchors: int = 1
 
     def describe(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,7 +115,7 @@ def choose_head(outputs: Sequence[TensorSpec], metadata: ExportMetadata | None,
             raise InvalidModel(f"postprocess.output {cfg.output!r} is not an output "
                                f"({', '.join(o.name for o in outputs)})")
         return _table_head(chosen[0], evidence)
-    if not extra and (cfg.format in ("ssd", "yolonas", "priorbox")
+    if not extra and (cfg.format in ("ssd", "yolonas", "priorbox", "scrfd", "yunet")
                       or (cfg.format in ("auto", "detr") and len(outputs) > 1)):
         from edged.model.boxsets import box_set_head
 

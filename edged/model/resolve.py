@@ -24,6 +24,7 @@ from edged.model.boxsets import landmark_outputs, tf_od_outputs
 from edged.model.config import ModelConfig, PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.metadata import ExportMetadata, read_metadata
+from edged.model.scrfd import scrfd_levels, yunet_levels
 from edged.model.signature import Signature
 from edged.model.tensor import TensorSpec
 from edged.tasks import BOXED_TASKS as BOXED
@@ -58,6 +59,16 @@ FAMILY_PREPROCESS: dict[str, dict[str, Any]] = {
                "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "layout": "nchw"},
     "dfine": {"keep_ratio": False, "color": "rgb", "scale": 1 / 255, "mean": [0.0],
               "std": [1.0], "layout": "nchw"},
+    # InsightFace's SCRFD.detect: the image resized into the input's top-left corner (ratio
+    # kept, int() sizes), zeros around; blobFromImage(1/128, mean 127.5, swapRB)
+    "scrfd": {"keep_ratio": True, "pad": "end", "pad_value": 0.0, "color": "rgb",
+              "scale": 1.0, "mean": [127.5, 127.5, 127.5], "std": [128.0, 128.0, 128.0],
+              "layout": "nchw", "interpolation": "linear", "rounding": "floor"},
+    # OpenCV's FaceDetectorYN: BGR pixels as they are (blobFromImage with no scaling), the
+    # input padded with zeros at the bottom and right
+    "yunet": {"keep_ratio": True, "pad": "end", "pad_value": 0.0, "color": "bgr",
+              "scale": 1.0, "mean": [0.0], "std": [1.0], "layout": "nchw",
+              "interpolation": "linear", "rounding": "floor"},
 }
 # An NHWC image input with 3 channels last (TF's image_tensor): the model scales and resizes
 # what it is given itself; uint8 pixels go in as they are.
@@ -109,7 +120,8 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
                                producers=signature.producers, batched=batched,
                                marks=signature.marks, extra=extra)
             pre = _family_preprocess(head, pre, said_pre, metadata, reasons)
-            if head.format == "priorbox" and ("kind" not in said_post or post.kind == "pose"):
+            if head.format in ("priorbox", "scrfd", "yunet") and head.landmarks is not None and (
+                    "kind" not in said_post or post.kind == "pose"):
                 post = _landmark_task(post, head, reasons)
         except InvalidModel as exc:
             why = reasons.get("postprocess", "model.yaml")
@@ -344,6 +356,10 @@ def _detector(metadata: ExportMetadata, outputs: tuple[TensorSpec, ...],
         return "kind detect: the TF Object Detection API's detection_* outputs"
     if landmark_outputs(outputs, batched) is not None:
         return "kind detect: a RetinaFace-style head (boxes, scores and landmarks over priors)"
+    if scrfd_levels(outputs, batched) is not None:
+        return "kind detect: an SCRFD head (scores, boxes and landmarks per stride)"
+    if yunet_levels(outputs, batched) is not None:
+        return "kind detect: a YuNet head (cls, obj, bbox and kps per stride)"
     if len(outputs) > 1 and any(o.shape[-1:] == (4,) and any(
             k in o.name.lower() for k in BOX_NAMES) for o in outputs):
         return "kind detect: outputs of boxes [N, 4] beside other per-box outputs"

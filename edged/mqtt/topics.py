@@ -11,6 +11,7 @@ events room and the OTA service name their topics here and never touch paho.
 | `models/<model>/state` | a model's state (retained) |
 | `streams/<stream>/results` | each frame's results |
 | `events` | tracked objects' new/update/end |
+| `tracked_object_update` | a tracked object's face told (Frigate's `type: face`) |
 | `streams/<stream>/<label>` | objects of the label tracked now (retained) |
 | `streams/<stream>/zones/<zone>/<label>` | of those, inside the zone now (retained) |
 | `streams/<stream>/lines/<line>` | line crossings since start (retained) |
@@ -32,6 +33,8 @@ STATUS = "status"
 STATS = "stats"
 WARNINGS = "warnings"
 EVENTS = "events"
+# Frigate's: what was learnt about a tracked object (a face's name or unknown group).
+TRACKED_OBJECT_UPDATE = "tracked_object_update"
 # Each finished event clip (JSON: its id, stream, span, events, size, URL path).
 CLIPS = "clips"
 # What OTA takes under each root it listens on: manifests, inline chunks, shadow commands.

@@ -22,6 +22,7 @@ from edged.model.config import PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head
 from edged.model.tensor import TensorSpec
 from edged.ops.clips import add_clips_arguments, cmd_clips
+from edged.ops.faces import add_faces_arguments, cmd_faces
 from edged.ops.mender import add_arguments as add_mender_arguments
 from edged.ops.quantize.command import add_arguments as add_quantize_arguments
 from edged.processing.post import Postprocessor, published
@@ -139,11 +140,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     clips = sub.add_parser("clips", help="a running daemon's event clips: list, export")
     for parser in add_clips_arguments(clips):
         _add_target(parser)
+    faces = sub.add_parser("faces", help="a running daemon's face gallery: enrol, negatives, "
+                                         "groups, delete")
+    for parser in add_faces_arguments(faces):
+        _add_target(parser)
     quantize = sub.add_parser("quantize", help="make a model's INT8 variant and gate it on "
                               "accuracy (exit 0 accepted, 1 refused, 2 usage, 3 failed)")
     add_quantize_arguments(quantize)
     return {"infer": cmd_infer, "models": cmd_models, "status": cmd_status, "ota": cmd_ota,
-            "quantize": cmd_quantize, "clips": lambda args: cmd_clips(args, _client(args))}
+            "quantize": cmd_quantize, "clips": lambda args: cmd_clips(args, _client(args)),
+            "faces": lambda args: cmd_faces(args, _client(args))}
 
 
 def _add_ttl(parser: argparse.ArgumentParser) -> None:

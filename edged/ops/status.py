@@ -47,6 +47,15 @@ def render(report: dict[str, Any]) -> str:
                      f"published {mqtt.get('published', 0)}, "
                      f"buffered while offline {mqtt.get('buffered', 0)}, "
                      f"dropped {mqtt.get('dropped', 0)}")
+    faces = report.get("faces")
+    if faces:
+        state = faces.get("embedder") or {}
+        lines.append(f"faces: {faces['names']} names, {faces['entries']} of "
+                     f"{faces['max_entries']} faces enrolled, {faces['unknowns']} unknown "
+                     f"sightings; embedder {state.get('embedder') or '-'}"
+                     + (f", {state['stale']} rows to re-embed" if state.get("stale") else "")
+                     + (f", {state['without_crop']} to enrol again"
+                        if state.get("without_crop") else ""))
     process = report.get("process")
     if process:
         rss = process.get("rss_bytes")

@@ -42,6 +42,12 @@ def decode(head: Head, outputs: Mapping[str, np.ndarray], score_threshold: float
     if head.format == "priorbox":
         boxes, scores, classes, points = _priorbox(head, outputs, score_threshold, top_k,
                                                    size or head.grid)
+    elif head.format == "yunet":
+        boxes, scores, classes, points = _yunet(head, outputs, score_threshold, top_k,
+                                                size or head.grid)
+    elif head.format == "scrfd":
+        boxes, scores, classes, points = _scrfd(head, outputs, score_threshold, top_k,
+                                                size or head.grid)
     elif head.format == "yolov8":
         boxes, scores, classes, index = _yolov8(_table(head, outputs), head, score_threshold,
                                                 top_k)
@@ -281,6 +287,80 @@ def _priorbox(head: Head, outputs: Mapping[str, np.ndarray], threshold: float, t
     points = (prior[:, None, :2] + points * near * prior[:, None, 2:]) * scale
     return (boxes, scores[keep], np.zeros(len(keep), np.int64),
             points.reshape(len(keep), marks.shape[1]))
+
+
+def _scrfd(head: Head, outputs: Mapping[str, np.ndarray], threshold: float, top_k: int,
+           size: tuple[int, int] | None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """InsightFace's `SCRFD.forward`: per level, each anchor's centre is its cell's top-left
+    corner times the stride (`anchors` a cell); boxes are x1 = cx - d0 * stride, y1 = cy - d1 *
+    stride, x2 = cx + d2 * stride, y2 = cy + d3 * stride (`distance2bbox`), points cx + dx *
+    stride, cy + dy * stride (`distance2kps`); the scores are probabilities already."""
+    if size is None:
+        raise InvalidModel("detect/scrfd: its anchors need the input's size, and the input "
+                           "has no fixed one: set preprocess.resize, or send an image")
+    width, height = size
+    boxes, scores, points = [], [], []
+    for stride, score_name, box_name, point_name, _ in head.levels:
+        score = _output(outputs, score_name).reshape(-1)
+        ys, xs = np.mgrid[0:height // stride, 0:width // stride]
+        centres = np.repeat(np.stack([xs, ys], axis=-1).reshape(-1, 2) * stride,
+                            head.anchors, axis=0).astype(np.float32)
+        if len(centres) != len(score):
+            raise InvalidModel(f"detect/scrfd: {score_name} has {len(score)} rows, but a "
+                               f"{width}x{height} input has {len(centres)} anchors at stride "
+                               f"{stride}")
+        keep = np.flatnonzero(score >= threshold)
+        centre = centres[keep]
+        distance = _output(outputs, box_name).reshape(-1, 4)[keep] * stride
+        boxes.append(np.concatenate([centre - distance[:, :2], centre + distance[:, 2:]], 1))
+        scores.append(score[keep])
+        if point_name is not None:
+            offsets = _output(outputs, point_name).reshape(len(score), -1)[keep] * stride
+            points.append((offsets.reshape(len(keep), -1, 2) + centre[:, None])
+                          .reshape(len(keep), -1))
+    all_scores = np.concatenate(scores).astype(np.float32, copy=False)
+    best = _best(np.arange(len(all_scores)), all_scores, top_k)
+    found = np.concatenate(points)[best] if points else None
+    return (np.concatenate(boxes)[best], all_scores[best], np.zeros(len(best), np.int64),
+            found)
+
+
+def _yunet(head: Head, outputs: Mapping[str, np.ndarray], threshold: float, top_k: int,
+           size: tuple[int, int] | None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """OpenCV's `FaceDetectorYNImpl::postProcess` (YuNet 2023): per stride, the input padded
+    up to a multiple of 32; each cell's score sqrt(clip(cls) * clip(obj)), box centre (cell +
+    bbox[0:2]) * stride and size exp(bbox[2:4]) * stride, points (cell + kps) * stride."""
+    if size is None:
+        raise InvalidModel("detect/yunet: its cells need the input's size, and the input has "
+                           "no fixed one: set preprocess.resize, or send an image")
+    width, height = (-(-v // 32) * 32 for v in size)
+    boxes, scores, points = [], [], []
+    for stride, cls_name, box_name, point_name, obj_name in head.levels:
+        cls = np.clip(_output(outputs, cls_name).reshape(-1), 0, 1)
+        obj = np.clip(_output(outputs, str(obj_name)).reshape(-1), 0, 1)
+        ys, xs = np.mgrid[0:height // stride, 0:width // stride]
+        cells = np.stack([xs, ys], axis=-1).reshape(-1, 2).astype(np.float32)
+        if len(cells) != len(cls):
+            raise InvalidModel(f"detect/yunet: {cls_name} has {len(cls)} rows, but a "
+                               f"{width}x{height} input has {len(cells)} cells at stride "
+                               f"{stride}")
+        score = np.sqrt(cls * obj)
+        keep = np.flatnonzero(score >= threshold)
+        cell = cells[keep]
+        raw = _output(outputs, box_name).reshape(-1, 4)[keep]
+        centre = (cell + raw[:, :2]) * stride
+        half = np.exp(raw[:, 2:]) * stride / 2
+        boxes.append(np.concatenate([centre - half, centre + half], 1))
+        scores.append(score[keep])
+        marks = _output(outputs, str(point_name)).reshape(len(cls), -1)[keep]
+        points.append(((marks.reshape(len(keep), -1, 2) + cell[:, None]) * stride)
+                      .reshape(len(keep), -1))
+    all_scores = np.concatenate(scores).astype(np.float32, copy=False)
+    best = _best(np.arange(len(all_scores)), all_scores, top_k)
+    return (np.concatenate(boxes)[best], all_scores[best], np.zeros(len(best), np.int64),
+            np.concatenate(points)[best])
 
 
 _PRIORS: dict[tuple[object, ...], np.ndarray] = {}

@@ -40,11 +40,14 @@ class Detections:
     # Per detection: its attributes came before its sub_label (the cascades' order), so that
     # its row keeps the key order a subscriber saw when rows were dicts filled in place.
     _attributes_first: list[bool] = field(default_factory=list, repr=False)
+    # A face cascade's verdict: {"name": str | None, "similarity": float, "group": int | None}
+    # (a known face's name; an unknown one's group of look-alikes).
+    identities: list[dict[str, Any] | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.labels)
         for name in ("sub_labels", "sub_label_scores", "attributes", "ids", "masks",
-                     "keypoints", "texts", "text_scores"):
+                     "keypoints", "texts", "text_scores", "identities"):
             if not getattr(self, name):
                 setattr(self, name, [None] * n)
         if not self._attributes_first:
@@ -77,6 +80,8 @@ class Detections:
                 found.keypoints[i] = row["keypoints"]
             if "text" in row:
                 found.set_text(i, row["text"], row.get("text_score"))
+            if "identity" in row:
+                found.identities[i] = row["identity"]
             for model, results in (row.get("attributes") or {}).items():
                 found.add_attributes(i, model, results)
             if "attributes" in row and "sub_label" in row:
@@ -99,7 +104,8 @@ class Detections:
                           [self.attributes[i] for i in rows], [self.ids[i] for i in rows],
                           [self.masks[i] for i in rows], [self.keypoints[i] for i in rows],
                           [self.texts[i] for i in rows], [self.text_scores[i] for i in rows],
-                          [self._attributes_first[i] for i in rows])
+                          [self._attributes_first[i] for i in rows],
+                          identities=[self.identities[i] for i in rows])
 
     def set_sub_label(self, i: int, label: str, score: float | None) -> None:
         self.sub_labels[i] = label
@@ -132,6 +138,8 @@ class Detections:
             if self.texts[i] is not None:
                 row["text"] = self.texts[i]
                 row["text_score"] = self.text_scores[i]
+            if self.identities[i] is not None:
+                row["identity"] = self.identities[i]
             attributes, sub_label = self.attributes[i], self.sub_labels[i]
             if attributes is not None and self._attributes_first[i]:
                 row["attributes"] = attributes

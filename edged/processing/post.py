@@ -20,6 +20,7 @@ from edged.processing.boxes import nms, to_frame
 from edged.processing.decode import decode, extra_values
 from edged.processing.detections import Detections
 from edged.processing.pre import Geometry
+from edged.tasks.embed import summary as embedding_summary
 from edged.tasks.keypoints import keypoints, point_names
 from edged.tasks.recognise import layout
 from edged.tasks.segment import check_proto, mask_polygons
@@ -59,6 +60,8 @@ class Postprocessor:
         if self.cfg.kind == "text":
             text, score = ctc_decode(self._first(outputs), self.labels)[0]
             return {"text": {"text": text, "score": round(score, 5)}}
+        if self.cfg.kind == "embed":  # the vector stays on the device (galleries)
+            return {"embedding": embedding_summary(self._first(outputs))}
         if self.cfg.kind in ("detect", "segment", "pose"):
             if self.head is None:
                 self.head = head_of(outputs, self.cfg)

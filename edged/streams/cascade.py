@@ -132,6 +132,10 @@ def check_model(cfg: SecondaryConfig, model: ModelVersion) -> None:
         raise InvalidModel(f"secondary model {model.label} is not a text recogniser "
                            f"(postprocess.kind: {post.kind}): use `as: attributes`, or give it "
                            "postprocess: {kind: text} and its character set")
+    if cfg.as_ == "identity" and post.kind != "embed":
+        raise InvalidModel(f"secondary model {model.label} is not an embedder "
+                           f"(postprocess.kind: {post.kind}): `as: identity` needs one output "
+                           "[N, D] of embeddings")
     if pre is None:
         raise InvalidModel(f"secondary model {model.label} has no known pre-processing for its "
                            "crops: set `preprocess:` in its model.yaml")

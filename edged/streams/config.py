@@ -32,10 +32,12 @@ class SecondaryConfig:
     model: str = setting(help="model run on each crop", check=check_name)
     labels: list[str] = setting(factory=list, help="detections with these labels are cropped; "
                                                    "empty = every label")
-    as_: Literal["sub_label", "attributes", "text"] = setting(
+    as_: Literal["sub_label", "attributes", "text", "identity"] = setting(
         "sub_label", "sub_label: a classify model's top label and score on the detection; "
-        "text: a text recogniser's reading (and its score) on the detection; attributes: the "
-        "model's results under its name", key="as")
+        "text: a text recogniser's reading (and its score) on the detection; identity: the "
+        "face pipeline's embedder (faces.embedder): each face with five landmarks aligned, "
+        "embedded and matched against the gallery (its name also as sub_label); attributes: "
+        "the model's results under its name", key="as")
     min_score: float = setting(0.0, "detections scoring below this are not cropped",
                                check=between(0, 1))
     crop_margin: float = setting(0.1, "each box grows by this share of its width and height "

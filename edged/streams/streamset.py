@@ -27,8 +27,10 @@ from edged.recording.store import ClipStore
 from edged.sources import SensorLink, Source, open_source
 from edged.sources.sensor import Subscribe
 from edged.streams.cascade import Cascade
-from edged.streams.config import StreamConfig
+from edged.streams.config import SecondaryConfig, StreamConfig
 from edged.streams.events_stage import EventsHub, EventsStage
+from edged.streams.face_cascade import FaceCascade
+from edged.streams.faces import FaceService
 from edged.streams.gate import ChangeGate, wanted
 from edged.streams.live import LiveView
 from edged.streams.pipeline import Publish, StreamPipeline
@@ -48,7 +50,8 @@ class StreamSet:
                  backend_of: Callable[[str, int], str] | None = None,
                  events: EventsHub | None = None, live_viewers: int = 4,
                  clip_store: Callable[[], ClipStore | None] = lambda: None,
-                 announce_clip: Announce | None = None) -> None:
+                 announce_clip: Announce | None = None,
+                 faces: Callable[[], FaceService | None] = lambda: None) -> None:
         """`publish` takes each result; `subscribe`/`unsubscribe` are the MQTT link's, for
         sensor streams (None while MQTT is off); `backend_of` names what runs a version;
         `events` makes detect streams' events stages (None: no events); `live_viewers`: live
@@ -63,6 +66,7 @@ class StreamSet:
         self.backend_of = backend_of
         self.clip_store = clip_store
         self.announce_clip = announce_clip
+        self.faces = faces  # the face pipeline, for `as: identity` cascades (None: off)
         self._lock = threading.Lock()  # changes of the set; readers take the tuple as it is
         self._pipelines: tuple[StreamPipeline, ...] = ()
 
@@ -202,8 +206,18 @@ class StreamSet:
             raise InvalidModel(f"stream {cfg.name}: secondary models crop detections, but "
                                f"{model.label} is a {kind} model"
                                + (" on a sensor stream" if kind in BOXED_TASKS else ""))
-        return [Cascade(secondary, self.scheduler, priority=cfg.priority)
-                for secondary in cfg.secondary]
+        return [self._cascade(cfg, secondary) for secondary in cfg.secondary]
+
+    def _cascade(self, cfg: StreamConfig, secondary: SecondaryConfig) -> Cascade:
+        if secondary.as_ != "identity":
+            return Cascade(secondary, self.scheduler, priority=cfg.priority)
+        faces = self.faces()
+        if faces is None:
+            raise InvalidModel(f"stream {cfg.name}: `as: identity` needs the face pipeline, "
+                               "which is not running (faces.enabled: false, or its gallery "
+                               "could not be opened: see the log)")
+        return FaceCascade(secondary, self.scheduler, faces, stream=cfg.name,
+                           priority=cfg.priority)
 
     # -- what the rest of the daemon reads ---------------------------------------------------
     def up(self) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from edged.core.errors import InvalidModel
+from edged.tasks.embed import MIN_DIM
 
 MIN_MAP = 8  # a class map is at least this many cells a side (a [N, C, 2, 2] is no map)
 CTC_BLANKS = 1  # PaddleOCR's CTCLabelDecode: "blank" is class 0, before the character set
@@ -82,6 +83,8 @@ def recognise(metadata: Metadata, outputs: Sequence[Spec], *, batched: bool = Fa
     fits = _fits(metadata, outputs, batched, file_names)
     if detector is not None:
         fits.append(Recognised("detect", detector))
+    elif not fits:
+        fits += _embedder(metadata, outputs, batched, file_names)
     if len(fits) == 1:
         return fits[0]
     if fits:
@@ -130,6 +133,21 @@ def _fits(metadata: Metadata, outputs: Sequence[Spec], batched: bool,
                                                    f"[N, C, H, W] with {source}"))
                 break
     return fits
+
+
+def _embedder(metadata: Metadata, outputs: Sequence[Spec], batched: bool,
+              file_names: Sequence[str] | None) -> list[Recognised]:
+    """One output [N, D] (D >= MIN_DIM) for which nothing gives D names: an embedder."""
+    one = outputs[0] if len(outputs) == 1 else None
+    dims = _dims(one, batched) if one is not None else ()
+    if one is None or len(dims) != 1 or dims[0] < MIN_DIM:
+        return []
+    named = [n for n in (metadata.names, metadata.labels, metadata.character, file_names)
+             if n is not None and len(n) == dims[0]]
+    if named:
+        return []
+    return [Recognised("embed", f"kind embed: {one.name} {list(one.shape)} is [N, D] "
+                                f"with D = {dims[0]} and no class names: embeddings")]
 
 
 def layout(kind: str, outputs: Sequence[Spec], batched: bool, *, proto: str | None = None,

@@ -185,3 +185,12 @@ def test_status_render_on_a_jetson_shows_power_mode_throttling_clocks_and_rails(
     calm = render({"jetson": {**stats.as_dict(), "throttled": False, "hot_zones": [],
                               "throttle_events": {}}, "streams": {}})
     assert "power mode MODE_30W, not throttled" in calm
+
+
+def test_status_render_when_faces_run_shows_the_gallery_and_what_waits() -> None:
+    text = render({"streams": {}, "faces": {
+        "names": 3, "entries": 12, "max_entries": 10000, "unknowns": 4, "max_unknowns": 2000,
+        "embedder": {"embedder": "arcface:2", "stale": 5, "without_crop": 0}}})
+    assert ("faces: 3 names, 12 of 10000 faces enrolled, 4 unknown sightings; embedder "
+            "arcface:2, 5 rows to re-embed") in text
+    assert "faces" not in render({"streams": {}})

@@ -114,3 +114,24 @@ def test_metrics_when_requests_were_refused_or_timed_out_exports_both_counts() -
     found = samples(Metrics(lambda: rows, models, gpus=list))
     assert value(found, "edged_inference_request_rejected_total", model="det", version="2") == 4
     assert value(found, "edged_inference_request_timeout_total", model="det", version="2") == 1
+
+
+def test_faces_collector_when_the_pipeline_runs_exports_its_counts_and_none_when_off() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from edged.service.face_metrics import FacesCollector
+
+    status = {"entries": 7, "max_entries": 100, "unknowns": 2, "names": 3,
+              "identified": {"known": 5, "unknown": 9}, "embedder": {"stale": 4}}
+    registry = CollectorRegistry()
+    registry.register(FacesCollector(lambda: status))
+    text = generate_latest(registry).decode()
+    for line in ('edged_faces_identified_total{outcome="known"} 5.0',
+                 'edged_faces_identified_total{outcome="unknown"} 9.0',
+                 "edged_gallery_faces 7.0", "edged_gallery_max_faces 100.0",
+                 "edged_gallery_unknown_sightings 2.0", "edged_gallery_names 3.0",
+                 "edged_gallery_stale_rows 4.0"):
+        assert line in text
+    off = CollectorRegistry()
+    off.register(FacesCollector(lambda: None))
+    assert "edged_gallery" not in generate_latest(off).decode()

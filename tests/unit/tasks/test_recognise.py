@@ -130,3 +130,23 @@ def test_paddleclas_classifier_from_its_wheel_when_read_names_its_classes_from_c
         assert best["label"] == theirs
         answers.append(theirs)
     assert answers[0] != answers[1]  # it saw the page turn
+
+
+def test_embedder_when_its_one_output_is_n_by_d_without_names_is_recognised(
+        tmp_path: Path) -> None:
+    from tools.assets.faces import make_face_embedder
+
+    write_model(make_face_embedder(), tmp_path / "emb" / "1" / "model.onnx")
+    (tmp_path / "emb" / "model.yaml").write_text("preprocess: {resize: [112, 112]}\n")
+    config = model_config(ModelRepository(tmp_path).resolve("emb"))
+    assert config["edged"]["task"]["kind"] == "embed"
+    assert "D = 512 and no class names" in config["edged"]["task"]["reason"]
+
+
+@pytest.mark.parametrize(("shape", "names", "kind"), [
+    ((1, 512), None, "embed"), ((1, 128), None, "embed"), ((1, 32), None, None),
+    ((1, 512), tuple(str(i) for i in range(512)), "classify")])
+def test_recognise_when_an_output_is_n_by_d_tells_embeddings_from_classes(
+        shape: tuple[int, ...], names: tuple[str, ...] | None, kind: str | None) -> None:
+    found = recognise(_Said(names=names), [TensorSpec("out", np.dtype(np.float32), shape)])
+    assert found.kind == kind

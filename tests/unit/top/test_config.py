@@ -276,3 +276,16 @@ def test_check_config_when_a_stream_does_not_convert_names_the_others_by_their_o
     assert f"{config}: streams[3].name: duplicate stream 'yard' (line 6)" in out
     assert f"streams[2].model: 'detector' is not in {repo_dir}; the stream would not start " \
            "(line 5)" in out
+
+
+def test_config_when_an_identity_cascade_has_no_face_pipeline_names_the_key() -> None:
+    text = ("streams:\n  - {name: door, source: 'file:///x.avi', model: face_yolo,\n"
+            "     secondary: [{model: arcface, as: identity}]}\n")
+    with pytest.raises(ConfigError, match=r"streams\[0\].secondary\[0\].as: identity needs the "
+                                          r"face pipeline"):
+        parse_config(text)
+    with pytest.raises(ConfigError, match=r"secondary\[0\].model: as: identity runs the face "
+                                          r"pipeline's embedder \(face_embedder\)"):
+        parse_config(text + "faces: {enabled: true}\n")
+    assert parse_config(text.replace("arcface", "face_embedder")
+                 + "faces: {enabled: true}\n").faces.enabled
