@@ -19,12 +19,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from edged.events.plates import PlateVote
 from edged.events.snapshot import SnapshotState
 from edged.events.track import Track
 from edged.events.zones import Crossing, LineState, ZoneState
 
 Event = dict[str, Any]
-Watched = tuple[tuple[str, ...], tuple[str, ...], float, str | None, bool]
+Watched = tuple[tuple[str, ...], tuple[str, ...], float, str | None, bool, str | None]
 
 
 @dataclass(eq=False, slots=True)
@@ -53,6 +54,9 @@ class TrackedObject:
     published: Event | None = None  # payload of the last new/update
     published_watch: Watched | None = None
     published_at: float = -math.inf  # stream clock
+    plate: PlateVote | None = None  # a stream with lpr: its text cascade's reads, voted
+    plate_sent: str | None = None  # the plate last told on tracked_object_update
+    plate_name: str | None = None  # the known plate's name it matched
 
     @property
     def label(self) -> str:
@@ -82,7 +86,8 @@ class TrackedObject:
     def watched(self) -> Watched:
         """What a subscriber acts on; an update is due when it changed."""
         return (tuple(self.current_zones), tuple(self.zones.entered), self.top_score,
-                self.sub_label, self.snapshot.jpeg is not None)
+                self.sub_label, self.snapshot.jpeg is not None,
+                self.plate.plate if self.plate is not None else None)
 
     def payload(self) -> Event:
         event = self._payload()
@@ -90,6 +95,9 @@ class TrackedObject:
             event["mask"] = self.mask
         if self.keypoints is not None:
             event["keypoints"] = self.keypoints
+        if self.plate is not None:  # (a stream with lpr: Frigate's two fields, null at first)
+            event["recognized_license_plate"] = self.plate.plate
+            event["recognized_license_plate_score"] = self.plate.score
         return event
 
     def _payload(self) -> Event:

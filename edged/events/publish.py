@@ -55,6 +55,8 @@ class EventPublisher:
             if event["type"] == "end":
                 ended.append(after["id"])
             self._send(topics.EVENTS, compact(event))
+        for update in changes.updates:
+            self._send(topics.TRACKED_OBJECT_UPDATE, compact(update))
         self.state(changes.counts, changes.zone_counts, changes.lines)
         for label, (_id, jpeg) in changes.snapshots.items():
             self._send(topics.snapshot(self.stream, label), jpeg, retain=True)

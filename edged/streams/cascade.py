@@ -4,7 +4,8 @@ cropped with a margin, pre-processed into the cascade's own pooled batch and run
 scheduler as one request (or as few as the model's batch limit allows); a classify model's
 top label lands on each detection as `sub_label` (with `sub_label_score`), a text
 recogniser's reading as `text` (with `text_score`), any other model's results under
-`attributes.<model>`."""
+`attributes.<model>`. A detection with four corners (a plate detector's keypoints) is warped
+upright onto a rectangle instead of cropped by its box (`crop: auto`, `edged/tasks/warp.py`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.core.errors import EdgedError, InvalidModel, Timeout
+from edged.core.errors import EdgedError, InvalidInput, InvalidModel, Timeout
 from edged.inference.scheduler import Outputs, Scheduler
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
@@ -24,6 +25,7 @@ from edged.processing.detections import Detections
 from edged.processing.post import Postprocessor, published
 from edged.processing.pre import image_preprocess, mismatch, preprocess, tensor_shape
 from edged.streams.config import SecondaryConfig
+from edged.tasks.warp import quad_of, warp_quad
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +64,27 @@ class Cascade:
                                model.max_batch_size > 0)
         batch = self._rows(model, frame)
         for row, index in enumerate(chosen):
-            preprocess(crop(frame, detections.boxes[index].tolist(), self.cfg.crop_margin), pre,
-                       spec, batch[row:row + 1])
+            preprocess(self.cut(frame, detections, index), pre, spec, batch[row:row + 1])
         outputs = self._infer(model, batch[:len(chosen)])
         post = self._postprocessor(model)
         for row, index in enumerate(chosen):
             results = post({k: v[row:row + 1] for k, v in outputs.items()}, None)
             annotate(detections, index, self.cfg, model.name, results)
         return len(chosen)
+
+    def cut(self, frame: np.ndarray, detections: Detections, index: int) -> np.ndarray:
+        """What the model reads of detection `index`: its four corners warped upright (`crop:
+        corners`, or `auto` where it has four keypoints), else its box grown by the margin."""
+        points = detections.keypoints[index]
+        if self.cfg.crop != "box" and points is not None:
+            quad = quad_of(points)
+            if quad is not None:
+                return warp_quad(frame, quad)
+        if self.cfg.crop == "corners":
+            raise InvalidInput(f"secondary model {self.cfg.model}: crop: corners, and the "
+                               f"detection has no four corners (its keypoints: "
+                               f"{sorted(points or {})})")
+        return crop(frame, detections.boxes[index].tolist(), self.cfg.crop_margin)
 
     def _rows(self, model: ModelVersion, frame: np.ndarray) -> np.ndarray:
         """The pooled batch: room for max_crops crops at the model's input size."""

@@ -15,7 +15,9 @@ from edged.events.config import (
     TrackConfig,
     ZoneConfig,
 )
+from edged.events.plates import LprConfig
 from edged.recording.config import ClipsConfig, RecordConfig
+from edged.streams.state_config import StateConfig, check_states
 
 STREAM_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst", "mqtt")
 
@@ -43,6 +45,11 @@ class SecondaryConfig:
                                  check=between(0, 1))
     max_crops: int = setting(8, "crops per frame at most: the best-scoring detections",
                              check=at_least(1))
+    crop: Literal["auto", "box", "corners"] = setting(
+        "auto", "what is cut out for the model: box = the box grown by crop_margin; corners = "
+        "a detection's four keypoints (a plate detector's corners) warped upright onto a "
+        "rectangle (PaddleOCR's perspective crop); auto = corners where the detection has "
+        "four keypoints, else the box")
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,14 @@ class StreamConfig:
                                                               "segments")
     gate: GateConfig = setting(factory=GateConfig, help="change gating: frames whose picture "
                                                         "did not change skip the model")
+    lpr: LprConfig = setting(factory=LprConfig, help="licence plates: a text cascade's reads "
+                                                    "voted per object, known plates named")
+    states: list[StateConfig] = setting(factory=list, help="regions of the frame classified "
+                                                           "into states (a gate open or shut)")
+    masks: Literal["polygon", "rle"] = setting(
+        "polygon", "a segment model's masks in this stream's results and events: polygon = "
+        "the outer contour [[x, y], ...] in frame pixels; rle = COCO run-length encoding "
+        "{size: [h, w], counts} of the mask drawn at frame size")
 
 
 def check_stream_gate(parsed: Parsed[Any], path: str, stream: StreamConfig) -> list[ConfigIssue]:
@@ -158,4 +173,16 @@ def check_stream_clips(parsed: Parsed[Any], path: str, stream: StreamConfig) -> 
         if zone not in zones:
             issues.append(parsed.issue(f"{path}.clips.zones[{i}]", f"no zone {zone!r} in this "
                                                                    "stream"))
+    return issues
+
+
+def check_stream_states(parsed: Parsed[Any], path: str,
+                        stream: StreamConfig) -> list[ConfigIssue]:
+    """State names unique, regions inside the frame where it can be told (fractions; pixels
+    within `size:`); `lpr.enabled` needs a text cascade to read the plates."""
+    issues = check_states(parsed, path, stream.states, stream.size)
+    if stream.lpr.enabled and not any(s.as_ == "text" for s in stream.secondary):
+        issues.append(parsed.issue(f"{path}.lpr.enabled", "licence plates are read by a "
+                                   "text cascade: add secondary: [{model: <recogniser>, "
+                                   "labels: [<plate label>], as: text}]"))
     return issues

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from edged.core.errors import EdgedError, InvalidModel
+from edged.core.errors import ConfigError, ConfigIssue, EdgedError, InvalidModel
 from edged.core.states import SourceState
 from edged.events.config import outputs
 from edged.inference.scheduler import Scheduler
@@ -32,6 +32,7 @@ from edged.streams.events_stage import EventsHub, EventsStage
 from edged.streams.gate import ChangeGate, wanted
 from edged.streams.live import LiveView
 from edged.streams.pipeline import Publish, StreamPipeline
+from edged.streams.states import States, StateWatcher
 from edged.streams.stats import StreamStats
 from edged.tasks import BOXED_TASKS
 
@@ -118,6 +119,7 @@ class StreamSet:
             spec = model.inputs[0]
             sample = spec.shape[1:] if model.max_batch_size > 0 else spec.shape
             cascades = self._cascades(cfg, model)
+            states = self._states(cfg)
             # Without a hub nothing tracks: every frame's results, as before events.
             publish = cfg.publish if self.events is not None else \
                 dataclasses.replace(cfg.publish, events=False)
@@ -149,7 +151,7 @@ class StreamSet:
         pipeline = StreamPipeline(cfg, source, self.scheduler,
                                   self.publish if output.frames else None,
                                   backend_of=self.backend_of, cascades=cascades, events=events,
-                                  live=live, gate=gate, motion=motion)
+                                  live=live, gate=gate, motion=motion, states=states)
         pipeline.start()
         return pipeline
 
@@ -204,6 +206,25 @@ class StreamSet:
                                + (" on a sensor stream" if kind in BOXED_TASKS else ""))
         return [Cascade(secondary, self.scheduler, priority=cfg.priority)
                 for secondary in cfg.secondary]
+
+    def _states(self, cfg: StreamConfig) -> States | None:
+        """The stream's classified regions, each model checked (ConfigError names a state
+        whose model is no classifier: the stream is then not started). Their changes go out
+        on the events' MQTT class."""
+        if not cfg.states:
+            return None
+        if cfg.source.startswith("mqtt://"):
+            raise ConfigError([ConfigIssue(f"stream {cfg.name}: states", "states classify "
+                                           "regions of pictures; mqtt:// sensor streams have "
+                                           "none")])
+        link = self.events.link if self.events is not None else None
+        send = None if link is None else (
+            lambda suffix, payload, retain: link.publish("events", suffix, payload,
+                                                         retain=retain))
+        return States([StateWatcher(cfg.name, state, f"stream {cfg.name}: states[{j}]",
+                                    self.scheduler,
+                                    send, priority=cfg.priority)
+                       for j, state in enumerate(cfg.states)])
 
     # -- what the rest of the daemon reads ---------------------------------------------------
     def up(self) -> tuple[int, int]:
