@@ -9,6 +9,7 @@ upright onto a rectangle instead of cropped by its box (`crop: auto`, `edged/tas
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -19,7 +20,7 @@ import numpy as np
 
 from edged.core.errors import EdgedError, InvalidInput, InvalidModel, Timeout
 from edged.inference.scheduler import Outputs, Scheduler
-from edged.model.config import PostprocessConfig
+from edged.model.config import PostprocessConfig, PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.detections import Detections
 from edged.processing.post import Postprocessor, published
@@ -62,15 +63,47 @@ class Cascade:
         spec = model.inputs[0]
         pre = image_preprocess(model.config.preprocess, model.label, spec,
                                model.max_batch_size > 0)
+        post = self._postprocessor(model)
+        if text_lines(model, pre):
+            pieces = [self.cut(frame, detections, index) for index in chosen]
+            for index, outputs in zip(chosen, self._lines(model, pre, pieces), strict=True):
+                annotate(detections, index, self.cfg, model.name, post(outputs, None))
+            return len(chosen)
         batch = self._rows(model, frame)
         for row, index in enumerate(chosen):
             preprocess(self.cut(frame, detections, index), pre, spec, batch[row:row + 1])
         outputs = self._infer(model, batch[:len(chosen)])
-        post = self._postprocessor(model)
         for row, index in enumerate(chosen):
             results = post({k: v[row:row + 1] for k, v in outputs.items()}, None)
             annotate(detections, index, self.cfg, model.name, results)
         return len(chosen)
+
+    def _lines(self, model: ModelVersion, pre: PreprocessConfig,
+               pieces: list[np.ndarray]) -> list[Outputs]:
+        """A recogniser of text lines of any width reads each crop at its own width, as
+        PaddleOCR reads one line (`resize_norm_img`: the height the model's, the width
+        int(height * w / h), no padding), up to `resize`'s width (then squeezed): padding a
+        line out to the widest changes what a CRNN reads (its recurrent layers see the
+        padding). One request a crop; crops of one width batch together in the scheduler."""
+        height, most = pre.resize[1], pre.resize[0]  # (text_lines: resize is set)
+        name = model.inputs[0].name
+        futures = []
+        for piece in pieces:
+            h, w = piece.shape[:2]
+            width = max(1, min(most, int(height * (w / float(h)))))
+            line = dataclasses.replace(pre, resize=[width, height], keep_ratio=False)
+            tensor, _ = preprocess(piece, line, model.inputs[0])
+            futures.append(self.scheduler.submit(
+                self.cfg.model, {name: tensor if model.max_batch_size else tensor[0]},
+                version=model.version, priority=self.priority))
+        outputs = []
+        for future in futures:
+            try:
+                outputs.append(future.result(timeout=self.timeout_s))
+            except FutureTimeout:
+                raise Timeout(f"secondary model {self.cfg.model} did not answer in "
+                              f"{self.timeout_s:g} s") from None
+        return outputs
 
     def cut(self, frame: np.ndarray, detections: Detections, index: int) -> np.ndarray:
         """What the model reads of detection `index`: its four corners warped upright (`crop:
@@ -123,6 +156,16 @@ class Cascade:
         if self._post is None or self._post[0] is not model:
             self._post = (model, Postprocessor(model.config.postprocess, model.dir.parent))
         return self._post[1]
+
+
+def text_lines(model: ModelVersion, pre: PreprocessConfig) -> bool:
+    """A text recogniser whose input width is dynamic, its lines letterboxed to the right
+    (PaddleOCR's text line): read line by line at each line's own width."""
+    post = model.config.postprocess
+    spec = model.inputs[0]
+    return (post is not None and post.kind == "text" and pre.layout == "nchw"
+            and len(spec.shape) == 4 and spec.shape[-1] <= 0 and pre.keep_ratio
+            and pre.pad == "end" and pre.resize is not None)
 
 
 def check_model(cfg: SecondaryConfig, model: ModelVersion) -> None:
