@@ -4,11 +4,11 @@ flicker from frame to frame, and the winner is matched against the operator's kn
 
 - **The vote** (`PlateVote`): a read counts when its score reaches `min_score` and its text,
   normalised (upper case, only letters and digits), is at least `min_length` long and fits
-  `format` (a regex) where one is set. Each text collects the sum of its reads' scores; the
-  object's plate is the text with the largest sum, and a new text takes over only when its
-  sum passes the current one's (ties keep the plate it has). The plate's score is the mean of
-  its reads' scores. Frigate keeps "the most confident result"; a sum of scores lets three
-  good reads of the truth beat one lucky misread.
+  `format` (a regex) where one is set. The object's plate is the text read most often; a new
+  text takes over only when it has been read more often than the current one (a tie keeps
+  the plate it has, so one confident misread between two good reads never shows). The
+  plate's score is the mean of its reads' scores. Frigate keeps "the most confident result";
+  a count lets three good reads of the truth beat one lucky misread.
 - **Known plates** (`KnownPlates`): `{name: [plate, ...]}`; a plate entry is a literal
   (compared normalised, and tolerating `match_distance` edits: Levenshtein, as Frigate's
   `match_distance` tolerates characters) or a regex (any entry with regex characters, matched
@@ -150,7 +150,7 @@ class PlateVote:
         self.sums[plate] = self.sums.get(plate, 0.0) + float(score)
         self.reads[plate] = self.reads.get(plate, 0) + 1
         if self.plate is None or (plate != self.plate
-                                  and self.sums[plate] > self.sums[self.plate]):
+                                  and self.reads[plate] > self.reads[self.plate]):
             self.plate = plate
             return True
         return False

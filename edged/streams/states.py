@@ -2,7 +2,8 @@
 parking spot) is cropped and read by a classifier every `interval_s` seconds of capture time,
 or sooner when its picture changed (the change gate's measure, on the region only); a read
 becomes the state only when `debounce` reads in a row agree (and score at least
-`min_score`), and only a change of state is published: retained on
+`min_score`): a read that differs from the state is looked at again on the next frames until
+it is confirmed or not. Only a change of state is published: retained on
 `streams/<stream>/states/<name>`, on `state_changes` (what changed, from what), and in the
 stream's results while it publishes them. The classifier runs on the stream's own thread
 through the scheduler (at the stream's priority), as a cascade does: a slow classifier slows
@@ -136,7 +137,9 @@ class StateWatcher:
                          extra={"stream": self.stream, "code": exc.code})
             return False
         region = data[y1:y2, x1:x2]
-        if not self.gate.admit(region, captured_mono, (width, height)):
+        # a read waiting for its confirmation looks again at the next frame, whatever the gate
+        if not self.gate.admit(region, captured_mono, (width, height)) \
+                and self.debounce.candidate is None:
             return False
         try:
             label, score = self._classify(region)
