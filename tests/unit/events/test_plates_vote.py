@@ -23,7 +23,8 @@ SCHEMAS = Path(__file__).resolve().parents[3] / "docs" / "schemas"
 EVENT = json.loads((SCHEMAS / "events.schema.json").read_text())
 UPDATE = json.loads((SCHEMAS / "tracked-object-update.schema.json").read_text())
 LPR = """
-    lpr: {enabled: true, min_score: 0.5, known_plates: {Wife's Car: [MLB803], Vans: ['^VAN[0-9]+$']}}
+    lpr: {enabled: true, min_score: 0.5,
+          known_plates: {Wife's Car: [MLB803], Vans: ['^VAN[0-9]+$']}}
     secondary: [{model: plate_rec, labels: [car], as: text}]
     track: {min_hits: 2, max_age_s: 0.3, update_interval_s: 0}
 """
