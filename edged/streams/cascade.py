@@ -85,7 +85,8 @@ class Cascade:
         int(height * w / h), no padding), up to `resize`'s width (then squeezed): padding a
         line out to the widest changes what a CRNN reads (its recurrent layers see the
         padding). One request a crop; crops of one width batch together in the scheduler."""
-        height, most = pre.resize[1], pre.resize[0]  # (text_lines: resize is set)
+        assert pre.resize is not None  # (text_lines: resize is set)
+        most, height = pre.resize
         name = model.inputs[0].name
         futures = []
         for piece in pieces:
