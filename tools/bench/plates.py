@@ -257,7 +257,8 @@ def streams(workdir: Path, frames: int) -> dict[str, Any]:
                                               "results", f"streams/{stream}/results", payload))
                 sizes: list[int] = []
 
-                def one(seq: int) -> None:
+                def one(seq: int, pipeline: StreamPipeline = pipeline, model: Any = model,
+                        heads: dict[str, np.ndarray] = heads) -> None:
                     frame = Frame("cam", seq, time.time(), time.monotonic(), image)
                     _, geometry, buffer = pipeline._inputs(frame, model)
                     pipeline._finish(_InFlight(frame, geometry, Future(), buffer, model,
