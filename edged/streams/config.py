@@ -181,6 +181,9 @@ def check_stream_states(parsed: Parsed[Any], path: str,
     """State names unique, regions inside the frame where it can be told (fractions; pixels
     within `size:`); `lpr.enabled` needs a text cascade to read the plates."""
     issues = check_states(parsed, path, stream.states, stream.size)
+    if stream.states and stream.source.startswith("mqtt://"):
+        issues.append(parsed.issue(f"{path}.states", "states classify regions of pictures; "
+                                                     "mqtt:// sensor streams have none"))
     if stream.lpr.enabled and not any(s.as_ == "text" for s in stream.secondary):
         issues.append(parsed.issue(f"{path}.lpr.enabled", "licence plates are read by a "
                                    "text cascade: add secondary: [{model: <recogniser>, "

@@ -206,7 +206,14 @@ class States:
 
     def frame(self, data: np.ndarray, captured: float, captured_mono: float) -> None:
         for watcher in self.watchers:
-            watcher.frame(data, captured, captured_mono)
+            try:
+                watcher.frame(data, captured, captured_mono)
+            except Exception:  # a bug here must not stop the stream's results
+                watcher.failed += 1
+                if worth_logging(watcher.failed):
+                    logger.exception("stream %s: state %s failed (#%d)", watcher.stream,
+                                     watcher.cfg.name, watcher.failed,
+                                     extra={"stream": watcher.stream, "code": "state_failed"})
 
     def view(self) -> dict[str, dict[str, Any]]:
         """The states now (for the stream's results and status)."""

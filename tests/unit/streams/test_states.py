@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from support.events import stream
 
+from edged.config import parse_config
 from edged.core.errors import ConfigError
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
@@ -142,3 +143,9 @@ def test_state_when_its_model_is_no_classifier_is_refused(
 def test_states_config_when_wrong_names_the_key(keys: str, error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         stream(keys)
+
+
+def test_states_config_when_the_stream_is_a_sensor_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"streams\[0\]\.states: states classify regions"):
+        parse_config("streams:\n  - {name: t, source: 'mqtt://sensors/t', model: m, "
+                     "states: [{name: spot, model: colors, region: [[0, 0], [5, 5]]}]}\n")
