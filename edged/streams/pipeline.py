@@ -374,6 +374,8 @@ class StreamPipeline:
             row["last_result"] = answer_of(seen.results) if seen is not None else None
         if self.events is not None:
             row.update(self.events.tally.view())
+        if self.states is not None:  # (read across threads: each value is whole when read)
+            row["states"] = self.states.view()
         return row
 
 

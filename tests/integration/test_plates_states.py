@@ -110,7 +110,7 @@ def test_state_stream_when_a_spot_changes_colour_publishes_once_per_change(
     prefix = "t/state"
     sub = Subscriber(broker, f"{prefix}/#")
     try:
-        make_served(
+        served = make_served(
             cache="preload: [grid_det, colors]",
             mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}, qos_results: 1",
             streams=f"[{{name: yard, source: 'file://{clip}', model: grid_det, "
@@ -122,6 +122,8 @@ def test_state_stream_when_a_spot_changes_colour_publishes_once_per_change(
                           timeout=60, what="the clip's 25 results")
     finally:
         sub.close()
+    [pipeline] = served.daemon.pipelines
+    assert pipeline.view()["states"]["spot"]["state"] == "green"  # the status report's row
     late = Subscriber(broker, f"{prefix}/streams/yard/states/+")  # a dashboard that came later
     try:
         [kept] = late.collect(until=lambda got: len(got) >= 1, timeout=10,
