@@ -17,6 +17,7 @@ from typing import Any
 from edged.core.errors import ConfigError, ConfigIssue, EdgedError, InvalidModel
 from edged.core.states import SourceState
 from edged.events.config import outputs
+from edged.events.discovery import state_configs
 from edged.inference.scheduler import Scheduler
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
@@ -146,6 +147,10 @@ class StreamSet:
             logger.info("stream %s: change gate on (frames go to the model when over %g of "
                         "the picture changed, at least every %g s)", cfg.name,
                         cfg.gate.threshold, cfg.gate.max_skip_s, extra={"stream": cfg.name})
+        if events is None and states is not None and self.events is not None \
+                and self.events.device is not None:  # (a stage announces its own)
+            self.events.announce(cfg.name, state_configs(self.events.device, cfg.name,
+                                                         [s.name for s in cfg.states]))
         motion = segments.activity if segments is not None and \
             cfg.record.mode == "motion" else None
         pipeline = StreamPipeline(cfg, source, self.scheduler,

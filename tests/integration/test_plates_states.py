@@ -131,6 +131,16 @@ def test_state_stream_when_a_spot_changes_colour_publishes_once_per_change(
     finally:
         late.close()
     assert kept.retain and json.loads(kept.payload)["state"] == "green"
+    assistant = Subscriber(broker, "homeassistant/sensor/+/config")  # Home Assistant
+    try:
+        [announced] = assistant.collect(until=lambda got: len(got) >= 1, timeout=10,
+                                        what="the state's discovery config")
+    finally:
+        assistant.close()
+    config = json.loads(announced.payload)
+    assert announced.topic == "homeassistant/sensor/test_yard_spot_state/config"
+    assert config["state_topic"] == f"{prefix}/streams/yard/states/spot"
+    assert config["value_template"] == "{{ value_json.state }}"
     changes = payloads(got, f"{prefix}/state_changes")
     retained = payloads(got, f"{prefix}/streams/yard/states/spot")
     for body in changes + retained:
