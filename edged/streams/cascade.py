@@ -108,12 +108,17 @@ class Cascade:
 
     def cut(self, frame: np.ndarray, detections: Detections, index: int) -> np.ndarray:
         """What the model reads of detection `index`: its four corners warped upright (`crop:
-        corners`, or `auto` where it has four keypoints), else its box grown by the margin."""
+        corners`, or `auto` where it has four keypoints enclosing an area), else its box grown
+        by the margin."""
         points = detections.keypoints[index]
         if self.cfg.crop != "box" and points is not None:
             quad = quad_of(points)
             if quad is not None:
-                return warp_quad(frame, quad)
+                try:
+                    return warp_quad(frame, quad)
+                except InvalidInput:  # corners in one spot: auto reads the box instead
+                    if self.cfg.crop == "corners":
+                        raise
         if self.cfg.crop == "corners":
             raise InvalidInput(f"secondary model {self.cfg.model}: crop: corners, and the "
                                f"detection has no four corners (its keypoints: "

@@ -193,3 +193,15 @@ def test_plate_detector_when_its_corners_disagree_with_model_yaml_is_refused_at_
             cache.load("plate")
     finally:
         cache.close(timeout_s=5)
+
+
+def test_cascade_when_the_corners_enclose_nothing_reads_the_box_unless_told_corners(
+        scheduler: Scheduler) -> None:
+    frame = np.zeros((100, 100, 3), np.uint8)
+    found = Detections.of([(10, 10, 60, 30)], [0.9], [0], ["plate"])
+    found.keypoints[0] = {name: [20.0, 20.0] for name in NAMES}
+    auto = Cascade(SecondaryConfig("plate_rec", as_="text"), scheduler)
+    assert auto.cut(frame, found, 0).shape[:2] == (24, 60)  # the box and its margin
+    corners = Cascade(SecondaryConfig("plate_rec", as_="text", crop="corners"), scheduler)
+    with pytest.raises(InvalidInput, match="no area"):
+        corners.cut(frame, found, 0)
