@@ -8,7 +8,8 @@ flicker from frame to frame, and the winner is matched against the operator's kn
   text takes over only when it has been read more often than the current one (a tie keeps
   the plate it has, so one confident misread between two good reads never shows). The
   plate's score is the mean of its reads' scores. Frigate keeps "the most confident result";
-  a count lets three good reads of the truth beat one lucky misread.
+  a count lets three good reads of the truth beat one lucky misread. A read repeated exactly
+  (a still picture, or frames the change gate held back) counts once.
 - **Known plates** (`KnownPlates`): `{name: [plate, ...]}`; a plate entry is a literal
   (compared normalised, and tolerating `match_distance` edits: Levenshtein, as Frigate's
   `match_distance` tolerates characters) or a regex (any entry with regex characters, matched
@@ -138,11 +139,17 @@ class PlateVote:
     sums: dict[str, float] = field(default_factory=dict)
     reads: dict[str, int] = field(default_factory=dict)
     plate: str | None = None
+    last: tuple[str, float] | None = None  # the last read, as it came
 
     def add(self, text: str | None, score: float | None) -> bool:
-        """One frame's read; True when the object's plate changed."""
+        """One frame's read; True when the object's plate changed. A read that repeats the
+        last one exactly (text and score: the same picture, or a frame the change gate held
+        back, which hands on the last answer) counts once."""
         if text is None or score is None or score < self.cfg.min_score:
             return False
+        if self.last == (text, float(score)):
+            return False
+        self.last = (text, float(score))
         plate = normalise(text)
         if len(plate) < self.cfg.min_length or (
                 self.cfg.format is not None and not re.fullmatch(self.cfg.format, plate)):

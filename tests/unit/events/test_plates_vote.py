@@ -134,3 +134,14 @@ def test_engine_when_lpr_is_off_publishes_no_plate_fields() -> None:
     [change] = [events.update(T0, d) for d in frames([("MLB803", 0.9)])]
     assert "recognized_license_plate" not in change.events[0]["after"]
     assert change.updates == []
+
+
+def test_vote_when_a_held_frame_repeats_the_last_read_counts_it_once() -> None:
+    vote = PlateVote(LprConfig(enabled=True, min_score=0.5))
+    assert vote.add("MLB8O3", 0.91)
+    for _ in range(5):  # the change gate hands the same answer on
+        assert not vote.add("MLB8O3", 0.91)
+    assert vote.reads == {"MLB8O3": 1}
+    assert not vote.add("MLB803", 0.9)  # one read each: the plate stays
+    assert vote.add("MLB803", 0.93)  # a new read of the truth
+    assert vote.plate == "MLB803"
