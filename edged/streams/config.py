@@ -139,9 +139,9 @@ class StreamConfig:
     states: list[StateConfig] = setting(factory=list, help="regions of the frame classified "
                                                            "into states (a gate open or shut)")
     masks: Literal["polygon", "rle"] = setting(
-        "polygon", "a segment model's masks in this stream's results and events: polygon = "
+        "polygon", "a segment model's masks in this stream's per-frame results: polygon = "
         "the outer contour [[x, y], ...] in frame pixels; rle = COCO run-length encoding "
-        "{size: [h, w], counts} of the mask drawn at frame size")
+        "{size: [h, w], counts} of the mask drawn at frame size (events keep the polygon)")
 
 
 def check_stream_gate(parsed: Parsed[Any], path: str, stream: StreamConfig) -> list[ConfigIssue]:
