@@ -113,6 +113,11 @@ def _check_models(config: DaemonConfig, streams: list[tuple[str, StreamConfig]],
                 found.errors.append(f"{key}: {secondary.model!r} is not in "
                                     f"{config.models_dir}; the stream would not start"
                                     f"{line(key)}")
+            reader = f"{at}.secondary[{j}].reader"
+            if secondary.reader is not None and secondary.reader not in names:
+                found.errors.append(f"{reader}: {secondary.reader!r} is not in "
+                                    f"{config.models_dir}; the stream would not start"
+                                    f"{line(reader)}")
         _check_states(repository, names, stream, at, found, line)
 
 

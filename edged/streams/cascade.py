@@ -207,14 +207,22 @@ def check_model(cfg: SecondaryConfig, model: ModelVersion) -> None:
 def crop(frame: np.ndarray, box: list[float], margin: float) -> np.ndarray:
     """The frame pixels inside `box` (x1, y1, x2, y2) grown by `margin` of its size on every
     side, clipped to the frame; at least one pixel. A view, not a copy."""
-    height, width = frame.shape[:2]
+    left, top, right, bottom = crop_bounds(frame.shape[:2], box, margin)
+    return frame[top:bottom, left:right]
+
+
+def crop_bounds(size: tuple[int, ...], box: list[float], margin: float
+                ) -> tuple[int, int, int, int]:
+    """`crop`'s window (left, top, right, bottom; right and bottom exclusive) in a frame of
+    `size` (height, width)."""
+    height, width = size[0], size[1]
     x1, y1, x2, y2 = box
     grow_x, grow_y = (x2 - x1) * margin, (y2 - y1) * margin
     left = min(max(int(np.floor(x1 - grow_x)), 0), width - 1)
     top = min(max(int(np.floor(y1 - grow_y)), 0), height - 1)
     right = max(min(int(np.ceil(x2 + grow_x)), width), left + 1)
     bottom = max(min(int(np.ceil(y2 + grow_y)), height), top + 1)
-    return frame[top:bottom, left:right]
+    return left, top, right, bottom
 
 
 def annotate(detections: Detections, index: int, cfg: SecondaryConfig, model: str,

@@ -34,10 +34,13 @@ class SecondaryConfig:
     model: str = setting(help="model run on each crop", check=check_name)
     labels: list[str] = setting(factory=list, help="detections with these labels are cropped; "
                                                    "empty = every label")
-    as_: Literal["sub_label", "attributes", "text"] = setting(
+    as_: Literal["sub_label", "attributes", "text", "plate"] = setting(
         "sub_label", "sub_label: a classify model's top label and score on the detection; "
-        "text: a text recogniser's reading (and its score) on the detection; attributes: the "
-        "model's results under its name", key="as")
+        "text: a text recogniser's reading (and its score) on the detection; plate: the model "
+        "is a plate detector run on the crop, and `reader` reads the best plate it finds onto "
+        "the detection's text; attributes: the model's results under its name", key="as")
+    reader: str | None = setting(None, "as: plate: the text recogniser that reads the plates "
+                                       "the model finds", check=check_name)
     min_score: float = setting(0.0, "detections scoring below this are not cropped",
                                check=between(0, 1))
     crop_margin: float = setting(0.1, "each box grows by this share of its width and height "
@@ -184,8 +187,14 @@ def check_stream_states(parsed: Parsed[Any], path: str,
     if stream.states and stream.source.startswith("mqtt://"):
         issues.append(parsed.issue(f"{path}.states", "states classify regions of pictures; "
                                                      "mqtt:// sensor streams have none"))
-    if stream.lpr.enabled and not any(s.as_ == "text" for s in stream.secondary):
+    if stream.lpr.enabled and not any(s.as_ in ("text", "plate") for s in stream.secondary):
         issues.append(parsed.issue(f"{path}.lpr.enabled", "licence plates are read by a "
                                    "text cascade: add secondary: [{model: <recogniser>, "
-                                   "labels: [<plate label>], as: text}]"))
+                                   "labels: [<plate label>], as: text}] (a plate stream) or "
+                                   "[{model: <plate detector>, labels: [car], as: plate, "
+                                   "reader: <recogniser>}] (a car stream)"))
+    for j, secondary in enumerate(stream.secondary):
+        if (secondary.as_ == "plate") != (secondary.reader is not None):
+            issues.append(parsed.issue(f"{path}.secondary[{j}].reader", "as: plate takes a "
+                                       "reader (the text recogniser), and only as: plate does"))
     return issues

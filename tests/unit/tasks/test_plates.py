@@ -32,6 +32,7 @@ from edged.processing.post import Postprocessor
 from edged.processing.pre import preprocess
 from edged.streams.cascade import Cascade, run_all
 from edged.streams.config import SecondaryConfig
+from edged.streams.plate_cascade import PlateCascade
 from edged.tasks.warp import order_corners, quad_of, warp_quad
 from tools.real_models import member
 
@@ -205,3 +206,29 @@ def test_cascade_when_the_corners_enclose_nothing_reads_the_box_unless_told_corn
     corners = Cascade(SecondaryConfig("plate_rec", as_="text", crop="corners"), scheduler)
     with pytest.raises(InvalidInput, match="no area"):
         corners.cut(frame, found, 0)
+
+
+# The two cars of the picture, as a car detector would box them
+CARS = [(20.0, 290.0, 560.0, 560.0), (510.0, 280.0, 1150.0, 600.0)]
+
+
+def test_plate_cascade_when_cars_are_boxed_finds_and_reads_each_ones_plate(
+        scheduler: Scheduler) -> None:
+    image = cv2.imread(str(member("alpr_plates.jpg")))
+    cars = Detections.of(CARS + [(900.0, 20.0, 1100.0, 120.0)], [0.9, 0.9, 0.8],
+                         [0, 0, 0], ["car", "car", "car"])  # the third: sky, no plate
+    cascade = PlateCascade(SecondaryConfig("plate_det", labels=["car"], as_="plate",
+                                           reader="plate_rec", crop_margin=0.0), scheduler)
+    assert cascade.run(image, cars) == 3
+    assert cars.texts[1] == "MLB803" and cars.text_scores[1] > 0.9
+    assert cars.texts[0] is not None and cars.texts[0].endswith("N023456")
+    assert cars.texts[2] is None  # no plate found: no text
+    assert cars.rows()[1]["text"] == "MLB803"
+
+
+def test_plate_cascade_when_its_model_finds_no_plates_or_it_has_no_reader_is_refused(
+        scheduler: Scheduler) -> None:
+    with pytest.raises(InvalidModel, match="needs `reader:`"):
+        PlateCascade(SecondaryConfig("plate_det", as_="plate"), scheduler)
+    with pytest.raises(InvalidModel, match="finds no plates"):
+        PlateCascade(SecondaryConfig("plate_rec", as_="plate", reader="plate_rec"), scheduler)

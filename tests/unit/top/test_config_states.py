@@ -51,3 +51,22 @@ def test_check_config_when_a_state_region_leaves_the_frame_names_the_key(
     assert "streams[0].states[0].region: the region [[600.0, 0.0], [700.0, 100.0]] is " \
            "outside the stream's size 640x480" in out
     assert "streams[0].lpr.enabled: licence plates are read by a text cascade" in out
+
+
+def test_check_config_when_a_plate_cascade_lacks_its_reader_or_names_a_missing_one_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], repo_dir: Path) -> None:
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {repo_dir}\n"
+                      "streams:\n"
+                      "  - name: street\n"
+                      "    source: 'file:///nowhere.avi'\n"
+                      "    model: colors\n"
+                      "    secondary:\n"
+                      "      - {model: colors, labels: [car], as: plate}\n"
+                      "      - {model: colors, as: plate, reader: nothing}\n"
+                      "      - {model: colors, as: text, reader: colors}\n")
+    assert main(["check-config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "streams[0].secondary[0].reader: as: plate takes a reader" in out
+    assert "streams[0].secondary[2].reader: as: plate takes a reader" in out
+    assert f"streams[0].secondary[1].reader: 'nothing' is not in {repo_dir}" in out
