@@ -215,7 +215,7 @@ CARS = [(20.0, 290.0, 560.0, 560.0), (510.0, 280.0, 1150.0, 600.0)]
 def test_plate_cascade_when_cars_are_boxed_finds_and_reads_each_ones_plate(
         scheduler: Scheduler) -> None:
     image = cv2.imread(str(member("alpr_plates.jpg")))
-    cars = Detections.of(CARS + [(900.0, 20.0, 1100.0, 120.0)], [0.9, 0.9, 0.8],
+    cars = Detections.of([*CARS, (900.0, 20.0, 1100.0, 120.0)], [0.9, 0.9, 0.8],
                          [0, 0, 0], ["car", "car", "car"])  # the third: sky, no plate
     cascade = PlateCascade(SecondaryConfig("plate_det", labels=["car"], as_="plate",
                                            reader="plate_rec", crop_margin=0.0), scheduler)
