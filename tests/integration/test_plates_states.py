@@ -136,7 +136,8 @@ def test_state_stream_when_a_spot_changes_colour_publishes_once_per_change(
     finally:
         late.close()
     assert kept.retain and json.loads(kept.payload)["state"] == "green"
-    assistant = Subscriber(broker, "homeassistant/sensor/+/config")  # Home Assistant
+    # Home Assistant (the broker may hold other tests' retained configs: this one's topic)
+    assistant = Subscriber(broker, "homeassistant/sensor/test_yard_spot_state/config")
     try:
         [announced] = assistant.collect(until=lambda got: len(got) >= 1, timeout=10,
                                         what="the state's discovery config")
