@@ -25,6 +25,7 @@ from edged.streams.config import (
     StreamConfig,
     check_stream_clips,
     check_stream_gate,
+    check_stream_states,
 )
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")  # what `edged run` reads without --config
@@ -78,6 +79,7 @@ def check_streams(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
         issues += check_stream_events(parsed, at, stream)
         issues += check_stream_gate(parsed, at, stream)
         issues += check_stream_clips(parsed, at, stream)
+        issues += check_stream_states(parsed, at, stream)
     return issues
 
 

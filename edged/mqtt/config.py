@@ -26,8 +26,9 @@ def _check_topic_prefix(value: str) -> str | None:
 
 @dataclass(frozen=True)
 class DiscoveryConfig:
-    enabled: bool = setting(True, "announce detect streams' counts, occupancy and snapshots "
-                                  "to Home Assistant (MQTT discovery, retained)")
+    enabled: bool = setting(True, "announce detect streams' counts, occupancy and snapshots, "
+                                  "and streams' states, to Home Assistant (MQTT discovery, "
+                                  "retained)")
     prefix: str = setting("homeassistant", "Home Assistant's discovery prefix",
                           check=_check_topic_prefix)
 

@@ -11,7 +11,9 @@ events room and the OTA service name their topics here and never touch paho.
 | `models/<model>/state` | a model's state (retained) |
 | `streams/<stream>/results` | each frame's results |
 | `events` | tracked objects' new/update/end |
-| `tracked_object_update` | a tracked object's face told (Frigate's `type: face`) |
+| `tracked_object_update` | what was learnt about a tracked object: a face told (Frigate's `type: face`), a plate read (`lpr`) |
+| `state_changes` | a classified region's state changed |
+| `streams/<stream>/states/<name>` | a classified region's state (retained) |
 | `streams/<stream>/<label>` | objects of the label tracked now (retained) |
 | `streams/<stream>/zones/<zone>/<label>` | of those, inside the zone now (retained) |
 | `streams/<stream>/lines/<line>` | line crossings since start (retained) |
@@ -33,8 +35,9 @@ STATUS = "status"
 STATS = "stats"
 WARNINGS = "warnings"
 EVENTS = "events"
-# Frigate's: what was learnt about a tracked object (a face's name or unknown group).
+# Frigate's: what was learnt about a tracked object (a face's name or unknown group, a plate).
 TRACKED_OBJECT_UPDATE = "tracked_object_update"
+STATE_CHANGES = "state_changes"  # a classified region's state changed (streams/states.py)
 # Each finished event clip (JSON: its id, stream, span, events, size, URL path).
 CLIPS = "clips"
 # What OTA takes under each root it listens on: manifests, inline chunks, shadow commands.
@@ -117,3 +120,8 @@ def generate(model: str) -> str:
 def under(root: str, suffix: str) -> str:
     """A suffix under another device's or the fleet's root (operator tools, discovery)."""
     return f"{root}/{suffix}"
+
+
+def state(stream: str, name: str) -> str:
+    """A classified region's state (retained)."""
+    return f"streams/{stream}/states/{name}"

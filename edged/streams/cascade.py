@@ -4,10 +4,12 @@ cropped with a margin, pre-processed into the cascade's own pooled batch and run
 scheduler as one request (or as few as the model's batch limit allows); a classify model's
 top label lands on each detection as `sub_label` (with `sub_label_score`), a text
 recogniser's reading as `text` (with `text_score`), any other model's results under
-`attributes.<model>`."""
+`attributes.<model>`. A detection with four corners (a plate detector's keypoints) is warped
+upright onto a rectangle instead of cropped by its box (`crop: auto`, `edged/tasks/warp.py`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -16,14 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from edged.core.errors import EdgedError, InvalidModel, Timeout
+from edged.core.errors import EdgedError, InvalidInput, InvalidModel, Timeout
 from edged.inference.scheduler import Outputs, Scheduler
-from edged.model.config import PostprocessConfig
+from edged.model.config import PostprocessConfig, PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.detections import Detections
 from edged.processing.post import Postprocessor, published
 from edged.processing.pre import image_preprocess, mismatch, preprocess, tensor_shape
 from edged.streams.config import SecondaryConfig
+from edged.tasks.warp import quad_of, warp_quad
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +63,67 @@ class Cascade:
         spec = model.inputs[0]
         pre = image_preprocess(model.config.preprocess, model.label, spec,
                                model.max_batch_size > 0)
+        post = self._postprocessor(model)
+        if text_lines(model, pre):
+            pieces = [self.cut(frame, detections, index) for index in chosen]
+            for index, outputs in zip(chosen, self._lines(model, pre, pieces), strict=True):
+                annotate(detections, index, self.cfg, model.name, post(outputs, None))
+            return len(chosen)
         batch = self._rows(model, frame)
         for row, index in enumerate(chosen):
-            preprocess(crop(frame, detections.boxes[index].tolist(), self.cfg.crop_margin), pre,
-                       spec, batch[row:row + 1])
+            preprocess(self.cut(frame, detections, index), pre, spec, batch[row:row + 1])
         outputs = self._infer(model, batch[:len(chosen)])
-        post = self._postprocessor(model)
         for row, index in enumerate(chosen):
             results = post({k: v[row:row + 1] for k, v in outputs.items()}, None)
             annotate(detections, index, self.cfg, model.name, results)
         return len(chosen)
+
+    def _lines(self, model: ModelVersion, pre: PreprocessConfig,
+               pieces: list[np.ndarray]) -> list[Outputs]:
+        """A recogniser of text lines of any width reads each crop at its own width, as
+        PaddleOCR reads one line (`resize_norm_img`: the height the model's, the width
+        int(height * w / h), no padding), up to `resize`'s width (then squeezed): padding a
+        line out to the widest changes what a CRNN reads (its recurrent layers see the
+        padding). One request a crop; crops of one width batch together in the scheduler."""
+        assert pre.resize is not None  # (text_lines: resize is set)
+        most, height = pre.resize
+        name = model.inputs[0].name
+        futures = []
+        for piece in pieces:
+            h, w = piece.shape[:2]
+            width = max(1, min(most, int(height * (w / float(h)))))
+            line = dataclasses.replace(pre, resize=[width, height], keep_ratio=False)
+            tensor, _ = preprocess(piece, line, model.inputs[0])
+            futures.append(self.scheduler.submit(
+                self.cfg.model, {name: tensor if model.max_batch_size else tensor[0]},
+                version=model.version, priority=self.priority))
+        outputs = []
+        for future in futures:
+            try:
+                outputs.append(future.result(timeout=self.timeout_s))
+            except FutureTimeout:
+                raise Timeout(f"secondary model {self.cfg.model} did not answer in "
+                              f"{self.timeout_s:g} s") from None
+        return outputs
+
+    def cut(self, frame: np.ndarray, detections: Detections, index: int) -> np.ndarray:
+        """What the model reads of detection `index`: its four corners warped upright (`crop:
+        corners`, or `auto` where it has four keypoints enclosing an area), else its box grown
+        by the margin."""
+        points = detections.keypoints[index]
+        if self.cfg.crop != "box" and points is not None:
+            quad = quad_of(points)
+            if quad is not None:
+                try:
+                    return warp_quad(frame, quad)
+                except InvalidInput:  # corners in one spot: auto reads the box instead
+                    if self.cfg.crop == "corners":
+                        raise
+        if self.cfg.crop == "corners":
+            raise InvalidInput(f"secondary model {self.cfg.model}: crop: corners, and the "
+                               f"detection has no four corners (its keypoints: "
+                               f"{sorted(points or {})})")
+        return crop(frame, detections.boxes[index].tolist(), self.cfg.crop_margin)
 
     def _rows(self, model: ModelVersion, frame: np.ndarray) -> np.ndarray:
         """The pooled batch: room for max_crops crops at the model's input size."""
@@ -110,6 +164,16 @@ class Cascade:
         return self._post[1]
 
 
+def text_lines(model: ModelVersion, pre: PreprocessConfig) -> bool:
+    """A text recogniser whose input width is dynamic, its lines letterboxed to the right
+    (PaddleOCR's text line): read line by line at each line's own width."""
+    post = model.config.postprocess
+    spec = model.inputs[0]
+    return (post is not None and post.kind == "text" and pre.layout == "nchw"
+            and len(spec.shape) == 4 and spec.shape[-1] <= 0 and pre.keep_ratio
+            and pre.pad == "end" and pre.resize is not None)
+
+
 def check_model(cfg: SecondaryConfig, model: ModelVersion) -> None:
     """A secondary model takes one image input of a fixed size (crops are stacked into one
     batch), and `as: sub_label` needs a classify model."""
@@ -147,14 +211,22 @@ def check_model(cfg: SecondaryConfig, model: ModelVersion) -> None:
 def crop(frame: np.ndarray, box: list[float], margin: float) -> np.ndarray:
     """The frame pixels inside `box` (x1, y1, x2, y2) grown by `margin` of its size on every
     side, clipped to the frame; at least one pixel. A view, not a copy."""
-    height, width = frame.shape[:2]
+    left, top, right, bottom = crop_bounds(frame.shape[:2], box, margin)
+    return frame[top:bottom, left:right]
+
+
+def crop_bounds(size: tuple[int, ...], box: list[float], margin: float
+                ) -> tuple[int, int, int, int]:
+    """`crop`'s window (left, top, right, bottom; right and bottom exclusive) in a frame of
+    `size` (height, width)."""
+    height, width = size[0], size[1]
     x1, y1, x2, y2 = box
     grow_x, grow_y = (x2 - x1) * margin, (y2 - y1) * margin
     left = min(max(int(np.floor(x1 - grow_x)), 0), width - 1)
     top = min(max(int(np.floor(y1 - grow_y)), 0), height - 1)
     right = max(min(int(np.ceil(x2 + grow_x)), width), left + 1)
     bottom = max(min(int(np.ceil(y2 + grow_y)), height), top + 1)
-    return frame[top:bottom, left:right]
+    return left, top, right, bottom
 
 
 def annotate(detections: Detections, index: int, cfg: SecondaryConfig, model: str,

@@ -15,7 +15,9 @@ from edged.events.config import (
     TrackConfig,
     ZoneConfig,
 )
+from edged.events.plates import LprConfig
 from edged.recording.config import ClipsConfig, RecordConfig
+from edged.streams.state_config import StateConfig, check_states
 
 STREAM_SCHEMES = ("file", "rtsp", "http", "https", "v4l2", "csi", "gst", "mqtt")
 
@@ -32,12 +34,15 @@ class SecondaryConfig:
     model: str = setting(help="model run on each crop", check=check_name)
     labels: list[str] = setting(factory=list, help="detections with these labels are cropped; "
                                                    "empty = every label")
-    as_: Literal["sub_label", "attributes", "text", "identity"] = setting(
+    as_: Literal["sub_label", "attributes", "text", "identity", "plate"] = setting(
         "sub_label", "sub_label: a classify model's top label and score on the detection; "
         "text: a text recogniser's reading (and its score) on the detection; identity: the "
         "face pipeline's embedder (faces.embedder): each face with five landmarks aligned, "
-        "embedded and matched against the gallery (its name also as sub_label); attributes: "
-        "the model's results under its name", key="as")
+        "embedded and matched against the gallery (its name also as sub_label); plate: the "
+        "model is a plate detector run on the crop, and `reader` reads the best plate it finds "
+        "onto the detection's text; attributes: the model's results under its name", key="as")
+    reader: str | None = setting(None, "as: plate: the text recogniser that reads the plates "
+                                       "the model finds", check=check_name)
     min_score: float = setting(0.0, "detections scoring below this are not cropped",
                                check=between(0, 1))
     crop_margin: float = setting(0.1, "each box grows by this share of its width and height "
@@ -45,6 +50,11 @@ class SecondaryConfig:
                                  check=between(0, 1))
     max_crops: int = setting(8, "crops per frame at most: the best-scoring detections",
                              check=at_least(1))
+    crop: Literal["auto", "box", "corners"] = setting(
+        "auto", "what is cut out for the model: box = the box grown by crop_margin; corners = "
+        "a detection's four keypoints (a plate detector's corners) warped upright onto a "
+        "rectangle (PaddleOCR's perspective crop); auto = corners where the detection has "
+        "four keypoints, else the box")
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,14 @@ class StreamConfig:
                                                               "segments")
     gate: GateConfig = setting(factory=GateConfig, help="change gating: frames whose picture "
                                                         "did not change skip the model")
+    lpr: LprConfig = setting(factory=LprConfig, help="licence plates: a text cascade's reads "
+                                                    "voted per object, known plates named")
+    states: list[StateConfig] = setting(factory=list, help="regions of the frame classified "
+                                                           "into states (a gate open or shut)")
+    masks: Literal["polygon", "rle"] = setting(
+        "polygon", "a segment model's masks in this stream's per-frame results: polygon = "
+        "the outer contour [[x, y], ...] in frame pixels; rle = COCO run-length encoding "
+        "{size: [h, w], counts} of the mask drawn at frame size (events keep the polygon)")
 
 
 def check_stream_gate(parsed: Parsed[Any], path: str, stream: StreamConfig) -> list[ConfigIssue]:
@@ -160,4 +178,25 @@ def check_stream_clips(parsed: Parsed[Any], path: str, stream: StreamConfig) -> 
         if zone not in zones:
             issues.append(parsed.issue(f"{path}.clips.zones[{i}]", f"no zone {zone!r} in this "
                                                                    "stream"))
+    return issues
+
+
+def check_stream_states(parsed: Parsed[Any], path: str,
+                        stream: StreamConfig) -> list[ConfigIssue]:
+    """State names unique, regions inside the frame where it can be told (fractions; pixels
+    within `size:`); `lpr.enabled` needs a text cascade to read the plates."""
+    issues = check_states(parsed, path, stream.states, stream.size)
+    if stream.states and stream.source.startswith("mqtt://"):
+        issues.append(parsed.issue(f"{path}.states", "states classify regions of pictures; "
+                                                     "mqtt:// sensor streams have none"))
+    if stream.lpr.enabled and not any(s.as_ in ("text", "plate") for s in stream.secondary):
+        issues.append(parsed.issue(f"{path}.lpr.enabled", "licence plates are read by a "
+                                   "text cascade: add secondary: [{model: <recogniser>, "
+                                   "labels: [<plate label>], as: text}] (a plate stream) or "
+                                   "[{model: <plate detector>, labels: [car], as: plate, "
+                                   "reader: <recogniser>}] (a car stream)"))
+    for j, secondary in enumerate(stream.secondary):
+        if (secondary.as_ == "plate") != (secondary.reader is not None):
+            issues.append(parsed.issue(f"{path}.secondary[{j}].reader", "as: plate takes a "
+                                       "reader (the text recogniser), and only as: plate does"))
     return issues

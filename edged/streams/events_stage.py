@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from edged.events.config import check_labels
-from edged.events.discovery import DeviceInfo, stream_configs
+from edged.events.discovery import DeviceInfo, state_configs, stream_configs
 from edged.events.engine import Changes, StreamEvents
 from edged.events.publish import EventPublisher, Publish
 from edged.events.store import SnapshotStore
@@ -234,7 +234,9 @@ class EventsHub:
                         "entities for it (set labels:)", cfg.name)
         self.announce(cfg.name, stream_configs(
             self.device, cfg.name, labels, [z.name for z in cfg.zones],
-            [ln.name for ln in cfg.lines], cfg.snapshots.enabled) if self.device else {})
+            [ln.name for ln in cfg.lines], cfg.snapshots.enabled)
+            | state_configs(self.device, cfg.name, [s.name for s in cfg.states])
+            if self.device else {})
         return stage
 
     def stages(self) -> dict[str, EventsStage]:

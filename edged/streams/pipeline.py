@@ -40,7 +40,9 @@ from edged.streams.config import StreamConfig
 from edged.streams.events_stage import EventsStage
 from edged.streams.gate import ChangeGate
 from edged.streams.live import LiveView, answer_of
+from edged.streams.states import States
 from edged.streams.stats import Percentiles, StreamStats
+from edged.tasks.rle import encode_rows
 
 logger = logging.getLogger(__name__)
 
@@ -73,14 +75,17 @@ class StreamPipeline:
                  cascades: Sequence[Cascade] = (), events: EventsStage | None = None,
                  live: LiveView | None = None, gate: ChangeGate | None = None,
                  motion: Callable[[float], None] | None = None,
+                 states: States | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`publish` takes each frame's results (None: the stream publishes none); `events`
         tracks a detect stream's detections; `live` keeps the latest frame for pictures;
         `gate` keeps frames whose picture did not change from the model; `motion` is told
         the capture time of each frame whose picture changed (continuous recording's
         `motion` mode), measured by `gate`, or by a gate of its own that holds nothing back
-        where the stream has none."""
+        where the stream has none; `states` reads the stream's classified regions on every
+        frame that has pixels (gated ones too: they are read on their own clock)."""
         self.cfg = cfg
+        self.states = states
         self.events = events
         self.live = live
         self.cascades = list(cascades)
@@ -231,6 +236,8 @@ class StreamPipeline:
         if self.gate is not None:
             self._answer = (results, item.geometry)
         frame = item.frame
+        if self.states is not None and item.geometry is not None:
+            self.states.frame(frame.data, frame.captured, frame.captured_mono)
         found = results.get("detections")
         if self.events is not None:
             self.events.frame(frame.captured, found if isinstance(found, Detections)
@@ -246,8 +253,14 @@ class StreamPipeline:
             "latency_ms": round(latency_ms, 3), "inference_ms": round(inference_ms, 3),
             "results": published(results)}
         if item.geometry is not None:
-            message["frame"] = {"width": item.geometry.frame_size[0],
-                                "height": item.geometry.frame_size[1]}
+            width, height = item.geometry.frame_size
+            message["frame"] = {"width": width, "height": height}
+            if self.cfg.masks == "rle" and "detections" in message["results"]:
+                encode_rows(message["results"]["detections"], width, height)
+        if self.states is not None:
+            now_states = self.states.view()
+            if now_states:
+                message["states"] = now_states
         with self._lock:
             self.stats.processed += 1
             self._latencies.append(latency_ms)
@@ -275,6 +288,8 @@ class StreamPipeline:
             return
         results, geometry = self._answer
         frame = item.frame
+        if self.states is not None and geometry is not None:
+            self.states.frame(frame.data, frame.captured, frame.captured_mono)
         if self.events is not None:
             found = results.get("detections")
             self.events.frame(frame.captured, found if isinstance(found, Detections)
@@ -359,6 +374,8 @@ class StreamPipeline:
             row["last_result"] = answer_of(seen.results) if seen is not None else None
         if self.events is not None:
             row.update(self.events.tally.view())
+        if self.states is not None:  # (read across threads: each value is whole when read)
+            row["states"] = self.states.view()
         return row
 
 

@@ -14,9 +14,10 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from edged.core.errors import EdgedError, InvalidModel
+from edged.core.errors import ConfigError, ConfigIssue, EdgedError, InvalidModel
 from edged.core.states import SourceState
 from edged.events.config import outputs
+from edged.events.discovery import state_configs
 from edged.inference.scheduler import Scheduler
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
@@ -34,6 +35,8 @@ from edged.streams.faces import FaceService
 from edged.streams.gate import ChangeGate, wanted
 from edged.streams.live import LiveView
 from edged.streams.pipeline import Publish, StreamPipeline
+from edged.streams.plate_cascade import PlateCascade
+from edged.streams.states import States, StateWatcher
 from edged.streams.stats import StreamStats
 from edged.tasks import BOXED_TASKS
 
@@ -122,6 +125,7 @@ class StreamSet:
             spec = model.inputs[0]
             sample = spec.shape[1:] if model.max_batch_size > 0 else spec.shape
             cascades = self._cascades(cfg, model)
+            states = self._states(cfg)
             # Without a hub nothing tracks: every frame's results, as before events.
             publish = cfg.publish if self.events is not None else \
                 dataclasses.replace(cfg.publish, events=False)
@@ -148,12 +152,16 @@ class StreamSet:
             logger.info("stream %s: change gate on (frames go to the model when over %g of "
                         "the picture changed, at least every %g s)", cfg.name,
                         cfg.gate.threshold, cfg.gate.max_skip_s, extra={"stream": cfg.name})
+        if events is None and states is not None and self.events is not None \
+                and self.events.device is not None:  # (a stage announces its own)
+            self.events.announce(cfg.name, state_configs(self.events.device, cfg.name,
+                                                         [s.name for s in cfg.states]))
         motion = segments.activity if segments is not None and \
             cfg.record.mode == "motion" else None
         pipeline = StreamPipeline(cfg, source, self.scheduler,
                                   self.publish if output.frames else None,
                                   backend_of=self.backend_of, cascades=cascades, events=events,
-                                  live=live, gate=gate, motion=motion)
+                                  live=live, gate=gate, motion=motion, states=states)
         pipeline.start()
         return pipeline
 
@@ -209,6 +217,8 @@ class StreamSet:
         return [self._cascade(cfg, secondary) for secondary in cfg.secondary]
 
     def _cascade(self, cfg: StreamConfig, secondary: SecondaryConfig) -> Cascade:
+        if secondary.as_ == "plate":
+            return PlateCascade(secondary, self.scheduler, priority=cfg.priority)
         if secondary.as_ != "identity":
             return Cascade(secondary, self.scheduler, priority=cfg.priority)
         faces = self.faces()
@@ -218,6 +228,25 @@ class StreamSet:
                                "could not be opened: see the log)")
         return FaceCascade(secondary, self.scheduler, faces, stream=cfg.name,
                            priority=cfg.priority)
+
+    def _states(self, cfg: StreamConfig) -> States | None:
+        """The stream's classified regions, each model checked (ConfigError names a state
+        whose model is no classifier: the stream is then not started). Their changes go out
+        on the events' MQTT class."""
+        if not cfg.states:
+            return None
+        if cfg.source.startswith("mqtt://"):
+            raise ConfigError([ConfigIssue(f"stream {cfg.name}: states", "states classify "
+                                           "regions of pictures; mqtt:// sensor streams have "
+                                           "none")])
+        link = self.events.link if self.events is not None else None
+        send = None if link is None else (
+            lambda suffix, payload, retain: link.publish("events", suffix, payload,
+                                                         retain=retain))
+        return States([StateWatcher(cfg.name, state, f"stream {cfg.name}: states[{j}]",
+                                    self.scheduler,
+                                    send, priority=cfg.priority)
+                       for j, state in enumerate(cfg.states)])
 
     # -- what the rest of the daemon reads ---------------------------------------------------
     def up(self) -> tuple[int, int]:
