@@ -11,7 +11,7 @@ events room and the OTA service name their topics here and never touch paho.
 | `models/<model>/state` | a model's state (retained) |
 | `streams/<stream>/results` | each frame's results |
 | `events` | tracked objects' new/update/end |
-| `tracked_object_update` | what was learnt about a tracked object: a face told (Frigate's `type: face`), a plate read (`lpr`) |
+| `tracked_object_update` | a face told (Frigate's `type: face`), a plate read (`lpr`) |
 | `state_changes` | a classified region's state changed |
 | `streams/<stream>/states/<name>` | a classified region's state (retained) |
 | `streams/<stream>/<label>` | objects of the label tracked now (retained) |
