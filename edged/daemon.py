@@ -22,6 +22,7 @@ from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.config import DaemonConfig
 from edged.core.errors import ConfigError
+from edged.describer.service import open_describer
 from edged.events.discovery import DeviceInfo
 from edged.hardware import host
 from edged.hardware.tegra import TegraStats
@@ -42,6 +43,7 @@ from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
 from edged.recording.store import ClipStore, open_clips, retention_loop
 from edged.reload import plan as reload_plan
+from edged.service.describer_metrics import DescriberCollector
 from edged.service.generation_metrics import GenerationCollector
 from edged.service.health import HealthMonitor, RecentErrors
 from edged.service.loops import health_loop, report_loop, status_loop
@@ -61,6 +63,7 @@ UNLOAD_TIMEOUT_S = 5.0
 MQTT_STOP_S = 3.0
 OTA_STOP_S = 10.0
 REQUESTS_STOP_S = 2.0
+DESCRIBER_STOP_S = 2.0
 
 
 class Daemon:
@@ -107,6 +110,11 @@ class Daemon:
             if discovery.enabled:
                 self.mqtt.subscribe(topics.under(discovery.prefix, topics.STATUS),
                                     self.events.rediscover)
+        self.describer = open_describer(config.describer, self.generations, self.cache,
+                                        publish=self._publish_description,
+                                        keep=self.events.recent.describe)
+        if self.describer is not None:  # ended events of streams with describe.enabled
+            self.events.describe = self.describer.submit
         self.streams = StreamSet(
             self.scheduler, self._publish_result,
             subscribe=self.mqtt.subscribe if self.mqtt else None,
@@ -122,6 +130,8 @@ class Daemon:
             link=self.mqtt.stats if self.mqtt is not None else None,
             looks=self.streams.looks, ota=self.ota_progress)
         self.metrics.registry.register(GenerationCollector(self.generations.statistics))
+        if self.describer is not None:
+            self.metrics.registry.register(DescriberCollector(self.describer.statistics))
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)
@@ -130,7 +140,9 @@ class Daemon:
                                    self.streams, self.mqtt, self.health, self.notifier,
                                    self.recent, ready=self.is_ready, ota=self._ota_status,
                                    updates=self.ota_progress.latest,
-                                   generations=self.generations.statistics)
+                                   generations=self.generations.statistics,
+                                   describer=self.describer.statistics
+                                   if self.describer is not None else lambda: None)
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.status.live, status=self.status.report,
@@ -204,6 +216,10 @@ class Daemon:
     def _publish_result(self, stream: str, payload: bytes) -> None:
         if self.mqtt is not None:
             self.mqtt.publish("results", topics.results(stream), payload)
+
+    def _publish_description(self, object_id: str, payload: bytes) -> None:
+        if self.mqtt is not None:
+            self.mqtt.publish("events", topics.description(object_id), payload)
 
     def _announce_clip(self, row: dict[str, Any]) -> None:
         if self.mqtt is not None:
@@ -397,6 +413,8 @@ class Daemon:
             await asyncio.to_thread(self.updater.shadows.stop_all)
             await asyncio.to_thread(self.streams.stop)
             await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)
+            if self.describer is not None:  # the one being asked ends within its timeout
+                await asyncio.to_thread(self.describer.close, DESCRIBER_STOP_S)
             await asyncio.to_thread(self.generations.close)  # the queued fail, the rest end
             await self.api.stop()
         finally:

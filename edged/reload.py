@@ -12,7 +12,8 @@ from edged.config import DaemonConfig
 from edged.streams.config import StreamConfig
 
 # Whole sections that take effect only at the next start.
-RESTART_ONLY = ("device_id", "models_dir", "backends", "api", "mqtt", "allocator", "recording")
+RESTART_ONLY = ("device_id", "models_dir", "backends", "api", "mqtt", "allocator", "recording",
+                "describer")
 # Keys inside sections that are otherwise reloadable.
 RESTART_ONLY_KEYS = {
     "cache": ("dir", "budget_mb", "snapshots_mb", "responses_mb"),

@@ -46,8 +46,10 @@ class Changes:
     tracked now; `zone_counts`: zone → label → objects inside now; `lines`: line → its whole
     totals since start; `snapshots`: label → (id, JPEG) of that label's newest object when its
     snapshot changed; `object_snapshots`: id → JPEG of every object whose snapshot changed
-    (for the disk store). Counts and lines hold only what changed (a count back to 0 is a
-    change); the first update reports every configured label's and line's starting values."""
+    (for the disk store); `final_snapshots`: id → JPEG of the best view of every object that
+    ended (what describes its event sees). Counts and lines hold only what changed (a count
+    back to 0 is a change); the first update reports every configured label's and line's
+    starting values."""
 
     events: list[Event] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
@@ -55,6 +57,7 @@ class Changes:
     lines: dict[str, LineTotals] = field(default_factory=dict)
     snapshots: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     object_snapshots: dict[str, bytes] = field(default_factory=dict)
+    final_snapshots: dict[str, bytes] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.counts or self.zone_counts or self.lines
@@ -227,6 +230,8 @@ class StreamEvents:
         if not obj.announced:
             return
         self._encode(obj, t, changes)  # its best view, if a better one waited
+        if obj.snapshot.jpeg is not None and obj.id is not None:
+            changes.final_snapshots[obj.id] = obj.snapshot.jpeg
         changes.events.append(finish(obj))
 
     def _count(self, changes: Changes) -> None:

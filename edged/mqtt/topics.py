@@ -11,6 +11,7 @@ events room and the OTA service name their topics here and never touch paho.
 | `models/<model>/state` | a model's state (retained) |
 | `streams/<stream>/results` | each frame's results |
 | `events` | tracked objects' new/update/end |
+| `events/<id>/description` | an ended object's review summary (the describer) |
 | `streams/<stream>/<label>` | objects of the label tracked now (retained) |
 | `streams/<stream>/zones/<zone>/<label>` | of those, inside the zone now (retained) |
 | `streams/<stream>/lines/<line>` | line crossings since start (retained) |
@@ -69,6 +70,11 @@ def line_counts(stream: str, line: str) -> str:
 
 def snapshot(stream: str, label: str) -> str:
     return f"streams/{stream}/{topic_level(label)}/snapshot"
+
+
+def description(object_id: str) -> str:
+    """An ended object's description (edged/describer): a review summary, JSON."""
+    return f"events/{object_id}/description"
 
 
 def ota(model: str) -> str:

@@ -42,6 +42,7 @@ class DaemonStatus:
     reloads: dict[str, int] = dataclasses.field(default_factory=lambda: {"ok": 0, "failed": 0})
     requests: Callable[[], dict[str, Any] | None] = lambda: None  # MQTT requests' counts
     generations: Callable[[], dict[str, Any]] = dict  # language models' queues and counts
+    describer: Callable[[], dict[str, Any] | None] = lambda: None  # event descriptions' counts
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     def live(self) -> tuple[bool, list[str]]:
@@ -82,6 +83,7 @@ class DaemonStatus:
             "mqtt": self.mqtt.stats() if self.mqtt is not None else None,
             "mqtt_requests": self.requests(),
             "generations": self.generations(),
+            "describer": self.describer(),
             "ota": self.ota(),
             "updates": self.updates(),
             "process": {"rss_bytes": host.rss_bytes()},

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from edged.core.errors import ConfigIssue
 from edged.core.schema import Parsed, at_least, between, check_name, setting
+from edged.describer.config import StreamDescribeConfig
 from edged.events.config import (
     LineConfig,
     PublishConfig,
@@ -127,6 +128,9 @@ class StreamConfig:
                                                               "segments")
     gate: GateConfig = setting(factory=GateConfig, help="change gating: frames whose picture "
                                                         "did not change skip the model")
+    describe: StreamDescribeConfig = setting(
+        factory=StreamDescribeConfig, help="event descriptions: each ended object's snapshot "
+                                           "and data to the describer (`describer:`)")
 
 
 def check_stream_gate(parsed: Parsed[Any], path: str, stream: StreamConfig) -> list[ConfigIssue]:
