@@ -112,7 +112,7 @@ class Daemon:
                                     self.events.rediscover)
         self.describer = open_describer(config.describer, self.generations, self.cache,
                                         publish=self._publish_description,
-                                        keep=self.events.recent.describe)
+                                        keep=self._keep_description)
         if self.describer is not None:  # ended events of streams with describe.enabled
             self.events.describe = self.describer.submit
         self.streams = StreamSet(
@@ -220,6 +220,14 @@ class Daemon:
     def _publish_description(self, object_id: str, payload: bytes) -> None:
         if self.mqtt is not None:
             self.mqtt.publish("events", topics.description(object_id), payload)
+
+    def _keep_description(self, object_id: str, record: dict[str, Any]) -> None:
+        """With the object's row in the events listing, and on disk beside its snapshot
+        (what was described or failed; a skipped event's reason stays in memory only)."""
+        self.events.recent.describe(object_id, record)
+        store = self.events.store
+        if store is not None and record["state"] != "skipped":
+            store.describe(object_id, json.dumps(record, separators=(",", ":")).encode())
 
     def _announce_clip(self, row: dict[str, Any]) -> None:
         if self.mqtt is not None:

@@ -86,12 +86,19 @@ def check_description(got: list[Received], prefix: str, source: str, model: str
     return payload
 
 
+def get(served: Served, path: str) -> bytes:
+    """A GET on the daemon's TCP listener."""
+    with urllib.request.urlopen(f"http://{served.http}{path}", timeout=30) as answer:
+        return bytes(answer.read())
+
+
 def listed(served: Served, object_id: str) -> dict[str, Any]:
-    """The object's row in GET /v2/edged/events (on the TCP listener)."""
-    with urllib.request.urlopen(f"http://{served.http}/v2/edged/events?stream=car",
-                                timeout=30) as answer:
-        rows = json.loads(answer.read())["events"]
+    """The object's row in GET /v2/edged/events, with its description kept on disk beside
+    its snapshot the same."""
+    rows = json.loads(get(served, "/v2/edged/events?stream=car"))["events"]
     [row] = [r for r in rows if r["object"]["id"] == object_id]
+    kept = json.loads(get(served, f"/v2/edged/snapshots/{object_id}/description"))
+    assert kept == row["description"]
     return row
 
 
@@ -205,6 +212,8 @@ def test_describer_when_its_endpoint_is_down_skips_counts_and_results_flow(
     [row] = [r for r in served.daemon.events.recent.rows()
              if r.get("description", {}).get("reason") == "endpoint_error"][:1]
     assert "Connection" in row["description"]["error"]
+    metrics = get(served, "/metrics").decode()
+    assert 'edged_descriptions_total{outcome="endpoint_errors"}' in metrics
 
 
 def test_describer_when_its_endpoint_is_slow_skips_counts_and_results_flow(
