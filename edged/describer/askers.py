@@ -6,6 +6,7 @@ passed), EndpointFailed (down, refused, an HTTP error) or another EdgedError."""
 
 from __future__ import annotations
 
+import copy
 import http.client
 import json
 import logging
@@ -30,6 +31,15 @@ MAX_ANSWER_BYTES = 1024 * 1024  # an endpoint's whole response at most
 CHUNK = 64 * 1024
 # The schema as a grammar or a response_format: the keywords a converter needs, not the ids.
 ANSWER_SCHEMA = {key: value for key, value in SCHEMA.items() if not key.startswith("$")}
+# What the local model's grammar holds it to: the same schema with shorter strings, at most 3
+# concerns and no `time`, so that a whole answer fits describer.max_tokens' default (400)
+# even when a small model runs every string to its bound (an answer cut short is no JSON).
+# Every answer it allows, SCHEMA allows (a test checks the bounds).
+LOCAL_SCHEMA = copy.deepcopy(ANSWER_SCHEMA)
+LOCAL_SCHEMA["properties"].pop("time")
+LOCAL_SCHEMA["properties"]["scene"]["maxLength"] = 300
+LOCAL_SCHEMA["properties"]["other_concerns"].update(maxItems=3)
+LOCAL_SCHEMA["properties"]["other_concerns"]["items"]["maxLength"] = 80
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -55,7 +65,7 @@ class LocalAsker:
         self.model = model
         self.max_tokens = max_tokens
         self.temperature = temperature
-        self._schema = json.dumps(ANSWER_SCHEMA)
+        self._schema = json.dumps(LOCAL_SCHEMA)
 
     def ask(self, messages: Messages, deadline: float) -> str:
         remaining = deadline - time.monotonic()

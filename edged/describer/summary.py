@@ -62,8 +62,8 @@ def parse_answer(text: str) -> dict[str, Any]:
     if body.startswith("```"):
         body = body.split("\n", 1)[1] if "\n" in body else ""
         body = body.rsplit("```", 1)[0]
-    try:
-        value = json.loads(body)
+    try:  # (strict=False: a raw newline or tab inside a string, as small models write it)
+        value = json.loads(body, strict=False)
     except json.JSONDecodeError as exc:
         raise SchemaMismatch(f"not JSON: {exc.msg} at character {exc.pos}") from exc
     if not isinstance(value, dict):

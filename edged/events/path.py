@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 MAX_POINTS = 64
-MIN_GAP_S = 0.25  # a new point at most this often
+MIN_GAP_S = 0.25  # an object is looked at (and a point added) at most this often
 MIN_STEP = 0.05  # ... and only when it moved this share of its box's size (or 2 s passed)
 STILL_S = 2.0
 
@@ -21,17 +21,22 @@ class Paths:
     def __init__(self) -> None:
         self._paths: dict[str, list[Point]] = {}
         self._start: dict[str, float] = {}
+        self._due: dict[str, float] = {}  # no point before this frame time (MIN_GAP_S)
 
     def observe(self, frame_time: float,
                 seen: Iterable[tuple[str | None, Sequence[float]]]) -> None:
         """This frame's announced objects: (id, box [x1, y1, x2, y2])."""
+        due = self._due
         for object_id, box in seen:
-            if object_id is None or len(box) != 4:
-                continue
+            if object_id is None or frame_time < due.get(object_id, -1.0):
+                continue  # (most frames: one lookup, the box not read)
+            path = self._paths.get(object_id)
+            if path is None:
+                self._start[object_id] = frame_time
+                path = self._paths[object_id] = []
+            due[object_id] = frame_time + MIN_GAP_S  # looked at: not again before then
             x1, y1, x2, y2 = (float(v) for v in box)
-            start = self._start.setdefault(object_id, frame_time)
-            point = (frame_time - start, (x1 + x2) / 2, y2)
-            path = self._paths.setdefault(object_id, [])
+            point = (frame_time - self._start[object_id], (x1 + x2) / 2, y2)
             if path and not _worth(path[-1], point, max(x2 - x1, y2 - y1)):
                 continue
             path.append(point)
@@ -41,6 +46,7 @@ class Paths:
     def take(self, object_id: str) -> list[Point]:
         """An ended object's path (and forget it)."""
         self._start.pop(object_id, None)
+        self._due.pop(object_id, None)
         return self._paths.pop(object_id, [])
 
     def __len__(self) -> int:
@@ -49,7 +55,5 @@ class Paths:
 
 def _worth(last: Point, point: Point, size: float) -> bool:
     gap = point[0] - last[0]
-    if gap < MIN_GAP_S:
-        return False
     moved = max(abs(point[1] - last[1]), abs(point[2] - last[2]))
     return moved >= MIN_STEP * max(size, 1.0) or gap >= STILL_S

@@ -1,6 +1,6 @@
 """Run one benchmark from a source checkout and print its table:
 `python -m tools.bench {core,api,instances,streams,gate,live,ota,quantize,post,events,
-soak,instructions,shmviews,fleet,differential,gpu,masks,llm,recording} [--quick]
+soak,instructions,shmviews,fleet,differential,gpu,masks,llm,recording,describer} [--quick]
 [--out DIR]` (`soak` and `differential` also take `--minutes N`; `differential` `--seed S`;
 `soak` `--plant-leak MB`).
 
@@ -19,7 +19,7 @@ from tools.bench.assets import run_and_report
 
 SUITES = ("core", "api", "instances", "streams", "gate", "live", "ota", "quantize", "post", "masks",
           "events", "soak", "instructions", "shmviews", "fleet", "differential",
-          "gpu", "llm", "recording")
+          "gpu", "llm", "recording", "describer")
 TIMED = ("soak", "differential")  # the suites that take --minutes
 
 

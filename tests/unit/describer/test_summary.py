@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from edged.describer.askers import LOCAL_SCHEMA
 from edged.describer.summary import SCHEMA, SchemaMismatch, parse_answer, validate
 
 PUBLISHED = Path(__file__).parents[3] / "docs" / "schemas" / "review-summary.schema.json"
@@ -38,6 +39,11 @@ def test_parse_answer_when_valid_returns_the_summary() -> None:
 
 def test_parse_answer_when_fenced_in_markdown_reads_the_json_inside() -> None:
     assert parse_answer("```json\n" + json.dumps(GOOD) + "\n```") == GOOD
+
+
+def test_parse_answer_when_a_string_holds_a_raw_newline_reads_it() -> None:
+    text = json.dumps(GOOD).replace("A person walks", "A person\nwalks")
+    assert "\n" in text and parse_answer(text)["scene"] == "A person\nwalks to the door."
 
 
 def test_parse_answer_when_keys_frigate_lacks_come_drops_them() -> None:
@@ -73,3 +79,18 @@ def test_validate_when_a_required_field_is_missing_names_it(missing: str) -> Non
         jsonschema.validate(answer, SCHEMA)
     with pytest.raises(SchemaMismatch, match=f"{missing} is missing"):
         validate(answer, SCHEMA)
+
+
+def test_local_schema_when_compared_allows_only_what_the_schema_allows() -> None:
+    """The local model's grammar is the schema, tightened: nothing it lets through fails."""
+    local, full = LOCAL_SCHEMA["properties"], SCHEMA["properties"]
+    assert set(local) <= set(full) and LOCAL_SCHEMA["required"] == SCHEMA["required"]
+    for key, spec in local.items():
+        for bound in ("maxLength", "maxItems", "maximum"):
+            if bound in full[key]:
+                assert spec[bound] <= full[key][bound], (key, bound)
+        for bound in ("minLength", "minimum"):
+            if bound in full[key]:
+                assert spec[bound] >= full[key][bound], (key, bound)
+    assert local["other_concerns"]["items"]["maxLength"] <= \
+        full["other_concerns"]["items"]["maxLength"]
