@@ -29,13 +29,15 @@ SYSTEM = (
 class Subject:
     """One ended event to describe. `event`: its `end` payload's `after` (as published on
     `<prefix>/events`); `jpeg`: its best snapshot (None: snapshots off); `path`: where it
-    went, [seconds since its start, x, y] of its box's bottom centre in frame pixels."""
+    went, [seconds since its start, x, y] of its box's bottom centre in frame pixels;
+    `crossings`: the lines it crossed, (line, "in" | "out") in order."""
 
     object_id: str
     stream: str
     event: Mapping[str, Any]
     jpeg: bytes | None = None
     path: Sequence[tuple[float, float, float]] = field(default_factory=tuple)
+    crossings: Sequence[tuple[str, str]] = field(default_factory=tuple)
 
     @property
     def label(self) -> str:
@@ -62,6 +64,9 @@ def facts(subject: Subject, *, times: bool = True) -> dict[str, Any]:
                 data[key] = _iso(float(event[key]))
     data["duration_s"] = round(subject.duration_s, 1)
     data["zones_entered"] = list(event.get("entered_zones") or [])
+    if subject.crossings:
+        data["lines_crossed"] = [{"line": line, "direction": direction}
+                                 for line, direction in subject.crossings]
     if event.get("box"):
         data["last_box"] = [round(float(v)) for v in event["box"]]
     if subject.path:

@@ -185,14 +185,17 @@ class EventsStage:
                                 extra={"stream": self.cfg.name})
 
     def _describe(self, changes: Changes) -> None:
-        """Each ended object to the describer: its end's data, best snapshot and path."""
+        """Each ended object to the describer: its end's data, best snapshot, path and the
+        lines it crossed."""
         assert self.describe is not None
         for event in changes.events:
             if event["type"] == "end":
-                after = event["after"]
-                self.describe(Subject(after["id"], self.cfg.name, after,
-                                      changes.final_snapshots.get(after["id"]),
-                                      tuple(self.paths.take(after["id"]))), self.cfg.describe)
+                object_id = event["after"]["id"]
+                self.describe(Subject(object_id, self.cfg.name, event["after"],
+                                      changes.final_snapshots.get(object_id),
+                                      tuple(self.paths.take(object_id)),
+                                      tuple(changes.final_crossings.get(object_id, ()))),
+                              self.cfg.describe)
 
     def _name_clips(self, events: list[dict]) -> None:
         """Tell the recorder of objects that want a clip, and name it in their events:

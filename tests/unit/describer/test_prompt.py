@@ -15,7 +15,8 @@ PATH = tuple((i * 0.5, 10.0 + i, 100.0) for i in range(40))
 
 
 def subject(jpeg: bytes | None = b"\xff\xd8picture", **changes: object) -> Subject:
-    return Subject("1718000000.000-door-3", "door", {**EVENT, **changes}, jpeg, PATH)
+    return Subject("1718000000.000-door-3", "door", {**EVENT, **changes}, jpeg, PATH,
+                   (("gate", "in"),))
 
 
 def test_messages_when_text_model_send_the_event_data_only() -> None:
@@ -27,6 +28,7 @@ def test_messages_when_text_model_send_the_event_data_only() -> None:
     assert data["camera"] == "door" and data["zones_entered"] == ["porch"]
     assert data["duration_s"] == 12.5 and data["start_time"].startswith("2024-06-10T")
     assert len(data["path"]) == 16 and data["path"][0] == [0.0, 10, 100]
+    assert data["lines_crossed"] == [{"line": "gate", "direction": "in"}]
 
 
 def test_messages_when_vision_model_carry_the_snapshot_as_a_data_url() -> None:

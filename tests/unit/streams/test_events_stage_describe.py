@@ -1,5 +1,6 @@
 """The events stage hands each ended object to the describer (when its stream asks): its end's
-data, its best snapshot and its path; a stream without `describe.enabled` hands nothing."""
+data, its best snapshot, its path and the lines it crossed; a stream without
+`describe.enabled` hands nothing."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from edged.streams.events_stage import EventsStage
 
 def run(describe: StreamDescribeConfig) -> list[tuple[Subject, StreamDescribeConfig]]:
     handed: list[tuple[Subject, StreamDescribeConfig]] = []
-    cfg = dataclasses.replace(stream("track: {min_hits: 2, max_age_s: 1.0}\nlabels: [person]"),
+    cfg = dataclasses.replace(stream("track: {min_hits: 2, max_age_s: 1.0}\nlabels: [person]\n"
+                                     "lines: [{name: gate, points: [[250, 480], [250, 0]]}]"),
                               describe=describe)
     stage = EventsStage(cfg, EventPublisher("door", None, None),
                         describe=lambda s, c: handed.append((s, c)) is None)
@@ -38,6 +40,7 @@ def test_stage_when_an_object_ends_hands_its_data_snapshot_and_path_to_the_descr
     assert subject.jpeg is not None and subject.jpeg.startswith(b"\xff\xd8")
     assert len(subject.path) >= 3 and subject.path[0][0] == 0.0
     assert subject.path[-1][1] > subject.path[0][1]  # it walked rightwards
+    assert subject.crossings == (("gate", "in"),)  # drawn upwards: rightwards is in
 
 
 def test_stage_when_the_stream_does_not_ask_hands_nothing() -> None:
