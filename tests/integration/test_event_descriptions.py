@@ -10,6 +10,7 @@ on. The text's quality is never judged."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import tempfile
@@ -18,7 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cv2
 import jsonschema
+import numpy as np
 import pytest
 from referencing import Registry, Resource
 from support.broker import Broker, Received, Subscriber
@@ -177,12 +180,54 @@ PASSES = (Pass("red", 1), Pass("blue", 2, leftwards=True))
 
 def crossing(repo_dir: Path, tmp_path: Path) -> str:
     """grid_det on a looping video where a square crosses and ends every few frames, every
-    frame's results published too."""
+    frame's results published too, the line `middle` in the frame's middle."""
     test_models.write_repository(repo_dir, names=["grid_det"])
     video = write_crossing_video(tmp_path / "crossing.avi", PASSES, fps=10.0, gap_frames=8)
     return (f"[{{name: door, source: 'file://{video}', model: grid_det, loop: true, "
-            f"fps: 10, labels: [red, blue], publish: {{frames: true, events: true}}, "
+            f"fps: 10, backpressure: block, labels: [red, blue], "
+            f"publish: {{frames: true, events: true}}, "
+            f"lines: [{{name: middle, points: [[128, 256], [128, 0]]}}], "
             f"describe: {{enabled: true, per_minute: 600, burst: 10}}}}]")
+
+
+def test_describer_when_the_endpoint_sees_pictures_sends_each_objects_own_snapshot(
+        repo_dir: Path, tmp_path: Path, broker: Broker, make_served: ServeFactory) -> None:
+    """`vision: true`: the ended square's best snapshot goes as an image data URL (it decodes
+    and shows the square's colour), its data beside it as text; the endpoint's answer is
+    published as the description."""
+    vlm = Endpoint()
+    prefix = "t/desc5"
+    sub = Subscriber(broker, f"{prefix}/#")
+    try:
+        make_served(cache="preload: [grid_det]", mqtt=mqtt(broker, prefix),
+                    streams=crossing(repo_dir, tmp_path),
+                    describer=f"endpoint: {{url: '{vlm.url}', model: vlm, vision: true}}, "
+                              "instructions: 'Squares are expected here.'")
+        got = sub.collect(until=lambda got: any(m.topic.endswith("/description")
+                                                for m in got),
+                          timeout=60, what="a description")
+    finally:
+        sub.close()
+        vlm.close()
+    message = next(m for m in got if m.topic.endswith("/description"))
+    payload = json.loads(message.payload)
+    CHECK.validate(payload)
+    assert (payload["source"], payload["model"]) == ("endpoint", "vlm")
+    _path, _headers, body = vlm.requests[0]  # one describer thread: the first answered first
+    system, user = body["messages"]
+    assert "Squares are expected here." in system["content"]
+    text, image = user["content"]
+    facts = json.loads(text["text"].removeprefix("Event: "))
+    assert facts["object"] == payload["label"] and facts["camera"] == "door"
+    assert facts["path"][0][0] == 0.0 and facts["duration_s"] > 0
+    assert facts.get("lines_crossed", [{"line": "middle"}])[0]["line"] == "middle"
+    url = image["image_url"]["url"]
+    assert url.startswith("data:image/jpeg;base64,")
+    picture = cv2.imdecode(np.frombuffer(base64.b64decode(url.split(",", 1)[1]), np.uint8),
+                           cv2.IMREAD_COLOR)
+    b, g, r = (int(v) for v in picture[picture.shape[0] // 2, picture.shape[1] // 2])
+    colour = "red" if r > 200 and g < 60 and b < 60 else "blue" if b > 200 and r < 60 else ""
+    assert colour == facts["object"], "the snapshot shows the object described"
 
 
 def results_go_on(served: Served, sub: Subscriber, prefix: str, counter: str) -> None:
