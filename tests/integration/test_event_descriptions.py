@@ -4,9 +4,10 @@ face's event ends, its snapshot and data go to the describer, whose review summa
 on a real mosquitto, in the published schemas, and is kept with the event in the API's
 listing. Asked of edged's own language model (the real SmolLM2 GGUF, its answer held to the
 schema by llama.cpp's grammar) and of an OpenAI-compatible endpoint (a second edged's /v1,
-serving the same GGUF). A describer that is down (a closed port) or slow (an endpoint that
-answers after the timeout) costs skipped, counted descriptions while the stream's results go
-on. The text's quality is never judged."""
+serving the same GGUF). A vision endpoint (a small recording server: no VLM runs here) gets
+the ended object's own snapshot as an image. A describer that is down (a closed port) or
+slow (an endpoint that answers after the timeout) costs skipped, counted descriptions while
+the stream's results go on. The text's quality is never judged."""
 
 from __future__ import annotations
 
