@@ -13,6 +13,7 @@ from edged.api.config import ApiConfig, check_loopback
 from edged.backends.config import BackendsConfig
 from edged.core.errors import ConfigError, ConfigIssue
 from edged.core.schema import Parsed, check_name, parse, parse_file, setting
+from edged.describer.config import DescriberConfig
 from edged.events.config import check_stream_events
 from edged.galleries.config import FacesConfig
 from edged.inference.config import CacheConfig
@@ -44,6 +45,10 @@ class DaemonConfig:
     ota: OtaConfig = setting(factory=OtaConfig, help="over-the-air model updates")
     recording: RecordingConfig = setting(factory=RecordingConfig,
                                          help="where event clips are kept, and how much")
+    describer: DescriberConfig = setting(
+        factory=DescriberConfig, help="event descriptions: who describes the ended events of "
+                                      "streams with `describe.enabled` (off unless `model` or "
+                                      "`endpoint` is set)")
     logging: LoggingConfig = setting(factory=LoggingConfig, help="logging")
     health: HealthConfig = setting(factory=HealthConfig, help="progress checks and watchdog")
     faces: FacesConfig = setting(factory=FacesConfig, help="face recognition: the detector, "
@@ -119,7 +124,30 @@ def check_faces(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
     return issues
 
 
-CHECKS = (check_streams, check_cache, check_mqtt, check_faces)
+def check_describer(parsed: Parsed[DaemonConfig]) -> list[ConfigIssue]:
+    """One describer (a local model or an endpoint, not both); a stream that asks for
+    descriptions needs it; a stream's `describe.labels` are labels it tracks."""
+    config, issues = parsed.value, []
+    describer = config.describer
+    if describer.model is not None and describer.endpoint is not None:
+        issues.append(parsed.issue("describer.endpoint", "a describer is a local model or an "
+                                   "endpoint: set `model` or `endpoint`, not both"))
+    for i, stream in enumerate(config.streams):
+        at = f"{parsed.at('streams', i)}.describe"
+        if not stream.describe.enabled:
+            continue
+        if describer.model is None and describer.endpoint is None:
+            issues.append(parsed.issue(f"{at}.enabled", "descriptions need a describer: set "
+                                       "describer.model (a language model here) or "
+                                       "describer.endpoint"))
+        for j, label in enumerate(stream.describe.labels):
+            if stream.labels and label not in stream.labels:
+                issues.append(parsed.issue(f"{at}.labels[{j}]", f"{label!r} is not one of the "
+                                           f"stream's labels ({', '.join(stream.labels)})"))
+    return issues
+
+
+CHECKS = (check_streams, check_cache, check_mqtt, check_faces, check_describer)
 
 
 def load_config(path: Path) -> DaemonConfig:

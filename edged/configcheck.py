@@ -99,6 +99,7 @@ def _check_models(config: DaemonConfig, streams: list[tuple[str, StreamConfig]],
             if name not in names:
                 found.errors.append(f"cache.{key}: model {name!r} is not in "
                                     f"{config.models_dir}{line(f'cache.{key}')}")
+    _check_describer(repository, config, found, line)
     for at, stream in streams:
         if stream.model not in names:
             found.errors.append(f"{at}.model: {stream.model!r} is not in "
@@ -119,6 +120,27 @@ def _check_models(config: DaemonConfig, streams: list[tuple[str, StreamConfig]],
                                     f"{config.models_dir}; the stream would not start"
                                     f"{line(reader)}")
         _check_states(repository, names, stream, at, found, line)
+
+
+def _check_describer(repository: ModelRepository, config: DaemonConfig, found: Findings,
+                     line: _Line) -> None:
+    """`describer.model` is a language model in the repository (a model.gguf)."""
+    name = config.describer.model
+    if name is None:
+        return
+    key = "describer.model"
+    if name not in repository.names():
+        found.errors.append(f"{key}: {name!r} is not in {config.models_dir}; no event would "
+                            f"be described{line(key)}")
+        return
+    try:
+        model = repository.get(name, repository.default_version(name))
+    except EdgedError:
+        return  # reported with the models above
+    if not model.is_language:
+        found.errors.append(f"{key}: {model.label} is not a language model (its file is "
+                            f"{model.model_path.name}; a describer generates text: a "
+                            f"model.gguf){line(key)}")
 
 
 def _check_labels(repository: ModelRepository, stream: StreamConfig, at: str,
@@ -177,6 +199,9 @@ def _check_secrets(config: DaemonConfig, found: Findings, line: _Line) -> None:
     secrets = [(f"ota.trusted_keys[{i}]", path) for i, path in enumerate(config.ota.trusted_keys)]
     if config.mqtt.enabled and config.mqtt.password_file is not None:
         secrets.append(("mqtt.password_file", config.mqtt.password_file))
+    endpoint = config.describer.endpoint
+    if endpoint is not None and endpoint.api_key_file is not None:
+        secrets.append(("describer.endpoint.api_key_file", endpoint.api_key_file))
     credentials = os.environ.get("CREDENTIALS_DIRECTORY")
     for key, path in secrets:
         if not path.is_absolute():

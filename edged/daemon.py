@@ -22,6 +22,7 @@ from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.config import DaemonConfig
 from edged.core.errors import ConfigError
+from edged.describer.service import open_describer
 from edged.events.discovery import DeviceInfo
 from edged.hardware import host
 from edged.hardware.tegra import TegraStats
@@ -42,6 +43,7 @@ from edged.ota.service import OtaService
 from edged.ota.shadows import ShadowHooks
 from edged.recording.store import ClipStore, open_clips, retention_loop
 from edged.reload import plan as reload_plan
+from edged.service.describer_metrics import DescriberCollector
 from edged.service.face_metrics import FacesCollector
 from edged.service.generation_metrics import GenerationCollector
 from edged.service.health import HealthMonitor, RecentErrors
@@ -63,6 +65,7 @@ UNLOAD_TIMEOUT_S = 5.0
 MQTT_STOP_S = 3.0
 OTA_STOP_S = 10.0
 REQUESTS_STOP_S = 2.0
+DESCRIBER_STOP_S = 2.0
 
 
 class Daemon:
@@ -110,6 +113,11 @@ class Daemon:
                 self.mqtt.subscribe(topics.under(discovery.prefix, topics.STATUS),
                                     self.events.rediscover)
         self.faces: FaceService | None = None  # opened by warm_up when faces.enabled
+        self.describer = open_describer(config.describer, self.generations, self.cache,
+                                        publish=self._publish_description,
+                                        keep=self._keep_description)
+        if self.describer is not None:  # ended events of streams with describe.enabled
+            self.events.describe = self.describer.submit
         self.streams = StreamSet(
             self.scheduler, self._publish_result,
             subscribe=self.mqtt.subscribe if self.mqtt else None,
@@ -127,6 +135,8 @@ class Daemon:
         self.metrics.registry.register(GenerationCollector(self.generations.statistics))
         self.metrics.registry.register(FacesCollector(
             lambda: self.faces.status() if self.faces is not None else None))
+        if self.describer is not None:
+            self.metrics.registry.register(DescriberCollector(self.describer.statistics))
         self.health = HealthMonitor(stall_after_s=config.health.stall_after_s,
                                     batchers=self.scheduler.batchers, beats=self.streams.beats,
                                     loaded=self.cache.ready)
@@ -135,7 +145,9 @@ class Daemon:
                                    self.streams, self.mqtt, self.health, self.notifier,
                                    self.recent, ready=self.is_ready, ota=self._ota_status,
                                    updates=self.ota_progress.latest,
-                                   generations=self.generations.statistics)
+                                   generations=self.generations.statistics,
+                                   describer=self.describer.statistics
+                                   if self.describer is not None else lambda: None)
         self.api = ApiServer(config.api, scheduler=self.scheduler, cache=self.cache,
                              shm=self.shm, metrics=self.metrics, is_ready=self.is_ready,
                              is_live=self.status.live, status=self.status.report,
@@ -212,6 +224,18 @@ class Daemon:
     def _publish_result(self, stream: str, payload: bytes) -> None:
         if self.mqtt is not None:
             self.mqtt.publish("results", topics.results(stream), payload)
+
+    def _publish_description(self, object_id: str, payload: bytes) -> None:
+        if self.mqtt is not None:
+            self.mqtt.publish("events", topics.description(object_id), payload)
+
+    def _keep_description(self, object_id: str, record: dict[str, Any]) -> None:
+        """With the object's row in the events listing, and on disk beside its snapshot
+        (what was described or failed; a skipped event's reason stays in memory only)."""
+        self.events.recent.describe(object_id, record)
+        store = self.events.store
+        if store is not None and record["state"] != "skipped":
+            store.describe(object_id, json.dumps(record, separators=(",", ":")).encode())
 
     def _announce_clip(self, row: dict[str, Any]) -> None:
         if self.mqtt is not None:
@@ -405,6 +429,8 @@ class Daemon:
             await asyncio.to_thread(self.updater.shadows.stop_all)
             await asyncio.to_thread(self.streams.stop)
             await asyncio.to_thread(self.scheduler.close, DRAIN_TIMEOUT_S)
+            if self.describer is not None:  # the one being asked ends within its timeout
+                await asyncio.to_thread(self.describer.close, DESCRIBER_STOP_S)
             await asyncio.to_thread(self.generations.close)  # the queued fail, the rest end
             await self.api.stop()
         finally:

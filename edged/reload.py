@@ -13,7 +13,7 @@ from edged.streams.config import StreamConfig
 
 # Whole sections that take effect only at the next start.
 RESTART_ONLY = ("device_id", "models_dir", "backends", "api", "mqtt", "allocator", "recording",
-                "faces")
+                "faces", "describer")
 # Keys inside sections that are otherwise reloadable.
 RESTART_ONLY_KEYS = {
     "cache": ("dir", "budget_mb", "snapshots_mb", "responses_mb"),

@@ -5,7 +5,10 @@
   size, time}], "used_bytes", "budget_bytes"}`, newest first (`time`: when it was written,
   Unix s; `limit` 100 unless given, at most 10000);
 - `GET /v2/edged/snapshots/{id}`: the JPEG (`image/jpeg`); 400 for an id that is not one
-  (checked before it comes near the filesystem), 404 for one not kept.
+  (checked before it comes near the filesystem), 404 for one not kept;
+- `GET /v2/edged/snapshots/{id}/description`: the object's description as the describer kept
+  it (JSON: `state` described, with the summary as published, or failed, with why); 404
+  when none is kept.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ class SnapshotRoutes:
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [("GET", "/v2/edged/snapshots", self.index),
-                ("GET", "/v2/edged/snapshots/{id}", self.image)]
+                ("GET", "/v2/edged/snapshots/{id}", self.image),
+                ("GET", "/v2/edged/snapshots/{id}/description", self.description)]
 
     def _store(self) -> SnapshotStore:
         store = self.store()
@@ -59,9 +63,19 @@ class SnapshotRoutes:
         return Response(jpeg, content_type="image/jpeg")
 
 
+    async def description(self, request: Request) -> Response:
+        object_id = request.match_info["id"]
+        if not valid_id(object_id):
+            raise InvalidInput(f"{object_id[:64]!r} is not a snapshot id")
+        record = await asyncio.to_thread(self._store().description, object_id)
+        if record is None:
+            raise SnapshotNotFound(f"no description of {object_id!r} is kept")
+        return Response(record, content_type="application/json")
+
+
 def _row(item: StoredSnapshot) -> dict[str, Any]:
     return {"id": item.id, "stream": item.stream, "label": item.label, "size": item.size,
-            "time": round(item.mtime, 3)}
+            "time": round(item.mtime, 3), "described": bool(item.described)}
 
 
 def _limit(raw: str | None) -> int:

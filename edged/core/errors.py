@@ -188,6 +188,14 @@ class Timeout(EdgedError):
     http_status = 504
 
 
+class EndpointFailed(EdgedError):
+    """An HTTP service edged calls (an event describer's endpoint) is down or answered an
+    error."""
+
+    code = "endpoint_failed"
+    http_status = 502
+
+
 class BodyTimeout(EdgedError):
     """A request body that did not arrive within `api.body_timeout_s` of its headers."""
 

@@ -48,8 +48,11 @@ class Changes:
     tracked now; `zone_counts`: zone → label → objects inside now; `lines`: line → its whole
     totals since start; `snapshots`: label → (id, JPEG) of that label's newest object when its
     snapshot changed; `object_snapshots`: id → JPEG of every object whose snapshot changed
-    (for the disk store). Counts and lines hold only what changed (a count back to 0 is a
-    change); the first update reports every configured label's and line's starting values."""
+    (for the disk store); `final_snapshots`: id → JPEG of the best view of every object that
+    ended (what describes its event sees); `final_crossings`: id → the (line, "in" | "out")
+    crossings of every object that ended, in order. Counts and lines hold only what changed
+    (a count back to 0 is a change); the first update reports every configured label's and
+    line's starting values."""
 
     events: list[Event] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
@@ -60,6 +63,8 @@ class Changes:
     # Frigate's tracked_object_update messages (a face told: known or an unknown group;
     # an object's plate read: `lpr`)
     updates: list[Event] = field(default_factory=list)
+    final_snapshots: dict[str, bytes] = field(default_factory=dict)
+    final_crossings: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.counts or self.zone_counts or self.lines
@@ -80,6 +85,7 @@ class StreamEvents:
         self.snapshots = Snapshots(settings.snapshots) if settings.snapshots.enabled else None
         self._objects: dict[int, TrackedObject] = {}  # by track key
         self._newest: dict[str, str] = {}  # label -> id of its newest announced object
+        self._crossed: dict[str, list[tuple[str, str]]] = {}  # id -> its (line, direction)
         self._number = 0
         self._clock = 0.0  # stream seconds: the sum of the frames' forward steps
         self._last_frame_time: float | None = None
@@ -214,6 +220,8 @@ class StreamEvents:
             return
         for line, direction in crossings:
             self.line_counts.add(self.lines.names[line], obj.label, direction)
+            if obj.id is not None:
+                self._crossed.setdefault(obj.id, []).append((self.lines.names[line], direction))
 
     def _announce(self, obj: TrackedObject, t: float, changes: Changes) -> None:
         self._number += 1
@@ -244,6 +252,10 @@ class StreamEvents:
         if not obj.announced:
             return
         self._encode(obj, t, changes)  # its best view, if a better one waited
+        if obj.snapshot.jpeg is not None and obj.id is not None:
+            changes.final_snapshots[obj.id] = obj.snapshot.jpeg
+        if obj.id is not None and obj.id in self._crossed:
+            changes.final_crossings[obj.id] = self._crossed.pop(obj.id)
         changes.events.append(finish(obj))
 
     def _count(self, changes: Changes) -> None:

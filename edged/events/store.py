@@ -3,6 +3,9 @@
 label travels in the file itself, as a JPEG comment (`edged label=<label>`), so a restart (or a
 file copied elsewhere) still says what it shows, without an index file to keep in step.
 
+An object's description (edged/describer) is kept beside its snapshot as `<object id>.json`,
+charged to the same budget and removed with it.
+
 Writes are atomic (a reader never sees half a JPEG) but not fsynced: a snapshot lost in a power
 cut is not worth an SD card's write latency on the frame loop. One lock guards the index, so a
 stream's thread may write while the API's loop reads.
@@ -10,6 +13,7 @@ stream's thread may write while the API's loop reads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -24,6 +28,7 @@ logger = logging.getLogger(__name__)
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,159}$")
 _STREAM_OF_ID = re.compile(r"^[0-9]+\.[0-9]{3}-(.+)-[0-9]+$")  # lifecycle.object_id's layout
 SUFFIX = ".jpg"
+DESCRIPTION = ".json"
 SOI, COM = b"\xff\xd8", b"\xff\xfe"  # JPEG start of image, comment segment
 LABEL_COMMENT = b"edged label="
 HEAD_BYTES = 512  # enough of a file to hold the comment
@@ -35,6 +40,7 @@ class StoredSnapshot:
     size: int
     mtime: float
     label: str | None = None
+    described: int = 0  # bytes of its description (.json beside it), 0 without one
 
     @property
     def stream(self) -> str | None:
@@ -73,8 +79,9 @@ class SnapshotStore:
         self._lock = threading.Lock()
         self._index: OrderedDict[str, StoredSnapshot] = OrderedDict()  # oldest first
         directory.mkdir(parents=True, exist_ok=True)
-        for tmp in directory.glob(f".*{SUFFIX}.*.tmp"):  # left by a crash mid-write
-            tmp.unlink(missing_ok=True)
+        for pattern in (f".*{SUFFIX}.*.tmp", f".*{DESCRIPTION}.*.tmp"):  # a crash mid-write
+            for tmp in directory.glob(pattern):
+                tmp.unlink(missing_ok=True)
         found = []
         for path in directory.glob(f"*{SUFFIX}"):
             object_id = path.name[:-len(SUFFIX)]
@@ -85,10 +92,14 @@ class SnapshotStore:
                         label = label_in(file.read(HEAD_BYTES))
                 except OSError:  # removed meanwhile, or unreadable: not ours to serve
                     continue
-                found.append(StoredSnapshot(object_id, stat.st_size, stat.st_mtime, label))
+                found.append(StoredSnapshot(object_id, stat.st_size, stat.st_mtime, label,
+                                            _size(self._described(object_id))))
+        for path in directory.glob(f"*{DESCRIPTION}"):  # a description without its snapshot
+            if not (directory / f"{path.name[:-len(DESCRIPTION)]}{SUFFIX}").exists():
+                path.unlink(missing_ok=True)
         for item in sorted(found, key=lambda s: (s.mtime, s.id)):
             self._index[item.id] = item
-        self._used = sum(s.size for s in found)
+        self._used = sum(s.size + s.described for s in found)
         with self._lock:
             self._evict()
 
@@ -114,11 +125,35 @@ class SnapshotStore:
             stat = path.stat()
             old = self._index.pop(object_id, None)
             self._used -= old.size if old else 0
-            item = StoredSnapshot(object_id, len(jpeg), stat.st_mtime, label)
+            item = StoredSnapshot(object_id, len(jpeg), stat.st_mtime, label,
+                                  old.described if old else 0)
             self._index[object_id] = item
             self._used += item.size
             self._evict()
         return True
+
+    def describe(self, object_id: str, record: bytes) -> bool:
+        """Keep an object's description (JSON) beside its snapshot; False when its snapshot
+        is not kept (no picture, or evicted already): a description is kept with it only."""
+        with self._lock:
+            item = self._index.get(object_id)
+            if item is None:
+                return False
+            write_atomically(self._described(object_id), record, durable=False)
+            self._index[object_id] = dataclasses.replace(item, described=len(record))
+            self._used += len(record) - item.described
+            self._evict()
+        return True
+
+    def description(self, object_id: str) -> bytes | None:
+        with self._lock:
+            item = self._index.get(object_id)
+            if item is None or not item.described:
+                return None
+            try:
+                return self._described(object_id).read_bytes()
+            except FileNotFoundError:
+                return None
 
     def read(self, object_id: str) -> bytes | None:
         with self._lock:
@@ -139,19 +174,30 @@ class SnapshotStore:
         with self._lock:
             if object_id not in self._index:
                 return False
-            self._path(object_id).unlink(missing_ok=True)
             self._forget(object_id)
             return True
 
     def _path(self, object_id: str) -> Path:
         return self.directory / f"{object_id}{SUFFIX}"
 
+    def _described(self, object_id: str) -> Path:
+        return self.directory / f"{object_id}{DESCRIPTION}"
+
     def _forget(self, object_id: str) -> None:
+        """Out of the index and off the disk, its description with it."""
         item = self._index.pop(object_id)
-        self._used -= item.size
+        self._path(object_id).unlink(missing_ok=True)
+        if item.described:
+            self._described(object_id).unlink(missing_ok=True)
+        self._used -= item.size + item.described
 
     def _evict(self) -> None:
         while self._used > self.budget_bytes and self._index:
-            oldest = next(iter(self._index))
-            self._path(oldest).unlink(missing_ok=True)
-            self._forget(oldest)
+            self._forget(next(iter(self._index)))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

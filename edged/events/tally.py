@@ -63,7 +63,8 @@ class Tally:
 
 class RecentEvents:
     """The latest event of each of the last RECENT_OBJECTS objects, newest first: an object's
-    new, updates and end replace one another, so the list shows objects, not a firehose."""
+    new, updates and end replace one another, so the list shows objects, not a firehose; an
+    ended object's description joins its row (`describe`)."""
 
     def __init__(self, keep: int = RECENT_OBJECTS) -> None:
         self.keep = keep
@@ -76,16 +77,27 @@ class RecentEvents:
         with self._lock:
             for event in changes.events:
                 after = event["after"]
+                kept = self._by_id.get(after["id"], {}).get("description")
                 self._by_id[after["id"]] = {"type": event["type"], "time": now,
                                             "object": after}
+                if kept is not None:
+                    self._by_id[after["id"]]["description"] = kept
                 self._by_id.move_to_end(after["id"])
             while len(self._by_id) > self.keep:
                 self._by_id.popitem(last=False)
 
+    def describe(self, object_id: str, record: dict[str, Any]) -> None:
+        """An object's description (edged/describer: described, failed or skipped), shown
+        with its row from now on; nothing when the object is no longer listed."""
+        with self._lock:
+            row = self._by_id.get(object_id)
+            if row is not None:
+                row["description"] = record
+
     def rows(self, *, stream: str | None = None, limit: int = RECENT_OBJECTS
              ) -> list[dict[str, Any]]:
         with self._lock:
-            rows = list(reversed(self._by_id.values()))
+            rows = [dict(row) for row in reversed(self._by_id.values())]  # (describe adds)
         if stream is not None:
             rows = [r for r in rows if r["object"]["stream"] == stream]
         return rows[:limit]

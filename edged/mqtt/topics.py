@@ -14,6 +14,7 @@ events room and the OTA service name their topics here and never touch paho.
 | `tracked_object_update` | a face told (Frigate's `type: face`), a plate read (`lpr`) |
 | `state_changes` | a classified region's state changed |
 | `streams/<stream>/states/<name>` | a classified region's state (retained) |
+| `events/<id>/description` | an ended object's review summary (the describer) |
 | `streams/<stream>/<label>` | objects of the label tracked now (retained) |
 | `streams/<stream>/zones/<zone>/<label>` | of those, inside the zone now (retained) |
 | `streams/<stream>/lines/<line>` | line crossings since start (retained) |
@@ -75,6 +76,11 @@ def line_counts(stream: str, line: str) -> str:
 
 def snapshot(stream: str, label: str) -> str:
     return f"streams/{stream}/{topic_level(label)}/snapshot"
+
+
+def description(object_id: str) -> str:
+    """An ended object's description (edged/describer): a review summary, JSON."""
+    return f"events/{object_id}/description"
 
 
 def ota(model: str) -> str:

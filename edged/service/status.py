@@ -43,6 +43,7 @@ class DaemonStatus:
     requests: Callable[[], dict[str, Any] | None] = lambda: None  # MQTT requests' counts
     generations: Callable[[], dict[str, Any]] = dict  # language models' queues and counts
     faces: Callable[[], dict[str, Any] | None] = lambda: None  # the gallery's counts, embedder
+    describer: Callable[[], dict[str, Any] | None] = lambda: None  # event descriptions' counts
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     def live(self) -> tuple[bool, list[str]]:
@@ -84,6 +85,7 @@ class DaemonStatus:
             "mqtt_requests": self.requests(),
             "generations": self.generations(),
             "faces": self.faces(),
+            "describer": self.describer(),
             "ota": self.ota(),
             "updates": self.updates(),
             "process": {"rss_bytes": host.rss_bytes()},

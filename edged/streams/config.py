@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from edged.core.errors import ConfigIssue
 from edged.core.schema import Parsed, at_least, between, check_name, setting
+from edged.describer.config import StreamDescribeConfig
 from edged.events.config import (
     LineConfig,
     PublishConfig,
@@ -147,6 +148,9 @@ class StreamConfig:
         "polygon", "a segment model's masks in this stream's per-frame results: polygon = "
         "the outer contour [[x, y], ...] in frame pixels; rle = COCO run-length encoding "
         "{size: [h, w], counts} of the mask drawn at frame size (events keep the polygon)")
+    describe: StreamDescribeConfig = setting(
+        factory=StreamDescribeConfig, help="event descriptions: each ended object's snapshot "
+                                           "and data to the describer (`describer:`)")
 
 
 def check_stream_gate(parsed: Parsed[Any], path: str, stream: StreamConfig) -> list[ConfigIssue]:

@@ -20,9 +20,12 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from edged.describer.config import StreamDescribeConfig
+from edged.describer.prompt import Subject
 from edged.events.config import check_labels
 from edged.events.discovery import DeviceInfo, state_configs, stream_configs
 from edged.events.engine import Changes, StreamEvents
+from edged.events.path import Paths
 from edged.events.publish import EventPublisher, Publish
 from edged.events.store import SnapshotStore
 from edged.events.tally import RecentEvents, Tally
@@ -34,6 +37,10 @@ from edged.streams.live import Visible
 from edged.streams.stats import EventsStats, Percentiles
 
 logger = logging.getLogger(__name__)
+
+# Hands an ended event to the describer (edged/describer: it queues, never waits); True when
+# it was queued.
+Describe = Callable[[Subject, StreamDescribeConfig], bool]
 
 TIMES_WINDOW = 1024  # frames whose events time the stats' percentiles cover
 MIN_STALL_S = 0.5  # an idle stream ends its objects after max(track.max_age_s, this)
@@ -59,12 +66,14 @@ class EventsStage:
                  wall: Callable[[], float] = time.time,
                  recent: RecentEvents | None = None,
                  clips: ClipRecorder | None = None,
-                 activity: Callable[[float], None] | None = None) -> None:
+                 activity: Callable[[float], None] | None = None,
+                 describe: Describe | None = None) -> None:
         """`recent`: the daemon's list of recent objects, which this stage's events join;
         `clips`: the stream's clip recorder (None: no clips), told of the objects that
         `clips.labels`/`clips.zones` pick, whose events then name their clip; `activity`:
         told the capture time of each frame with tracked objects in view (continuous
-        recording's `active_objects` mode)."""
+        recording's `active_objects` mode); `describe`: given each ended object (its data,
+        best snapshot and path) when the stream's `describe.enabled` (None: not described)."""
         self.cfg = cfg
         self.engine = StreamEvents(cfg.name, cfg)
         self.publisher = publisher
@@ -84,6 +93,8 @@ class EventsStage:
         self.clips = clips
         self.activity = activity
         self._clipped: set[str] = set()  # objects the recorder was told of, until their end
+        self.describe = describe if cfg.describe.enabled else None
+        self.paths = Paths()  # where each object went, while it is described at its end
 
     def frame(self, frame_time: float, detections: Detections,
               frame: np.ndarray | None) -> None:
@@ -96,6 +107,8 @@ class EventsStage:
                                  for obj in self.engine.seen)
             if self.visible and self.activity is not None:
                 self.activity(frame_time)
+            if self.describe is not None:
+                self.paths.observe(frame_time, ((obj.id, obj.box) for obj in self.engine.seen))
         except Exception as exc:  # a bug here must not stop the stream's results
             self._failed(exc)
         elapsed_ms = (time.perf_counter() - start) * 1000
@@ -159,6 +172,8 @@ class EventsStage:
         self.tally.add(changes, now)
         if self.recent is not None:
             self.recent.add(changes, now)
+        if self.describe is not None:
+            self._describe(changes)
         if self.cfg.log_results:
             for event in changes.events:
                 if event["type"] != "update":
@@ -169,6 +184,18 @@ class EventsStage:
                                 if after["entered_zones"] else "",
                                 extra={"stream": self.cfg.name})
 
+    def _describe(self, changes: Changes) -> None:
+        """Each ended object to the describer: its end's data, best snapshot, path and the
+        lines it crossed."""
+        assert self.describe is not None
+        for event in changes.events:
+            if event["type"] == "end":
+                object_id = event["after"]["id"]
+                self.describe(Subject(object_id, self.cfg.name, event["after"],
+                                      changes.final_snapshots.get(object_id),
+                                      tuple(self.paths.take(object_id)),
+                                      tuple(changes.final_crossings.get(object_id, ()))),
+                              self.cfg.describe)
 
     def _name_clips(self, events: list[dict]) -> None:
         """Tell the recorder of objects that want a clip, and name it in their events:
@@ -211,6 +238,7 @@ class EventsHub:
         self.device = device
         self.store = store  # set once the cache folder exists (Daemon.warm_up)
         self.recent = RecentEvents()  # every stage's objects, for the status page
+        self.describe: Describe | None = None  # set by the daemon when it has a describer
         self._lock = threading.Lock()
         self._stages: dict[str, EventsStage] = {}
         self._discovery: dict[str, dict[str, bytes]] = {}  # stream -> topic -> config
@@ -225,7 +253,7 @@ class EventsHub:
         publish: Publish | None = self.link.publish if self.link is not None else None
         stage = EventsStage(cfg, EventPublisher(cfg.name, publish, self.store),
                             on_close=self._closed, recent=self.recent, clips=clips,
-                            activity=activity)
+                            activity=activity, describe=self.describe)
         with self._lock:
             self._stages[cfg.name] = stage
         labels = list(cfg.labels) or list(known_labels)

@@ -261,7 +261,7 @@ function drawModels(s) {
 function drawEvents(events) {
   const box = document.getElementById("events");
   const shown = events.slice(0, EVENTS_SHOWN);
-  const key = shown.map((e) => `${e.type}:${e.object.id}:${e.object.has_snapshot}:${e.object.clip ? e.object.clip.id : ""}`).join("|");
+  const key = shown.map((e) => `${e.type}:${e.object.id}:${e.object.has_snapshot}:${e.object.clip ? e.object.clip.id : ""}:${e.description ? e.description.state : ""}`).join("|");
   if (key === edged.eventsKey) return; // unchanged: keep the pictures as they are
   edged.eventsKey = key;
   if (!shown.length) {
@@ -281,10 +281,16 @@ function drawEvents(events) {
       ? el("video", { class: "clip", controls: "", preload: "none", src: o.clip.url,
                       "data-clip": o.clip.id, title: `clip ${o.clip.id}, ${num(o.clip.duration, 1)} s` })
       : null;
+    // Its description (events.md#descriptions), once the describer has answered: the
+    // summary's title, its short summary on hover.
+    const d = e.description;
+    const said = d && d.state === "described" && d.summary
+      ? el("div", { class: "description", text: d.summary.title, title: d.summary.shortSummary })
+      : null;
     return el("div", { class: "event", "data-id": o.id, "data-type": e.type }, picture,
       el("div", { class: "what", text: `${e.type} ${o.label}${o.sub_label ? ` (${o.sub_label})` : ""}` }),
       el("div", { class: "muted", text: `${o.stream} · ${num(o.top_score, 2)} · ${clock(e.time)}` }),
-      zones ? el("div", { text: zones }) : null, clip);
+      zones ? el("div", { text: zones }) : null, said, clip);
   }));
 }
 

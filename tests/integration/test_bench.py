@@ -44,6 +44,19 @@ def test_bench_api_when_run_quick_measures_every_path(
         assert "response cache on, one input repeated" in table
 
 
+def test_bench_describer_when_run_quick_measures_both_sides(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["describer", "--quick", "--out", str(tmp_path)]) == 0
+    assert "describe off vs on" in capsys.readouterr().out
+    results = json.loads((tmp_path / "describer.json").read_text())
+    rows, submit = results["stream"][:-1], results["stream"][-1]
+    assert [r["objects"] for r in rows] == [5, 50]
+    assert all(r["off_ms"] > 0 and r["on_ms"] > 0 for r in rows)
+    assert submit["submit_us"] > 0 and submit["endpoint_errors"] > 0
+    local = results["local"]  # SmolLM2 as the describer: every event described, then cached
+    assert local["described"] == local["events"] == 3 and local["cache_hits"] == 3
+
+
 def test_bench_llm_when_run_quick_measures_both_paths_on_the_same_prompts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert bench(["llm", "--quick", "--out", str(tmp_path)]) == 0

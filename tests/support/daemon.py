@@ -79,15 +79,15 @@ ServeFactory = Callable[..., Served]
 @pytest.fixture
 def make_served(repo_dir: Path, short_dir: Path, tmp_path: Path) -> Iterator[ServeFactory]:
     """Start a daemon with extra YAML for `api:`, `cache:`, `mqtt:` (off unless given),
-    `streams:`, `ota:`, `health:` and `faces:`, optionally its own device id and models folder, and
-    Daemon arguments (a Notifier); stopped after the test."""
+    `streams:`, `ota:`, `health:`, `recording:`, `faces:` and `describer:`, optionally its own
+    device id and models folder, and Daemon arguments (a Notifier); stopped after the test."""
     stack: list[Iterator[Daemon]] = []
 
     def start(api: str = "", cache: str = "preload: [tiny_cls]",
               sock_name: str | None = None, mqtt: str = "enabled: false",
               streams: str = "[]", ota: str = "", device_id: str = "test",
               models_dir: Path | None = None, health: str = "", recording: str = "",
-              faces: str = "", **daemon_args: Any) -> Served:
+              faces: str = "", describer: str = "", **daemon_args: Any) -> Served:
         sock = short_dir / (sock_name or f"s{len(stack)}.sock")
         for attempt in range(1, START_TRIES + 1):
             port = free_port()
@@ -102,6 +102,7 @@ ota: {{{ota}}}
 health: {{{health}}}
 recording: {{dir: {tmp_path / f'recordings-{len(stack)}'}, {recording}}}
 faces: {{{faces}}}
+describer: {{{describer}}}
 """)
             running = serve(config, **daemon_args)
             try:

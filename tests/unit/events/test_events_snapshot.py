@@ -112,3 +112,29 @@ def test_store_when_the_id_is_no_file_name_or_too_large_refuses_it(tmp_path: Pat
     assert not store.put(".hidden", b"x")
     assert not store.put("big", b"x" * 101)
     assert store.list() == [] and list(tmp_path.iterdir()) == []
+
+
+def test_store_when_an_object_is_described_keeps_it_beside_its_snapshot_within_budget(
+        tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path, budget_bytes=2500)
+    store.put("a", b"1" * 1000)
+    assert not store.describe("nobody", b"{}")  # no snapshot: nothing to keep it with
+    assert store.describe("a", b'{"state":"described"}' + b" " * 479)  # 500 bytes
+    assert store.description("a") == b'{"state":"described"}' + b" " * 479
+    assert store.used_bytes == 1500 and store.list()[0].described == 500
+    store.put("a", b"2" * 1000)  # a better view keeps the description
+    assert store.description("a") is not None and store.used_bytes == 1500
+    store.put("b", b"3" * 1100)  # 2600: a goes, its description with it
+    assert store.description("a") is None and not (tmp_path / "a.json").exists()
+    assert store.used_bytes == 1100
+
+
+def test_store_when_reopened_finds_descriptions_and_drops_orphans(tmp_path: Path) -> None:
+    first = SnapshotStore(tmp_path, budget_bytes=10_000)
+    first.put("x-1", b"j" * 100)
+    first.describe("x-1", b'{"state":"failed"}')
+    (tmp_path / "gone-2.json").write_text("{}")  # its snapshot was removed by hand
+    again = SnapshotStore(tmp_path, budget_bytes=10_000)
+    assert again.description("x-1") == b'{"state":"failed"}'
+    assert again.used_bytes == 100 + 18 and not (tmp_path / "gone-2.json").exists()
+    assert again.remove("x-1") and list(tmp_path.iterdir()) == []

@@ -45,3 +45,14 @@ def test_recent_events_when_an_object_has_several_events_keeps_its_latest_newest
     recent.add(Changes(events=[event("new", "c")]), 3.0)
     assert [r["object"]["id"] for r in recent.rows()] == ["c", "a"]  # b fell off
     assert [r["object"]["id"] for r in recent.rows(stream="cam", limit=1)] == ["c"]
+
+
+def test_recent_events_when_an_object_is_described_shows_it_with_its_row() -> None:
+    recent = RecentEvents()
+    after = {"id": "1.000-door-1", "stream": "door", "label": "car"}
+    recent.add(Changes(events=[{"type": "new", "before": None, "after": after}]), 1.0)
+    recent.describe("1.000-door-1", {"state": "described", "summary": {"title": "t"}})
+    recent.describe("gone", {"state": "failed"})  # not listed: nothing to show it with
+    recent.add(Changes(events=[{"type": "end", "before": after, "after": after}]), 2.0)
+    [row] = recent.rows()
+    assert row["type"] == "end" and row["description"]["summary"] == {"title": "t"}

@@ -13,8 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[3] / "edged"
 
 # Lowest first: a room may import only rooms before it in this list (and itself).
 ROOMS = ["core", "mqtt", "galleries", "tasks", "model", "hardware", "backends", "inference",
-         "processing", "events", "sources", "recording", "streams", "service", "web", "api",
-         "ota", "ops"]
+         "processing", "events", "describer", "sources", "recording", "streams", "service", "web",
+         "api", "ota", "ops"]
 # The entry points, the composition root, the daemon's config (composed of each room's own
 # section) and how a running daemon takes a new one.
 ENTRY_POINTS = {"__init__", "__main__", "cli", "daemon", "config", "configcheck", "reload"}

@@ -83,3 +83,14 @@ def test_plan_when_preload_becomes_all_preloads_all_and_not_when_it_stays() -> N
 def test_reload_plan_when_the_allocator_changes_holds_it_for_the_next_start() -> None:
     steps = plan(parse_config("allocator: auto\n"), parse_config("allocator: glibc\n"))
     assert steps.needs_restart == ["allocator"] and steps.config.allocator == "auto"
+
+
+def test_reload_plan_when_the_describer_changes_keeps_it_until_restart_and_streams_follow(
+        ) -> None:
+    new = config(**{"logging: {level: info}": "logging: {level: info}\ndescriber: {model: smol}",
+                    "model: x}\n  - {name: two": "model: x, describe: {enabled: true}}\n"
+                                                  "  - {name: two"})
+    steps = plan(config(), new)
+    assert steps.needs_restart == ["describer"]
+    assert steps.config.describer.model is None  # the running describer stays (none)
+    assert steps.stop == ["one"] and steps.start[0].describe.enabled  # a stream reloads
