@@ -11,6 +11,7 @@ from collections.abc import Callable
 from edged.backends.base import (
     Backend,
     BackendOptions,
+    BatchedLanguageSession,
     EngineBuilding,
     FallBack,
     LanguageSession,
@@ -25,9 +26,9 @@ from edged.core.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Backend", "BackendOptions", "EngineBuilding", "FallBack", "LanguageSession",
-           "LoadSpec", "Piece", "Prompt", "Sampling", "Session", "ShapeRange", "choose_backend",
-           "get_backend", "register_backend", "registered"]
+__all__ = ["Backend", "BackendOptions", "BatchedLanguageSession", "EngineBuilding", "FallBack",
+           "LanguageSession", "LoadSpec", "Piece", "Prompt", "Sampling", "Session", "ShapeRange",
+           "choose_backend", "get_backend", "register_backend", "registered"]
 
 # Best first: `auto` walks this order and takes the first backend usable here.
 _REGISTRY: dict[str, str | Callable[[], Backend]] = {

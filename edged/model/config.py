@@ -317,8 +317,13 @@ class LanguageConfig:
                         check=between(0, 19))
     batch_threads: int | None = setting(None, "CPU threads that read the prompt; null = "
                                         "`threads`", check=between(1, 256))
-    batch_size: int = setting(512, "prompt tokens evaluated per step (llama.cpp's n_batch)",
-                              check=between(1, 8192))
+    batch_size: int = setting(512, "prompt tokens evaluated per step (llama.cpp's n_batch); "
+                              "with several sequences, the tokens of one step (a token per "
+                              "answer and the prompts that join)", check=between(1, 8192))
+    sequences: int = setting(4, "answers generated at once in one batched decode (continuous "
+                             "batching; each holds `context` tokens of KV cache, charged to "
+                             "the cache budget); 1 = one at a time, llama-cpp-python's own "
+                             "generate", check=between(1, 64))
     gpu_layers: int = setting(0, "layers offloaded to the GPU where llama.cpp was built with "
                               "CUDA (-1 = all); 0 = the CPU only", check=at_least(-1))
     max_tokens: int = setting(256, "answer tokens of a request that names no max_tokens",
