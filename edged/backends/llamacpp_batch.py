@@ -147,49 +147,49 @@ class LlamaBatchSession(LlamaText):
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> list[tuple[int, Piece]]:
-        """One llama_decode: the token each generating answer sampled last, then prompt tokens
-        (first admitted first) while the batch has room. Samples a token for every answer
-        whose logits came out: one that generates, or one whose prompt was read to its end."""
+        """Prompts first: each admitted prompt's next chunk of `n_batch` tokens in a decode of
+        its own (the chunks Llama.eval reads, so a prompt's KV cache is the one-sequence
+        path's), first admitted first, up to `n_batch` prompt tokens a step; a prompt read to
+        its end samples its first token. Then one decode of the token every other answer
+        sampled last, and a token sampled for each of them."""
         out: list[tuple[int, Piece]] = []
-        batch = self._batch.batch
-        n = 0
-        wanted: list[tuple[_Slot, int]] = []
-
-        def add(slot: _Slot, token: int, logits: bool) -> None:
-            nonlocal n
-            batch.token[n], batch.pos[n] = token, slot.pos
-            batch.seq_id[n][0], batch.n_seq_id[n], batch.logits[n] = slot.seq, 1, logits
-            if logits:
-                wanted.append((slot, n))
-            slot.pos += 1
-            n += 1
-
-        for slot in self._slots:
-            if slot.busy and slot.next is not None:
-                add(slot, slot.next, True)
-                slot.next = None
+        generating = [s for s in self._slots if s.busy and s.next is not None]
+        budget = self._n_batch
         for slot in sorted((s for s in self._slots if s.busy and s.unread),
                            key=lambda s: s.order):
-            take = min(self._n_batch - n, len(slot.unread))
-            if take <= 0:
+            chunk = slot.unread[:self._n_batch]
+            if len(chunk) > budget:
                 break
-            chunk, slot.unread = slot.unread[:take], slot.unread[take:]
-            for i, token in enumerate(chunk):
-                add(slot, token, not slot.unread and i == take - 1)
-        if n == 0:
-            return out
-        batch.n_tokens = n
+            budget -= len(chunk)
+            slot.unread = slot.unread[len(chunk):]
+            self._decode([(slot, token, not slot.unread and i == len(chunk) - 1)
+                          for i, token in enumerate(chunk)])
+            if not slot.unread:
+                out.append(self._sample(slot, len(chunk) - 1))
+        if generating:
+            self._decode([(slot, slot.next, True) for slot in generating if slot.next
+                          is not None])
+            out += [self._sample(slot, i) for i, slot in enumerate(generating)]
+        return out
+
+    def _decode(self, tokens: list[tuple[_Slot, int, bool]]) -> None:
+        batch = self._batch.batch
+        for n, (slot, token, logits) in enumerate(tokens):
+            batch.token[n], batch.pos[n] = token, slot.pos
+            batch.seq_id[n][0], batch.n_seq_id[n], batch.logits[n] = slot.seq, 1, logits
+            slot.pos += 1
+        batch.n_tokens = len(tokens)
         code = self._llama.llama_decode(self._ctx.ctx, batch)
         if code != 0:  # 1: no room in the KV cache; < 0: an error (the context is unchanged)
             raise InferenceFailed(f"{self.label}: llama_decode returned {code}")
-        for slot, index in wanted:
-            token = self._llama.llama_sampler_sample(slot.sampler.sampler, self._ctx.ctx, index)
-            assert slot.answer is not None
-            piece = slot.answer.feed(token)
-            if piece.finish_reason is None:
-                slot.next = token
-            out.append((slot.seq, piece))
-        return out
+
+    def _sample(self, slot: _Slot, index: int) -> tuple[int, Piece]:
+        """The next token from the logits of the last decode's `index`-th token."""
+        token = self._llama.llama_sampler_sample(slot.sampler.sampler, self._ctx.ctx, index)
+        assert slot.answer is not None
+        piece = slot.answer.feed(token)
+        slot.next = token if piece.finish_reason is None else None
+        return slot.seq, piece
 
     # -- one answer through the slots (warm-up, and the LanguageSession contract) ---------------
     def generate(self, prompt: Prompt, sampling: Sampling) -> Generator[Piece, None, None]:
