@@ -181,6 +181,18 @@ def test_openai_chat_when_json_schema_given_answers_json_that_fits_it(
                                        response_format={"type": "xml"})  # type: ignore[arg-type]
 
 
+def test_openai_when_seed_given_samples_the_same_answer_on_either_path(
+        client: openai.OpenAI) -> None:
+    def ask(model: str, seed: int) -> str:
+        return client.completions.create(
+            model=model, prompt="In the middle of the night, a small fox",
+            max_tokens=16, temperature=1.0, seed=seed).choices[0].text
+
+    first = ask("smol", 11)
+    assert ask("smol", 11) == first == ask("smol1", 11)  # batched, or one at a time
+    assert len({first, ask("smol", 12), ask("smol", 13)}) > 1
+
+
 def test_openai_routes_when_curl_sends_what_clients_may_answer_each_in_openais_shape(
         llm: Served) -> None:
     hi: Any = [{"role": "user", "content": "hi"}]
@@ -243,6 +255,7 @@ def test_generate_when_request_is_bad_answers_400_naming_why(llm: Served) -> Non
         ("smol", {"text_input": 5}, 400, "text_input must be a string"),
         ("smol", {"text_input": "hi", "max_tokens": 0}, 400, "max_tokens must be an integer"),
         ("smol", {"text_input": "hi", "stop": ["a"] * 9}, 400, "stop must be"),
+        ("smol", {"text_input": "hi", "seed": -1}, 400, "seed must be an integer from 0"),
         ("smol", {"text_input": "word " * 400}, 400,
          f"tokens; the context holds {CONTEXT}"),
         ("tiny_cls", {"text_input": "hi"}, 400, "not a language model"),
