@@ -34,11 +34,12 @@ __all__ = ["Backend", "BackendOptions", "BatchedLanguageSession", "EngineBuildin
 _REGISTRY: dict[str, str | Callable[[], Backend]] = {
     "tensorrt": "edged.backends.tensorrt:TensorRTBackend",
     "onnxruntime": "edged.backends.onnxruntime:OrtBackend",
-    # Language models (model.gguf): chosen by the file, never by `auto` for an ONNX file.
+    # Language models (model.gguf, a trtllm/ folder): chosen by the files, never by `auto`.
     "llamacpp": "edged.backends.llamacpp:LlamaCppBackend",
+    "tensorrt_llm": "edged.backends.tensorrt_llm:TensorRTLLMBackend",
 }
 AUTO_ORDER = ["tensorrt", "onnxruntime"]
-LANGUAGE_BACKENDS = frozenset({"llamacpp"})
+LANGUAGE_BACKENDS = frozenset({"llamacpp", "tensorrt_llm"})
 
 _instances: dict[str, Backend] = {}
 _lock = threading.Lock()

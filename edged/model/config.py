@@ -358,10 +358,10 @@ class ModelConfig:
         "auto", "execution instances (worker threads; TensorRT contexts): auto = one per core "
         "on the CPU, two on a GPU (edged.inference.instances)", check=lambda v: None if v == "auto"
         else between(1, 64)(v))
-    backend: Literal["auto", "tensorrt", "onnxruntime", "llamacpp"] = setting(
+    backend: Literal["auto", "tensorrt", "onnxruntime", "llamacpp", "tensorrt_llm"] = setting(
         "auto", "which backend runs the model: auto = the daemon's backends.default (itself "
         "auto: TensorRT where it can run, else ONNX Runtime); a model.gguf is always "
-        "llamacpp's (a language model)")
+        "llamacpp's, a trtllm/ folder tensorrt_llm's (language models)")
     precision: Literal["auto", "fp32", "fp16", "int8"] = setting(
         "auto", "auto: INT8 where a gated variant exists and is faster (TensorRT: always); "
         "int8: the gated variant or no load")

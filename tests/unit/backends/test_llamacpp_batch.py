@@ -97,7 +97,7 @@ def test_batched_when_greedy_answers_together_equal_one_at_a_time(
         one: LlamaSession, many: BatchedLanguageSession, seed: int) -> None:
     reference = [alone(one, prompt, sampling) for prompt, sampling in asks_of(one, seed)]
     joins = random.Random(seed).choices(range(6), k=len(reference))
-    got = together(many, [(p, s, j) for (p, s), j in zip(asks_of(many, seed), joins)])
+    got = together(many, [(p, s, j) for (p, s), j in zip(asks_of(many, seed), joins, strict=True)])
     assert got == reference
     assert all(p.finish_reason for p in (answer[-1] for answer in got))
 
