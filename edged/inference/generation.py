@@ -151,6 +151,7 @@ class _Line:
         self._closed = False
         self.current: Generation | None = None  # the one generating alone (no batching)
         self.running = Sequences(counters)  # the answers under way in batching sessions
+        self._blocked = False  # a request went back to the queue: no slot for it yet
         self._thread = threading.Thread(target=self._run, name=f"edged-generate-{name}",
                                          daemon=True)
         self._thread.start()
@@ -216,11 +217,12 @@ class _Line:
                     if self._closed:
                         return
                     self._cond.wait(wait)
+            self._blocked = False
             while self._start(self._pop()):  # admit while there is room, a request at a time
                 pass
             if self.running:
                 self.running.step()
-            elif self._heap:  # requeued, nothing under way: slots held elsewhere (warm-up)
+            elif self._blocked:  # requeued with nothing under way: slots held elsewhere
                 with self._cond:
                     self._cond.wait(0.05)
 
@@ -235,6 +237,7 @@ class _Line:
         """Back in its place (its level and arrival kept) until a slot frees."""
         with self._cond:
             heapq.heappush(self._heap, queued)
+            self._blocked = True
 
     def _lower_priority(self) -> None:
         """This thread (and the llama.cpp threads it starts, which inherit it) yields the CPU
