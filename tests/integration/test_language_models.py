@@ -363,10 +363,10 @@ def test_queue_when_slots_are_busy_serves_higher_priority_first_and_bounds_the_r
 def test_openai_when_chats_come_at_once_answers_as_one_at_a_time(
         client: openai.OpenAI) -> None:
     """Speed never buys a different answer: greedy chats and completions asked together of
-    the batched model (two sequences) answer what the same file answers one at a time."""
+    the batched model (two sequences, so the third waits for a slot and takes a freed one)
+    answer what the same file answers one at a time. Three asks: the queue holds three."""
     asks: list[dict[str, Any]] = [
         {"messages": [{"role": "user", "content": "Describe a red car."}], "max_tokens": 20},
-        {"messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 16},
         {"prompt": "Once upon a time, in a town by the sea, there lived", "max_tokens": 24},
         {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 12, "stop": [" 9"]}]
 
