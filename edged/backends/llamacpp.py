@@ -176,6 +176,11 @@ class LlamaSession(LlamaText):
         # must not leave its seed to the next).
         self._llm.set_seed(llama_cpp.LLAMA_DEFAULT_SEED if sampling.seed is None
                            else sampling.seed)
+        # Every prompt is read whole: Llama.generate would keep the KV cache of a prefix it
+        # read before and re-read only the rest, and a rest of one token is computed by other
+        # kernels than a prompt's, so the same request could answer differently after another
+        # (decision 040). An answer never depends on the one before it.
+        self._llm.reset()
         tokens = self._llm.generate(list(prompt.tokens), temp=sampling.temperature,
                                     top_p=sampling.top_p, top_k=TOP_K, min_p=MIN_P,
                                     typical_p=TYPICAL_P, repeat_penalty=1.0, reset=True,

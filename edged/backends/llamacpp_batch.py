@@ -63,7 +63,10 @@ class LlamaBatchSession(LlamaText):
             config.gpu_layers
         # As Llama() sets its context, so that one answer decodes as the one-sequence path's
         # would (flash attention off, the same batch and micro-batch); plus the slots.
-        n_batch = min(config.batch_size, config.context)
+        # Prompts are read in Llama()'s chunks; a decode of the answers' tokens holds one per
+        # sequence, so the batch holds at least that many.
+        self._chunk = min(config.batch_size, config.context)
+        n_batch = max(self._chunk, config.sequences)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = config.context * config.sequences
         params.n_batch = n_batch
@@ -147,17 +150,17 @@ class LlamaBatchSession(LlamaText):
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> list[tuple[int, Piece]]:
-        """Prompts first: each admitted prompt's next chunk of `n_batch` tokens in a decode of
-        its own (the chunks Llama.eval reads, so a prompt's KV cache is the one-sequence
-        path's), first admitted first, up to `n_batch` prompt tokens a step; a prompt read to
+        """Prompts first: each admitted prompt's next chunk of `batch_size` tokens in a decode
+        of its own (the chunks Llama.eval reads, so a prompt's KV cache is the one-sequence
+        path's), first admitted first, up to `batch_size` prompt tokens a step; a prompt read to
         its end samples its first token. Then one decode of the token every other answer
         sampled last, and a token sampled for each of them."""
         out: list[tuple[int, Piece]] = []
         generating = [s for s in self._slots if s.busy and s.next is not None]
-        budget = self._n_batch
+        budget = self._chunk
         for slot in sorted((s for s in self._slots if s.busy and s.unread),
                            key=lambda s: s.order):
-            chunk = slot.unread[:self._n_batch]
+            chunk = slot.unread[:self._chunk]
             if len(chunk) > budget:
                 break
             budget -= len(chunk)

@@ -109,6 +109,17 @@ def test_generate_when_greedy_gives_the_same_text_twice(session: LanguageSession
     assert first == "".join(p.text for p in run(session, "The capital of France is", sampling))
 
 
+def test_generate_when_the_same_prompt_comes_again_answers_it_the_same(
+        session: LanguageSession) -> None:
+    """llama-cpp-python would re-read only the last token of a prompt it read before, by other
+    kernels than a prompt's: this prompt's greedy answer then changed at its fourth word."""
+    text = "Once upon a time, in a town by the sea, there lived"
+    first = run(session, text, Sampling(24, 0.0))
+    assert run(session, text, Sampling(24, 0.0)) == first
+    run(session, text + " a", Sampling(2, 0.0))  # a longer prompt sharing its start, between
+    assert run(session, text, Sampling(24, 0.0)) == first
+
+
 def test_generate_when_stop_string_comes_ends_before_it(session: LanguageSession) -> None:
     pieces = run(session, "1, 2, 3, 4, 5,", Sampling(max_tokens=8, temperature=0, stop=(",",)))
     text = "".join(p.text for p in pieces)

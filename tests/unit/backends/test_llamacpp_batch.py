@@ -114,6 +114,18 @@ def test_batched_when_prompts_are_read_in_chunks_beside_answers_equals_one_at_a_
     assert got == reference
 
 
+def test_batched_when_batch_size_is_below_sequences_decodes_every_answer(
+        one: LlamaSession, real_models: Path) -> None:
+    small = load(real_models / LANGUAGE_MODEL, 4, batch_size=2)
+    assert isinstance(small, BatchedLanguageSession)
+    try:
+        asks = [(small.prompt(text), Sampling(6, 0.0)) for text in PROMPTS[:4]]
+        got = together(small, [(p, s, 0) for p, s in asks])
+    finally:
+        small.close()
+    assert got == [alone(one, one.prompt(text), Sampling(6, 0.0)) for text in PROMPTS[:4]]
+
+
 def test_batched_when_seeded_sampling_equals_one_at_a_time(
         one: LlamaSession, many: BatchedLanguageSession) -> None:
     asks = [(PROMPTS[i], Sampling(16, 0.9, top_p=0.9, seed=seed)) for i, seed in
