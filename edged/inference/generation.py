@@ -364,7 +364,7 @@ class Generations:
         if not model.is_language:
             raise InvalidInput(f"{model.label} is not a language model (its file is "
                                f"{model.model_path.name}): it cannot generate; language "
-                               "models are model.gguf files")
+                               "models are model.gguf files or trtllm/ folders")
         generation = Generation(ask, to)
         self._line(ask.model, model.config.llm).put(generation)
         return generation

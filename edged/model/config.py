@@ -305,7 +305,8 @@ class QuantizationConfig:
 
 @dataclass(frozen=True)
 class LanguageConfig:
-    """A language model's (model.gguf, on llama.cpp) context, threads and request queue."""
+    """A language model's (model.gguf on llama.cpp, a trtllm/ folder on TensorRT-LLM) context,
+    sequences, threads and request queue."""
 
     context: int = setting(2048, "tokens of context (prompt + answer) one sequence holds; its "
                            "KV cache is charged to the cache budget with the weights",
@@ -382,7 +383,8 @@ class ModelConfig:
                                    "asked (same input bytes, dtypes, shapes and outputs) from "
                                    "the response cache (cache.responses_mb), as Triton does")
     llm: LanguageConfig = setting(factory=LanguageConfig,
-                                  help="a language model's (model.gguf) context, threads, queue")
+                                  help="a language model's (model.gguf, trtllm/) context, "
+                                  "sequences, threads, queue")
     deterministic: bool = setting(True, "the same inputs always give the same outputs; false "
                                   "(a model that samples) rules out the response cache")
 
