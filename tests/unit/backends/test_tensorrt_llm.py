@@ -184,3 +184,46 @@ def test_chat_when_messages_given_uses_the_tokenizers_template(cache: ModelCache
         assert prompt.text == "user: hi assistant:" and len(prompt.tokens) == 3
         with pytest.raises(InvalidInput, match=f"the context holds {CONTEXT}"):
             session.prompt("word " * CONTEXT)
+
+
+def test_generations_when_model_swapped_under_way_step_both_versions_until_the_old_ends(
+        tmp_path: Path, made: list[fake_tensorrt_llm.LLM]) -> None:
+    for version in (1, 2):
+        write_model(tmp_path / "models" / "chat" / str(version) / TRTLLM_DIR)
+    (tmp_path / "models" / "chat" / "model.yaml").write_text(
+        "llm: {context: 4096, sequences: 2}\nversion_policy: {all: true}\n")
+    (tmp_path / "models" / "chat" / "active").write_text("1\n")
+    cache = ModelCache(ModelRepository(tmp_path / "models"), budget_bytes=1 << 30)
+    generations = Generations(cache)
+
+    async def run() -> tuple[list[object], list[object]]:
+        loop = asyncio.get_running_loop()
+        old = generations.submit(Ask("chat", prompt="1", max_tokens=4000, temperature=0), loop)
+        old_events = [await asyncio.wait_for(old.next(), 30)]
+        swapping = loop.run_in_executor(None, cache.swap, "chat", 2)  # drains version 1
+        while cache.default_version("chat") != 2:
+            old_events.append(await asyncio.wait_for(old.next(), 30))
+        new = generations.submit(Ask("chat", prompt="5", max_tokens=3, temperature=0), loop)
+        new_events = []
+        while not isinstance(event := await asyncio.wait_for(new.next(), 30), Done):
+            new_events.append(event)
+        new_events.append(event)
+        assert not swapping.done()  # the old answer still holds version 1
+        assert generations.statistics()["chat"]["generating"] == 1
+        old.cancel()
+        while not isinstance(event := await asyncio.wait_for(old.next(), 30), Done):
+            old_events.append(event)
+        old_events.append(event)
+        await asyncio.wait_for(swapping, 30)
+        return old_events, new_events
+
+    try:
+        old_events, new_events = asyncio.run(run())
+    finally:
+        generations.close()
+        cache.close(timeout_s=5)
+    assert isinstance(old_events[0], Started) and old_events[0].version == 1
+    assert isinstance(new_events[0], Started) and new_events[0].version == 2
+    assert "".join(getattr(e, "text", "") for e in new_events) == " 6 7 8"
+    assert isinstance(old_events[-1], Done) and old_events[-1].finish_reason == "cancelled"
+    assert len(made) == 2  # one LLM per version, both stepped by the one worker
