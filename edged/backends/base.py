@@ -125,8 +125,8 @@ class Piece:
 class LanguageSession(Session, Protocol):
     """A loaded language model. `generate` yields one Piece per token, so a consumer that
     stops iterating (a client gone) stops it within one token; one generation at a time per
-    session (the caller serialises: edged.inference.generation). `infer` refuses: it takes
-    no tensors."""
+    session (the caller serialises: edged.inference.generation; a BatchedLanguageSession runs
+    several through its slots). `infer` refuses: it takes no tensors."""
 
     context_length: int  # tokens one sequence holds, prompt and answer together
 
