@@ -154,9 +154,11 @@ class BatchedLanguageSession(LanguageSession, Protocol):
         taking one, and RuntimeError when none is free."""
         ...
 
-    def step(self) -> list[tuple[int, Piece]]:
+    def step(self) -> list[tuple[int, Piece | Exception]]:
         """One decode; (slot, Piece) for each answer that got a token (one still reading a
-        long prompt may get none). A Piece with a finish_reason ends its answer: drop it."""
+        long prompt may get none). A Piece with a finish_reason ends its answer: drop it; so
+        does an exception in place of a Piece (that answer failed alone). An exception raised
+        fails every answer of the session."""
         ...
 
     def drop(self, slot: int) -> None:

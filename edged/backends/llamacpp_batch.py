@@ -149,13 +149,13 @@ class LlamaBatchSession(LlamaText):
         return sampler
 
     # -- the step -----------------------------------------------------------------------------
-    def step(self) -> list[tuple[int, Piece]]:
+    def step(self) -> list[tuple[int, Piece | Exception]]:
         """Prompts first: each admitted prompt's next chunk of `batch_size` tokens in a decode
         of its own (the chunks Llama.eval reads, so a prompt's KV cache is the one-sequence
         path's), first admitted first, up to `batch_size` prompt tokens a step; a prompt read to
         its end samples its first token. Then one decode of the token every other answer
         sampled last, and a token sampled for each of them."""
-        out: list[tuple[int, Piece]] = []
+        out: list[tuple[int, Piece | Exception]] = []
         generating = [s for s in self._slots if s.busy and s.next is not None]
         budget = self._chunk
         for slot in sorted((s for s in self._slots if s.busy and s.unread),
@@ -205,6 +205,8 @@ class LlamaBatchSession(LlamaText):
             while True:
                 for seq, piece in self.step():
                     if seq == slot:
+                        if isinstance(piece, Exception):
+                            raise piece
                         yield piece
                         if piece.finish_reason is not None:
                             return

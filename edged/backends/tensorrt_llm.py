@@ -176,10 +176,10 @@ class TensorRTLLMSession:
             except Exception:  # already finished
                 logger.debug("%s: aborting slot %d", self.label, slot, exc_info=True)
 
-    def step(self) -> list[tuple[int, Piece]]:
+    def step(self) -> list[tuple[int, Piece | Exception]]:
         """The tokens that came since the last step (waiting up to STEP_WAIT_S for one), as
         one Piece per token: the text with the first, "" for the rest."""
-        out: list[tuple[int, Piece]] = []
+        out: list[tuple[int, Piece | Exception]] = []
         try:
             events = [self._events.get(timeout=STEP_WAIT_S)]
         except queue.Empty:
@@ -193,9 +193,11 @@ class TensorRTLLMSession:
             request = self._slots.get(slot)
             if request is None or request.ended:
                 continue  # dropped: what its reader still brought is nobody's
-            if isinstance(event, Exception):
+            if isinstance(event, Exception):  # this request failed; the others go on
                 request.ended = True
-                raise InferenceFailed(f"{self.label}: TensorRT-LLM failed: {event}")
+                out.append((slot, InferenceFailed(f"{self.label}: TensorRT-LLM failed: "
+                                                  f"{event}")))
+                continue
             out += [(slot, piece) for piece in self._pieces(request, *event)]
         return out
 
@@ -231,6 +233,8 @@ class TensorRTLLMSession:
             while True:
                 for seq, piece in self.step():
                     if seq == slot:
+                        if isinstance(piece, Exception):
+                            raise piece
                         yield piece
                         if piece.finish_reason is not None:
                             return

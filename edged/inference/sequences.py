@@ -79,6 +79,10 @@ class Sequences:
                 if running.generation.cancelled.is_set():
                     self._finish(running, "cancelled")
                     continue
+                if isinstance(piece, Exception):  # this answer failed, the others go on
+                    self._finish(running, "", piece if isinstance(piece, EdgedError) else
+                                 InferenceFailed(f"{running.lease.model.label}: {piece}"))
+                    continue
                 running.count += 1
                 running.generation._emit(piece)
                 if piece.finish_reason is not None:

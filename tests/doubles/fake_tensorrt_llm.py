@@ -9,7 +9,8 @@ ones lack. The "model" is a tokenizer of words and an executor that runs in flig
 of its own, up to `max_batch_size` requests a step: greedy, it continues a prompt's last
 number ("3 4" -> " 5 6 ..."), else counts words; with a temperature it draws words from the
 seed; at the prompt's length plus max_tokens, or `max_seq_len`, it stops; the word "end" is
-its end of sequence. Each use from outside is recorded (`SURFACE`) for tests/gpu_api."""
+its end of sequence; a prompt holding "boom" fails (its iteration raises, as an error
+response's RequestError does). Each use from outside is recorded (`SURFACE`) for tests/gpu_api."""
 
 from __future__ import annotations
 
@@ -154,6 +155,9 @@ class RequestOutput:
         if self.finished:
             raise StopIteration
         tokens, finish = self._queue.get(timeout=30)
+        if finish == "error":  # as GenerationResult raises an error response's RequestError
+            self.finished = True
+            raise RuntimeError("Encountered an error in forward function: CUDA out of memory")
         out = self.outputs[0]
         out._last_text_len, out._last_token_ids_len = len(out.text), len(out.token_ids)
         out.token_ids = out.token_ids + tokens
@@ -231,6 +235,9 @@ class LLM:
         if request._aborted:
             request._queue.put(([], "cancelled"))
             return "cancelled"
+        if "boom" in self.tokenizer.decode(request.prompt_token_ids):  # a request that fails
+            request._queue.put(([], "error"))
+            return "error"
         token = self._token(request, request._made)
         tokens = [token] if token != params.end_id else []
         request._made += len(tokens)

@@ -17,7 +17,7 @@ from doubles import fake_tensorrt_llm
 from doubles.fake_tensorrt_llm import write_model
 
 from edged.backends import BatchedLanguageSession, register_backend
-from edged.core.errors import InvalidInput, InvalidModel
+from edged.core.errors import InferenceFailed, InvalidInput, InvalidModel
 from edged.inference.cache import ModelCache
 from edged.inference.generation import Ask, Done, Generation, Generations, Started
 from edged.model.repository import TRTLLM_DIR, ModelRepository
@@ -227,3 +227,19 @@ def test_generations_when_model_swapped_under_way_step_both_versions_until_the_o
     assert "".join(getattr(e, "text", "") for e in new_events) == " 6 7 8"
     assert isinstance(old_events[-1], Done) and old_events[-1].finish_reason == "cancelled"
     assert len(made) == 2  # one LLM per version, both stepped by the one worker
+
+
+def test_generations_when_one_request_fails_the_others_in_flight_answer(
+        cache: ModelCache) -> None:
+    generations = Generations(cache)
+    try:
+        got = answers(generations, [Ask("chat", prompt="1 2", max_tokens=3, temperature=0),
+                                    Ask("chat", prompt="boom", max_tokens=3, temperature=0),
+                                    Ask("chat", prompt="7", max_tokens=3, temperature=0)])
+        stats = generations.statistics()["chat"]
+    finally:
+        generations.close()
+    assert [text for text, _ in got] == [" 3 4 5", "", " 8 9 10"]
+    failed = got[1][1]
+    assert isinstance(failed, InferenceFailed) and "CUDA out of memory" in str(failed)
+    assert stats["failed"] == 1 and stats["completed"] == 2
