@@ -27,7 +27,8 @@ GONE_POLL_S = 0.1  # how often a request still queued looks whether its client i
 # Triton's generate fields: the prompt, and the parameters edged's sampling takes (at the top
 # level or under "parameters", as Triton allows).
 TRITON_FIELDS = frozenset({"text_input", "max_tokens", "temperature", "top_p", "stop",
-                           "stop_words", "stream", "priority", "timeout"})
+                           "stop_words", "stream", "priority", "timeout", "seed"})
+MAX_SEED = 0xFFFFFFFE  # llama.cpp's 0xFFFFFFFF means "a random seed": no seed given
 
 
 async def read_json(request: Request, bodies: BodyBudget) -> dict[str, Any]:
@@ -223,5 +224,6 @@ def generate_ask(name: str, version: int | None, body: dict[str, Any]) -> Ask:
                temperature=number(fields, "temperature", 0.8, 0, 2),
                top_p=number(fields, "top_p", 0.95, 0, 1),
                stop=stops(fields.get("stop") or fields.get("stop_words")),
+               seed=whole(fields, "seed", 0, MAX_SEED),
                priority=whole(fields, "priority", 0, 16) or 0,
                timeout_s=timeout_us / 1e6 if timeout_us else None)

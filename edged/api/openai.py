@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
 from edged.api.generate import (
+    MAX_SEED,
     collect,
     first,
     follow,
@@ -38,7 +39,7 @@ MAX_MESSAGES = 256
 # What OpenAI's API takes and edged does too; then what it takes and edged accepts only at
 # the value that changes nothing (anything else is refused, never silently ignored).
 COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "stop", "stream",
-                    "stream_options", "user", "priority", "response_format"})
+                    "stream_options", "user", "priority", "response_format", "seed"})
 MAX_SCHEMA_BYTES = 64 * 1024
 NEUTRAL: Mapping[str, tuple[Any, ...]] = {"n": (1, None), "presence_penalty": (0, None),
                                           "frequency_penalty": (0, None),
@@ -185,6 +186,7 @@ def sampling(body: Mapping[str, Any], *, prompt: str = "",
                max_tokens=whole(body, "max_tokens", 1, 1 << 20),
                temperature=number(body, "temperature", 1.0, 0, 2),
                top_p=number(body, "top_p", 1.0, 0, 1), stop=stops(body.get("stop")),
+               seed=whole(body, "seed", 0, MAX_SEED),
                priority=whole(body, "priority", 0, 16) or 0)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from edged.backends.base import (
     Backend,
     BackendOptions,
+    BatchedLanguageSession,
     EngineBuilding,
     FallBack,
     LanguageSession,
@@ -25,19 +26,20 @@ from edged.core.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Backend", "BackendOptions", "EngineBuilding", "FallBack", "LanguageSession",
-           "LoadSpec", "Piece", "Prompt", "Sampling", "Session", "ShapeRange", "choose_backend",
-           "get_backend", "register_backend", "registered"]
+__all__ = ["Backend", "BackendOptions", "BatchedLanguageSession", "EngineBuilding", "FallBack",
+           "LanguageSession", "LoadSpec", "Piece", "Prompt", "Sampling", "Session", "ShapeRange",
+           "choose_backend", "get_backend", "register_backend", "registered"]
 
 # Best first: `auto` walks this order and takes the first backend usable here.
 _REGISTRY: dict[str, str | Callable[[], Backend]] = {
     "tensorrt": "edged.backends.tensorrt:TensorRTBackend",
     "onnxruntime": "edged.backends.onnxruntime:OrtBackend",
-    # Language models (model.gguf): chosen by the file, never by `auto` for an ONNX file.
+    # Language models (model.gguf, a trtllm/ folder): chosen by the files, never by `auto`.
     "llamacpp": "edged.backends.llamacpp:LlamaCppBackend",
+    "tensorrt_llm": "edged.backends.tensorrt_llm:TensorRTLLMBackend",
 }
 AUTO_ORDER = ["tensorrt", "onnxruntime"]
-LANGUAGE_BACKENDS = frozenset({"llamacpp"})
+LANGUAGE_BACKENDS = frozenset({"llamacpp", "tensorrt_llm"})
 
 _instances: dict[str, Backend] = {}
 _lock = threading.Lock()

@@ -107,6 +107,7 @@ class Sampling:
     # The answer is JSON: "{}" any JSON object, else this JSON schema (as text) constrains it
     # (llama.cpp's grammars); None: free text.
     json_schema: str | None = None
+    seed: int | None = None  # the sampler's random seed when temperature > 0; None: random
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,8 @@ class Piece:
 class LanguageSession(Session, Protocol):
     """A loaded language model. `generate` yields one Piece per token, so a consumer that
     stops iterating (a client gone) stops it within one token; one generation at a time per
-    session (the caller serialises: edged.inference.generation). `infer` refuses: it takes
-    no tensors."""
+    session (the caller serialises: edged.inference.generation; a BatchedLanguageSession runs
+    several through its slots). `infer` refuses: it takes no tensors."""
 
     context_length: int  # tokens one sequence holds, prompt and answer together
 
@@ -134,6 +135,35 @@ class LanguageSession(Session, Protocol):
     def chat(self, messages: Sequence[Mapping[str, str]]) -> Prompt: ...
 
     def generate(self, prompt: Prompt, sampling: Sampling) -> Generator[Piece, None, None]: ...
+
+
+@runtime_checkable
+class BatchedLanguageSession(LanguageSession, Protocol):
+    """A language session that generates several answers at once (continuous batching): the
+    caller `admit`s a sequence into a free slot, calls `step` (one decode: a token for every
+    answer under way, and the prompts that joined since), and `drop`s a sequence to free its
+    slot (finished, or its client gone) before the next step. One caller thread at a time
+    (edged.inference.generation's worker); `generate` runs one answer through the same slots."""
+
+    sequences: int  # slots: answers generated at once
+
+    def free_slots(self) -> int: ...
+
+    def admit(self, prompt: Prompt, sampling: Sampling) -> int:
+        """A slot for this answer; raises InvalidInput (a JSON schema it cannot follow) before
+        taking one, and RuntimeError when none is free."""
+        ...
+
+    def step(self) -> list[tuple[int, Piece | Exception]]:
+        """One decode; (slot, Piece) for each answer that got a token (one still reading a
+        long prompt may get none). A Piece with a finish_reason ends its answer: drop it; so
+        does an exception in place of a Piece (that answer failed alone). An exception raised
+        fails every answer of the session."""
+        ...
+
+    def drop(self, slot: int) -> None:
+        """Free `slot` (its KV cache and sampler); a slot already free is left alone."""
+        ...
 
 
 class Backend(Protocol):

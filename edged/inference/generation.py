@@ -1,7 +1,10 @@
 """Generation for language models: a fair queue per model (bounded, priorities, a deadline for
-each request's wait) and one worker thread per model that generates off the event loop, a
-request at a time, leasing the model from the warm cache for each (so an OTA swap lets the
-one generating finish on the old version while the next starts on the new). A request's
+each request's wait) and one worker thread per model that generates off the event loop,
+leasing the model from the warm cache for each request (so an OTA swap lets the answers under
+way finish on the old version while the next start on the new). A session that batches
+(`BatchedLanguageSession`, `llm.sequences` > 1) generates up to that many answers at once: the
+worker admits queued requests into free slots between steps, and each step gives every answer
+under way its next token; any other session generates a request at a time. A request's
 `Generation` is its handle: events come to it on its event loop as they happen (start, one
 piece per token, done or error); `cancel()` (the client gone) stops it within one token."""
 
@@ -18,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edged.backends import LanguageSession, Piece, Prompt, Sampling
+from edged.backends import BatchedLanguageSession, LanguageSession, Piece, Prompt, Sampling
 from edged.core.errors import (
     EdgedError,
     InferenceFailed,
@@ -28,6 +31,7 @@ from edged.core.errors import (
     Timeout,
 )
 from edged.inference.cache import ModelCache
+from edged.inference.sequences import Sequences
 from edged.model.config import LanguageConfig
 
 logger = logging.getLogger(__name__)
@@ -49,6 +53,7 @@ class Ask:
     top_p: float = 0.95
     stop: tuple[str, ...] = ()
     json_schema: str | None = None  # the answer is JSON: "{}" any object, else this schema
+    seed: int | None = None  # the sampler's seed (temperature > 0); None: random
     priority: int = 0  # 1 is the highest; 0 = the model's default
     timeout_s: float | None = None  # the longest wait in the queue; None = the model's
 
@@ -144,11 +149,16 @@ class _Line:
         self._heap: list[_Queued] = []
         self._seq = itertools.count()
         self._closed = False
-        self.busy = False
-        self.current: Generation | None = None  # the one generating
+        self.current: Generation | None = None  # the one generating alone (no batching)
+        self.running = Sequences(counters)  # the answers under way in batching sessions
+        self._blocked = False  # a request went back to the queue: no slot for it yet
         self._thread = threading.Thread(target=self._run, name=f"edged-generate-{name}",
                                          daemon=True)
         self._thread.start()
+
+    @property
+    def generating(self) -> int:
+        return len(self.running) + (self.current is not None)
 
     @property
     def queued(self) -> int:
@@ -200,19 +210,34 @@ class _Line:
         self._lower_priority()
         while True:
             with self._cond:
-                while not self._closed:
+                while True:
                     wait = self._expire()
-                    if self._heap:
+                    if self.running or (self._heap and not self._closed):
                         break
+                    if self._closed:
+                        return
                     self._cond.wait(wait)
-                if self._closed:
-                    return
-                generation = heapq.heappop(self._heap).generation
-                self.busy, self.current = True, generation
-            try:
-                self._serve(generation)
-            finally:
-                self.busy, self.current = False, None
+            self._blocked = False
+            while self._start(self._pop()):  # admit while there is room, a request at a time
+                pass
+            if self.running:
+                self.running.step()
+            elif self._blocked:  # requeued with nothing under way: slots held elsewhere
+                with self._cond:
+                    self._cond.wait(0.05)
+
+    def _pop(self) -> _Queued | None:
+        """The next request, if one may start now: up to `llm.sequences` answers at once."""
+        with self._cond:
+            if self._closed or not self._heap or len(self.running) >= self.config.sequences:
+                return None
+            return heapq.heappop(self._heap)
+
+    def _requeue(self, queued: _Queued) -> None:
+        """Back in its place (its level and arrival kept) until a slot frees."""
+        with self._cond:
+            heapq.heappush(self._heap, queued)
+            self._blocked = True
 
     def _lower_priority(self) -> None:
         """This thread (and the llama.cpp threads it starts, which inherit it) yields the CPU
@@ -238,21 +263,39 @@ class _Line:
         deadlines = [q.deadline for q in self._heap if q.deadline != float("inf")]
         return max(0.0, min(deadlines) - now) if deadlines else None
 
-    def _serve(self, generation: Generation) -> None:
+    def _start(self, queued: _Queued | None) -> bool:
+        """Admit a request into a batching session's free slot, or, on a session that
+        generates alone, generate its whole answer now (when no batched one is under way).
+        False: admit no more before the next step."""
+        if queued is None:
+            return False
+        generation = queued.generation
         if generation.cancelled.is_set():
-            return
+            return True
         ask = generation.ask
         try:
             lease = self.cache.acquire(ask.model, ask.version)
         except EdgedError as exc:
             self.counters.failed += 1
             generation._emit(exc)
-            return
+            return True
+        session = lease.session
+        batching = isinstance(session, BatchedLanguageSession) and session.sequences > 1
+        full = isinstance(session, BatchedLanguageSession) and not session.free_slots()
+        if (batching and full) or (not batching and self.running):
+            lease.release()  # its turn comes when a slot frees (an OTA swap's brief overlap)
+            self._requeue(queued)
+            return False
         try:
-            session = lease.session
             if not isinstance(session, LanguageSession):
                 raise InvalidInput(f"{lease.model.label} is not a language model: it cannot "
                                    "generate")
+            if isinstance(session, BatchedLanguageSession) and batching:
+                prompt: Prompt = session.chat(ask.messages) if ask.messages is not None \
+                    else session.prompt(ask.prompt)
+                self.running.admit(generation, lease, session, prompt, self._sampling(ask))
+                return True
+            self.current = generation
             self._generate(generation, session, lease.model.version)
         except EdgedError as exc:
             self.counters.failed += 1
@@ -262,16 +305,21 @@ class _Line:
             self.counters.failed += 1
             generation._emit(InferenceFailed(f"{lease.model.label}: generation failed: {exc}"))
         finally:
-            lease.release()
+            self.current = None
+            if not self.running.holds(lease):
+                lease.release()
+        return batching
+
+    def _sampling(self, ask: Ask) -> Sampling:
+        return Sampling(ask.max_tokens or self.config.max_tokens, ask.temperature, ask.top_p,
+                        ask.stop, ask.json_schema, ask.seed)
 
     def _generate(self, generation: Generation, session: LanguageSession,
                   version: int) -> None:
         ask = generation.ask
         prompt: Prompt = session.chat(ask.messages) if ask.messages is not None \
             else session.prompt(ask.prompt)
-        sampling = Sampling(ask.max_tokens or self.config.max_tokens, ask.temperature,
-                            ask.top_p, ask.stop, ask.json_schema)
-        pieces = session.generate(prompt, sampling)  # raises for what it cannot follow
+        pieces = session.generate(prompt, self._sampling(ask))  # raises what it cannot follow
         generation._emit(Started(version, len(prompt.tokens), session.context_length))
         count, reason = 0, "cancelled"
         try:
@@ -316,7 +364,7 @@ class Generations:
         if not model.is_language:
             raise InvalidInput(f"{model.label} is not a language model (its file is "
                                f"{model.model_path.name}): it cannot generate; language "
-                               "models are model.gguf files")
+                               "models are model.gguf files or trtllm/ folders")
         generation = Generation(ask, to)
         self._line(ask.model, model.config.llm).put(generation)
         return generation
@@ -330,7 +378,7 @@ class Generations:
                 counters = self.counters.setdefault(name, GenerationCounters())
                 line = self._lines[name] = _Line(name, self.cache, config, counters,
                                                  self._clock)
-            else:  # one worker per model whatever its versions: a session generates alone
+            else:  # one worker per model whatever its versions (a session's slots are its)
                 line.config = config  # a new version's model.yaml: its bounds from now on
             return line
 
@@ -338,7 +386,7 @@ class Generations:
         with self._lock:
             lines = dict(self._lines)
         return {name: {**vars(self.counters[name]), "queued": line.queued,
-                       "generating": int(line.busy)} for name, line in lines.items()}
+                       "generating": line.generating} for name, line in lines.items()}
 
     def close(self, timeout_s: float = GRACE_S) -> None:
         """Refuse new requests, fail the queued ones; a running answer gets `timeout_s` to
@@ -352,8 +400,10 @@ class Generations:
         deadline = time.monotonic() + timeout_s
         for line in lines:
             line.join(max(0.0, deadline - time.monotonic()))
-            current = line.current
-            if current is not None:  # past the deadline: its answer ends where it is
-                current.cancel()
+            late = line.running.generations() + [
+                g for g in (line.current,) if g is not None]
+            for generation in late:  # past the deadline: its answer ends where it is
+                generation.cancel()
+            if late:
                 line.join(JOIN_S)
 

@@ -105,8 +105,9 @@ class ModelLoader:
         return Loaded(model, session, backend.name, spec.precision, seconds, upgrade)
 
     def _load_language(self, model: ModelVersion) -> Loaded:
-        """A model.gguf on llama.cpp, warmed by generating one token before it is ready."""
-        backend = choose_backend("llamacpp")
+        """A language model (model.gguf on llama.cpp, a trtllm/ folder on TensorRT-LLM),
+        warmed by generating one token before it is ready."""
+        backend = choose_backend(model.config.backend)
         started = self._clock()
         spec = LoadSpec(model.name, model.version, model.model_path, model.inputs,
                         model.outputs, 0, llm=model.config.llm)
@@ -115,9 +116,10 @@ class ModelLoader:
         except EdgedError:
             raise
         except Exception as exc:  # llama.cpp's own error types: report, never crash
-            logger.exception("%s: llama.cpp failed to load it", model.label,
+            logger.exception("%s: %s failed to load it", model.label, backend.name,
                              extra=journal_fields(model, "model_load_failed"))
-            raise ModelLoadError(f"{model.label}: llama.cpp failed to load: {exc}") from exc
+            raise ModelLoadError(f"{model.label}: {backend.name} failed to load: {exc}"
+                                 ) from exc
         warmed = "no warm-up"
         if model.config.warmup.enabled and isinstance(session, LanguageSession):
             try:
@@ -131,10 +133,11 @@ class ModelLoader:
                 raise ModelLoadError(f"{model.label}: warm-up generation failed: {exc}"
                                      ) from exc
         seconds = self._clock() - started
-        logger.info("%s ready on llamacpp (%s) in %.2fs, %.1f MB, %s", model.label,
+        logger.info("%s ready on %s (%s) in %.2fs, %.1f MB, %s", model.label, backend.name,
                     ", ".join(session.providers), seconds, session.nbytes / 1e6, warmed,
                     extra=journal_fields(model, "model_ready"))
-        return Loaded(model, session, backend.name, "gguf", seconds)
+        return Loaded(model, session, backend.name,
+                      "gguf" if backend.name == "llamacpp" else "engine", seconds)
 
     def _open(self, model: ModelVersion, backend: Backend, spec: LoadSpec,
               options: BackendOptions, *, upgrading: bool

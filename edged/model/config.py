@@ -309,7 +309,8 @@ class QuantizationConfig:
 
 @dataclass(frozen=True)
 class LanguageConfig:
-    """A language model's (model.gguf, on llama.cpp) context, threads and request queue."""
+    """A language model's (model.gguf on llama.cpp, a trtllm/ folder on TensorRT-LLM) context,
+    sequences, threads and request queue."""
 
     context: int = setting(2048, "tokens of context (prompt + answer) one sequence holds; its "
                            "KV cache is charged to the cache budget with the weights",
@@ -321,8 +322,13 @@ class LanguageConfig:
                         check=between(0, 19))
     batch_threads: int | None = setting(None, "CPU threads that read the prompt; null = "
                                         "`threads`", check=between(1, 256))
-    batch_size: int = setting(512, "prompt tokens evaluated per step (llama.cpp's n_batch)",
-                              check=between(1, 8192))
+    batch_size: int = setting(512, "prompt tokens evaluated per step (llama.cpp's n_batch); "
+                              "with several sequences, the tokens of one step (a token per "
+                              "answer and the prompts that join)", check=between(1, 8192))
+    sequences: int = setting(4, "answers generated at once in one batched decode (continuous "
+                             "batching; each holds `context` tokens of KV cache, charged to "
+                             "the cache budget); 1 = one at a time, llama-cpp-python's own "
+                             "generate", check=between(1, 64))
     gpu_layers: int = setting(0, "layers offloaded to the GPU where llama.cpp was built with "
                               "CUDA (-1 = all); 0 = the CPU only", check=at_least(-1))
     max_tokens: int = setting(256, "answer tokens of a request that names no max_tokens",
@@ -357,10 +363,10 @@ class ModelConfig:
         "auto", "execution instances (worker threads; TensorRT contexts): auto = one per core "
         "on the CPU, two on a GPU (edged.inference.instances)", check=lambda v: None if v == "auto"
         else between(1, 64)(v))
-    backend: Literal["auto", "tensorrt", "onnxruntime", "llamacpp"] = setting(
+    backend: Literal["auto", "tensorrt", "onnxruntime", "llamacpp", "tensorrt_llm"] = setting(
         "auto", "which backend runs the model: auto = the daemon's backends.default (itself "
         "auto: TensorRT where it can run, else ONNX Runtime); a model.gguf is always "
-        "llamacpp's (a language model)")
+        "llamacpp's, a trtllm/ folder tensorrt_llm's (language models)")
     precision: Literal["auto", "fp32", "fp16", "int8"] = setting(
         "auto", "auto: INT8 where a gated variant exists and is faster (TensorRT: always); "
         "int8: the gated variant or no load")
@@ -381,7 +387,8 @@ class ModelConfig:
                                    "asked (same input bytes, dtypes, shapes and outputs) from "
                                    "the response cache (cache.responses_mb), as Triton does")
     llm: LanguageConfig = setting(factory=LanguageConfig,
-                                  help="a language model's (model.gguf) context, threads, queue")
+                                  help="a language model's (model.gguf, trtllm/) context, "
+                                  "sequences, threads, queue")
     deterministic: bool = setting(True, "the same inputs always give the same outputs; false "
                                   "(a model that samples) rules out the response cache")
 

@@ -30,12 +30,17 @@ from edged.model.heads import Head
 from edged.model.resolve import resolve_processing
 from edged.model.signature import Signature, read_signature, reconcile
 from edged.model.tensor import TensorSpec, fixed_batch
+from edged.model.trtllm import kv_bytes_per_token
 
 logger = logging.getLogger(__name__)
 
 MODEL_FILE = "model.onnx"
 GGUF_FILE = "model.gguf"  # a language model, served by the llama.cpp backend
 MODEL_FILES = (MODEL_FILE, GGUF_FILE)  # a version holds one of them: its kind is told by it
+# Or this folder: a TensorRT-LLM engine (trtllm-build's output) or checkpoint with its
+# tokenizer, a language model served by the tensorrt_llm backend on a GPU.
+TRTLLM_DIR = "trtllm"
+LANGUAGE_BACKENDS = ("llamacpp", "tensorrt_llm")
 INT8_FILE = "model.int8.onnx"
 CONFIG_FILE = "model.yaml"
 ACTIVE_FILE = "active"  # holds the version new requests get, written atomically
@@ -72,12 +77,16 @@ class ModelVersion:
 
     @property
     def is_language(self) -> bool:
-        """A language model (model.gguf): it generates text; it takes no tensors."""
-        return self.config.backend == "llamacpp"
+        """A language model (model.gguf, or a trtllm/ folder): it generates text; it takes no
+        tensors."""
+        return self.config.backend in LANGUAGE_BACKENDS
 
     @property
     def model_path(self) -> Path:
-        """The file a backend loads: model.gguf for a language model, else model.onnx."""
+        """What a backend loads: model.gguf or the trtllm/ folder for a language model, else
+        model.onnx."""
+        if self.config.backend == "tensorrt_llm":
+            return self.dir / TRTLLM_DIR
         return self.dir / (GGUF_FILE if self.is_language else MODEL_FILE)
 
     @property
@@ -206,7 +215,8 @@ class ModelRepository:
             raise ModelNotFound(f"model {name!r} has no version {version} ({self.root / name})")
         vdir = self.version_dir(name, version)
         stamp = tuple(_stamp(p) for p in (self.model_dir(name) / CONFIG_FILE, vdir / CONFIG_FILE,
-                                           vdir / MODEL_FILE, vdir / GGUF_FILE))
+                                           vdir / MODEL_FILE, vdir / GGUF_FILE,
+                                           vdir / TRTLLM_DIR / "config.json"))
         with self._lock:
             cached = self._parsed.get((name, version))
         if cached and cached[0] == stamp:
@@ -229,6 +239,8 @@ class ModelRepository:
             parsed = parse(ModelConfig, "{}")
         if (vdir / GGUF_FILE).is_file() and not (vdir / MODEL_FILE).is_file():
             return language_version(name, version, vdir, parsed.value, yaml_path)
+        if _trtllm(vdir) and not (vdir / MODEL_FILE).is_file():
+            return trtllm_version(name, version, vdir, parsed.value, yaml_path)
         signature: Signature = read_signature(vdir / MODEL_FILE)
         config, inputs, outputs = reconcile(parsed, signature, yaml_path, vdir / MODEL_FILE)
         resolved = resolve_processing(config, parsed.lines, signature, inputs, outputs,
@@ -338,7 +350,11 @@ class ModelRepository:
 
 
 def _model_file(vdir: Path) -> bool:
-    return any((vdir / f).is_file() for f in MODEL_FILES)
+    return any((vdir / f).is_file() for f in MODEL_FILES) or _trtllm(vdir)
+
+
+def _trtllm(vdir: Path) -> bool:
+    return (vdir / TRTLLM_DIR / "config.json").is_file()
 
 
 def language_version(name: str, version: int, vdir: Path, config: ModelConfig,
@@ -356,6 +372,21 @@ def language_version(name: str, version: int, vdir: Path, config: ModelConfig,
                            f"{trained} tokens {vdir / GGUF_FILE} was trained for")
     config = dataclasses.replace(config, backend="llamacpp", max_batch_size=0, batching=False,
                                  deterministic=False, response_cache=False)
+    text = np.dtype(np.object_)
+    return ModelVersion(name, version, vdir, config, (TensorSpec("text_input", text, (1,)),),
+                        (TensorSpec("text_output", text, (-1,)),))
+
+
+def trtllm_version(name: str, version: int, vdir: Path, config: ModelConfig,
+                   yaml_path: Path) -> ModelVersion:
+    """A trtllm/ version: its backend TensorRT-LLM (another named in model.yaml is an error),
+    its config.json readable for the KV cache's size, its signature a language model's."""
+    if config.backend not in ("auto", "tensorrt_llm"):
+        raise InvalidModel(f"{yaml_path}: backend: {config.backend} cannot run "
+                           f"{vdir / TRTLLM_DIR} (a TensorRT-LLM model runs on tensorrt_llm)")
+    kv_bytes_per_token(vdir / TRTLLM_DIR)
+    config = dataclasses.replace(config, backend="tensorrt_llm", max_batch_size=0,
+                                 batching=False, deterministic=False, response_cache=False)
     text = np.dtype(np.object_)
     return ModelVersion(name, version, vdir, config, (TensorSpec("text_input", text, (1,)),),
                         (TensorSpec("text_output", text, (-1,)),))

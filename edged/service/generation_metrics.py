@@ -28,7 +28,7 @@ class GenerationCollector(Collector):
         queued = GaugeMetricFamily("edged_generation_queued", "requests waiting now",
                                    labels=["model"])
         running = GaugeMetricFamily("edged_generation_running", "requests generating now "
-                                    "(one per model at most)", labels=["model"])
+                                    "(up to the model's llm.sequences)", labels=["model"])
         for model, row in sorted(stats.items()):
             for outcome in OUTCOMES:
                 requests.add_metric([model, outcome], row[outcome])

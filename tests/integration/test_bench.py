@@ -60,7 +60,8 @@ def test_bench_describer_when_run_quick_measures_both_sides(
 def test_bench_llm_when_run_quick_measures_both_paths_on_the_same_prompts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert bench(["llm", "--quick", "--out", str(tmp_path)]) == 0
-    assert "| edged / direct |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| edged / direct |" in out and "the batching gain" in out
     results = json.loads((tmp_path / "llm.json").read_text())
     for side in ("direct", "edged"):
         rows = results[side]
@@ -68,7 +69,12 @@ def test_bench_llm_when_run_quick_measures_both_paths_on_the_same_prompts(
         # greedy on the same prompts: both generate the same number of tokens
         assert all(r["tokens"] > 1 and r["ttft_s"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     assert [r["tokens"] for r in results["direct"]] == [r["tokens"] for r in results["edged"]]
-    assert results["concurrent"]["tokens"] > results["concurrent"]["clients"]
+    batching = results["batching"]  # four chats at once, batched and queued, both measured
+    for side in ("on", "off"):
+        assert len(batching[side]) == batching["rounds"] == 2
+        assert all(r["tokens"] > r["clients"] == 4 and len(r["ttft_ms"]) == 4
+                   for r in batching[side])
+    assert batching["gain"] > 0
     beside = results["beside_a_stream"]  # the stream's results counted with and without
     assert beside["mean_fps_no_chat"] > 0 and beside["mean_fps_chat"] > 0
     assert beside["chat_tokens_per_s"] > 0

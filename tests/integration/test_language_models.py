@@ -44,13 +44,17 @@ def llm(real_models: Path, repo_template: Path,
     (models / "smol" / "1").mkdir(parents=True)
     (models / "smol" / "1" / "model.gguf").symlink_to(real_models / LANGUAGE_MODEL)
     (models / "smol" / "model.yaml").write_text(
-        f"llm: {{context: {CONTEXT}, threads: 1, max_tokens: 8, max_queue: 3}}\n")
+        f"llm: {{context: {CONTEXT}, threads: 1, max_tokens: 8, max_queue: 3, sequences: 2}}\n")
+    (models / "smol1" / "1").mkdir(parents=True)  # the same file, one answer at a time
+    (models / "smol1" / "1" / "model.gguf").symlink_to(real_models / LANGUAGE_MODEL)
+    (models / "smol1" / "model.yaml").write_text(
+        f"llm: {{context: {CONTEXT}, threads: 1, sequences: 1}}\n")
     shutil.copytree(repo_template / "tiny_cls", models / "tiny_cls")
     short = Path(tempfile.mkdtemp(prefix="ed-", dir="/tmp"))
     sock, port = short / "s.sock", free_port()
     config = parse_config(f"""device_id: test
 models_dir: {models}
-cache: {{dir: {root / 'cache'}, preload: [smol, tiny_cls]}}
+cache: {{dir: {root / 'cache'}, preload: [smol, smol1, tiny_cls]}}
 backends: {{onnxruntime: {{providers: [cpu], intra_op_threads: 1}}}}
 api: {{socket: {sock}, http: "127.0.0.1:{port}"}}
 mqtt: {{enabled: false}}
@@ -126,7 +130,7 @@ def test_openai_completion_when_stop_given_ends_before_it(client: openai.OpenAI)
 
 def test_openai_models_when_listed_names_the_language_models_only(
         client: openai.OpenAI) -> None:
-    assert [m.id for m in client.models.list()] == ["smol"]
+    assert [m.id for m in client.models.list()] == ["smol", "smol1"]
 
 
 def test_openai_when_request_is_bad_answers_400_in_openais_shape(
@@ -175,6 +179,18 @@ def test_openai_chat_when_json_schema_given_answers_json_that_fits_it(
     with pytest.raises(openai.BadRequestError, match=r"response_format\.type must be"):
         client.chat.completions.create(model="smol", messages=messages, max_tokens=2,
                                        response_format={"type": "xml"})  # type: ignore[arg-type]
+
+
+def test_openai_when_seed_given_samples_the_same_answer_on_either_path(
+        client: openai.OpenAI) -> None:
+    def ask(model: str, seed: int) -> str:
+        return client.completions.create(
+            model=model, prompt="In the middle of the night, a small fox",
+            max_tokens=16, temperature=1.0, seed=seed).choices[0].text
+
+    first = ask("smol", 11)
+    assert ask("smol", 11) == first == ask("smol1", 11)  # batched, or one at a time
+    assert len({first, ask("smol", 12), ask("smol", 13)}) > 1
 
 
 def test_openai_routes_when_curl_sends_what_clients_may_answer_each_in_openais_shape(
@@ -239,6 +255,7 @@ def test_generate_when_request_is_bad_answers_400_naming_why(llm: Served) -> Non
         ("smol", {"text_input": 5}, 400, "text_input must be a string"),
         ("smol", {"text_input": "hi", "max_tokens": 0}, 400, "max_tokens must be an integer"),
         ("smol", {"text_input": "hi", "stop": ["a"] * 9}, 400, "stop must be"),
+        ("smol", {"text_input": "hi", "seed": -1}, 400, "seed must be an integer from 0"),
         ("smol", {"text_input": "word " * 400}, 400,
          f"tokens; the context holds {CONTEXT}"),
         ("tiny_cls", {"text_input": "hi"}, 400, "not a language model"),
@@ -296,11 +313,12 @@ def test_generate_when_client_of_a_whole_answer_hangs_up_stops_generating(
     assert after["tokens"] - before.get("tokens", 0) < 200
 
 
-def test_queue_when_busy_serves_higher_priority_first_and_bounds_the_rest(
+def test_queue_when_slots_are_busy_serves_higher_priority_first_and_bounds_the_rest(
         llm: Served) -> None:
     generations = llm.daemon.generations
 
-    async def scenario() -> tuple[list[str], BaseException | None, BaseException | None]:
+    async def scenario() -> tuple[list[str], BaseException | None, BaseException | None,
+                                  dict[str, Any]]:
         loop = asyncio.get_running_loop()
 
         def submit(priority: int, max_tokens: int = 1, timeout_s: float | None = None
@@ -309,32 +327,65 @@ def test_queue_when_busy_serves_higher_priority_first_and_bounds_the_rest(
                                           temperature=0, priority=priority,
                                           timeout_s=timeout_s), loop)
 
-        busy = submit(1, max_tokens=200)
-        assert isinstance(await busy.next(), Started)  # generating: the rest queue
-        low, high = submit(2), submit(1)
+        busy = [submit(1, max_tokens=200) for _ in range(2)]  # both sequences (llm.sequences)
+        for generation in busy:
+            assert isinstance(await generation.next(), Started)
+        low, high = submit(2), submit(1, max_tokens=200)
         late = submit(1, timeout_s=0.3)
         refused: BaseException | None = None
         try:
             submit(1)  # the queue holds 3 (llm.max_queue)
         except QueueFull as exc:
             refused = exc
-        timed_out = await late.next()  # failed by the deadline while `busy` still runs
-        busy.cancel()
+        timed_out = await late.next()  # failed by the deadline while both slots generate
+        seen = generations.statistics()["smol"]
         order: list[str] = []
-
-        async def finish(name: str, generation: Generation) -> None:
-            while not isinstance(await generation.next(), Done):
+        busy[0].cancel()  # one slot frees: the higher priority takes it, the other waits
+        assert isinstance(await asyncio.wait_for(high.next(), 60), Started)
+        order.append("high")
+        assert generations.statistics()["smol"]["queued"] == 1  # low: no slot yet
+        busy[1].cancel()
+        assert isinstance(await asyncio.wait_for(low.next(), 60), Started)
+        order.append("low")
+        high.cancel()
+        for generation in (*busy, high, low):
+            while not isinstance(await asyncio.wait_for(generation.next(), 60), Done):
                 pass
-            order.append(name)
+        return order, refused, timed_out if isinstance(timed_out, Timeout) else None, seen
 
-        await asyncio.wait_for(asyncio.gather(finish("busy", busy), finish("low", low),
-                                              finish("high", high)), 60)
-        return order, refused, timed_out if isinstance(timed_out, Timeout) else None
-
-    order, refused, timed_out = asyncio.run(scenario())
-    assert order == ["busy", "high", "low"]
+    order, refused, timed_out, seen = asyncio.run(scenario())
+    assert order == ["high", "low"]
     assert isinstance(refused, QueueFull) and "llm.max_queue 3" in str(refused)
     assert isinstance(timed_out, Timeout)
+    assert seen["generating"] == 2 and seen["queued"] == 2
+
+
+def test_openai_when_chats_come_at_once_answers_as_one_at_a_time(
+        client: openai.OpenAI) -> None:
+    """Speed never buys a different answer: greedy chats and completions asked together of
+    the batched model (two sequences, so the third waits for a slot and takes a freed one)
+    answer what the same file answers one at a time. Three asks: the queue holds three."""
+    asks: list[dict[str, Any]] = [
+        {"messages": [{"role": "user", "content": "Describe a red car."}], "max_tokens": 20},
+        {"prompt": "Once upon a time, in a town by the sea, there lived", "max_tokens": 24},
+        {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 12, "stop": [" 9"]}]
+
+    def ask(model: str, body: dict[str, Any]) -> tuple[str, str | None]:
+        if "messages" in body:
+            chat = client.chat.completions.create(model=model, temperature=0, **body)
+            return chat.choices[0].message.content or "", chat.choices[0].finish_reason
+        done = client.completions.create(model=model, temperature=0, **body)
+        return done.choices[0].text, done.choices[0].finish_reason
+
+    alone = [ask("smol1", body) for body in asks]
+    got: dict[int, tuple[str, str | None]] = {}
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, ask("smol", asks[i])))
+               for i in range(len(asks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert [got.get(i) for i in range(len(asks))] == alone
 
 
 def test_generation_when_running_yields_the_cpu_to_the_cameras(llm: Served) -> None:

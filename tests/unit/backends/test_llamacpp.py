@@ -1,7 +1,9 @@
 """The llama.cpp backend on the real SmolLM2 GGUF (from its wheel): loaded through the warm
 cache under its byte budget and warmed, a token per piece, stop strings, max_tokens and a full
 context, the prompt too long for the context, and a corrupt file that fails its load while the
-version before it serves on. The model's answers are poor: only their shape is checked."""
+version before it serves on; each on both paths, several sequences batched (`smol`, the
+default `llm.sequences`) and one at a time (`smol1`, `sequences: 1`). The model's answers are
+poor: only their shape is checked."""
 
 from __future__ import annotations
 
@@ -11,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edged.backends import LanguageSession, Piece, Sampling, choose_backend
+from edged.backends import (
+    BatchedLanguageSession,
+    LanguageSession,
+    Piece,
+    Sampling,
+    choose_backend,
+)
 from edged.backends.llamacpp import _stop_prefix
 from edged.core.errors import InvalidInput, ModelLoadError
 from edged.inference.cache import ModelCache
@@ -40,6 +48,10 @@ def repo(gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> ModelRepositor
         f"llm: {{context: {CONTEXT}, threads: 1, max_tokens: 8}}\n"
         "version_policy: {all: true}\n")
     (root / "smol" / "active").write_text("1\n")
+    (root / "smol1" / "1").mkdir(parents=True)
+    (root / "smol1" / "1" / GGUF_FILE).symlink_to(gguf)
+    (root / "smol1" / "model.yaml").write_text(
+        f"llm: {{context: {CONTEXT}, threads: 1, max_tokens: 8, sequences: 1}}\n")
     return ModelRepository(root)
 
 
@@ -47,13 +59,14 @@ def repo(gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> ModelRepositor
 def cache(repo: ModelRepository) -> Iterator[ModelCache]:
     cache = ModelCache(repo, budget_bytes=512 * 1024 * 1024)
     cache.load("smol")
+    cache.load("smol1")
     yield cache
     cache.close(timeout_s=10)
 
 
-@pytest.fixture
-def session(cache: ModelCache) -> Iterator[LanguageSession]:
-    with cache.acquire("smol") as lease:
+@pytest.fixture(params=["smol", "smol1"])
+def session(cache: ModelCache, request: pytest.FixtureRequest) -> Iterator[LanguageSession]:
+    with cache.acquire(request.param) as lease:
         assert isinstance(lease.session, LanguageSession)
         yield lease.session
 
@@ -67,14 +80,18 @@ def test_choose_backend_when_auto_never_picks_llamacpp_for_onnx() -> None:
     assert choose_backend("llamacpp").unavailable_reason() is None
 
 
-def test_cache_when_gguf_loaded_charges_weights_and_kv_cache(
-        cache: ModelCache, gguf: Path) -> None:
-    status = {row.version: row for row in cache.status() if row.name == "smol"}
-    kv = read_header(gguf).kv_cache_bytes(CONTEXT)
-    with cache.acquire("smol") as lease:
+@pytest.mark.parametrize(("name", "sequences", "providers"), [
+    ("smol", 4, "llama.cpp (1 threads, CPU, 4 sequences)"),
+    ("smol1", 1, "llama.cpp (1 threads, CPU)")])
+def test_cache_when_gguf_loaded_charges_weights_and_kv_cache_of_every_sequence(
+        cache: ModelCache, gguf: Path, name: str, sequences: int, providers: str) -> None:
+    status = {row.version: row for row in cache.status() if row.name == name}
+    kv = read_header(gguf).kv_cache_bytes(CONTEXT) * sequences
+    with cache.acquire(name) as lease:
         assert lease.session.nbytes == gguf.stat().st_size + kv
-        assert lease.session.providers == ["llama.cpp (1 threads, CPU)"]
+        assert lease.session.providers == [providers]
         assert lease.model.version == 1
+        assert isinstance(lease.session, BatchedLanguageSession) == (sequences > 1)
     assert status[1].state.value == "READY" and status[1].backend == "llamacpp"
     assert status[1].nbytes == gguf.stat().st_size + kv
 
@@ -90,6 +107,17 @@ def test_generate_when_greedy_gives_the_same_text_twice(session: LanguageSession
     sampling = Sampling(max_tokens=6, temperature=0)
     first = "".join(p.text for p in run(session, "The capital of France is", sampling))
     assert first == "".join(p.text for p in run(session, "The capital of France is", sampling))
+
+
+def test_generate_when_the_same_prompt_comes_again_answers_it_the_same(
+        session: LanguageSession) -> None:
+    """llama-cpp-python would re-read only the last token of a prompt it read before, by other
+    kernels than a prompt's: this prompt's greedy answer then changed at its fourth word."""
+    text = "Once upon a time, in a town by the sea, there lived"
+    first = run(session, text, Sampling(24, 0.0))
+    assert run(session, text, Sampling(24, 0.0)) == first
+    run(session, text + " a", Sampling(2, 0.0))  # a longer prompt sharing its start, between
+    assert run(session, text, Sampling(24, 0.0)) == first
 
 
 def test_generate_when_stop_string_comes_ends_before_it(session: LanguageSession) -> None:

@@ -1,0 +1,114 @@
+"""The answers one model's generation worker has under way in a batching session's slots
+(continuous batching, decision 040): admitted between steps, each step a token for every one
+of them, and each that ends (its answer done, its client gone, its decode failed) leaves its
+slot and its model lease before the next step."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edged.backends import BatchedLanguageSession, Prompt, Sampling
+from edged.core.errors import EdgedError, InferenceFailed
+from edged.inference.entries import Lease
+
+if TYPE_CHECKING:
+    from edged.inference.generation import Generation, GenerationCounters
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Running:
+    generation: Generation
+    lease: Lease
+    session: BatchedLanguageSession
+    slot: int
+    prompt_tokens: int
+    count: int = 0
+
+
+class Sequences:
+    """Used by the worker's thread only; `generations()` may be read from another."""
+
+    def __init__(self, counters: GenerationCounters) -> None:
+        self._counters = counters
+        self._running: list[_Running] = []
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def holds(self, lease: Lease) -> bool:
+        return any(r.lease is lease for r in self._running)
+
+    def generations(self) -> list[Generation]:
+        return [r.generation for r in list(self._running)]
+
+    def admit(self, generation: Generation, lease: Lease, session: BatchedLanguageSession,
+              prompt: Prompt, sampling: Sampling) -> None:
+        """Into a free slot (raises what the session cannot follow, holding nothing)."""
+        from edged.inference.generation import Started
+
+        slot = session.admit(prompt, sampling)
+        self._running.append(_Running(generation, lease, session, slot, len(prompt.tokens)))
+        generation._emit(Started(lease.model.version, len(prompt.tokens),
+                                 session.context_length))
+
+    def step(self) -> None:
+        """One token for every answer under way: the cancelled leave first (their slots free
+        for the next request), then each session decodes once (two while an OTA swap lets
+        the old version's answers finish)."""
+        for running in [r for r in self._running if r.generation.cancelled.is_set()]:
+            self._finish(running, "cancelled")
+        for session in list({id(r.session): r.session for r in self._running}.values()):
+            slots = {r.slot: r for r in self._running if r.session is session}
+            try:
+                pieces = session.step()
+            except Exception as exc:  # the decode failed: its answers end with the error
+                label = next(iter(slots.values())).lease.model.label
+                if not isinstance(exc, EdgedError):
+                    logger.exception("%s: a batched decode failed", label)
+                error = exc if isinstance(exc, EdgedError) else InferenceFailed(
+                    f"{label}: generation failed: {exc}")
+                for running in slots.values():
+                    self._finish(running, "", error)
+                continue
+            for slot, piece in pieces:
+                running = slots[slot]
+                if running.generation.cancelled.is_set():
+                    self._finish(running, "cancelled")
+                    continue
+                if isinstance(piece, Exception):  # this answer failed, the others go on
+                    self._finish(running, "", piece if isinstance(piece, EdgedError) else
+                                 InferenceFailed(f"{running.lease.model.label}: {piece}"))
+                    continue
+                running.count += 1
+                running.generation._emit(piece)
+                if piece.finish_reason is not None:
+                    self._finish(running, piece.finish_reason)
+
+    def _finish(self, running: _Running, reason: str, error: EdgedError | None = None
+                ) -> None:
+        from edged.inference.generation import Done
+
+        if running not in self._running:
+            return
+        self._running.remove(running)
+        try:
+            running.session.drop(running.slot)
+        except Exception:  # a slot that cannot be freed is the session's bug: logged
+            logger.exception("%s: freeing a sequence failed", running.lease.model.label)
+        finally:
+            running.lease.release()
+        counters = self._counters
+        counters.tokens += running.count
+        if error is not None:
+            counters.failed += 1
+            running.generation._emit(error)
+            return
+        if reason == "cancelled":
+            counters.cancelled += 1
+        else:
+            counters.completed += 1
+        running.generation._emit(Done(running.prompt_tokens, running.count, reason))
