@@ -108,7 +108,13 @@ class SegmentRecorder:
         try:
             self._writer = ClipWriter(self.store.folder(self.stream) / f"{self._id}.mp4",
                                       packet.fmt)
+            self.store.reserve_record(self.stream, self._id)
         except Exception as exc:  # PyAV or the filesystem refusing in some new way
+            if self._writer is not None:
+                self._writer.close()  # (nothing written: its file goes)
+                self._writer = None
+            if isinstance(exc, OSError):
+                self.store.write_failed(self.stream, f"segment {self._id}")
             logger.error("stream %s: segment %s cannot be written: %s", self.stream, self._id,
                          exc, extra={"stream": self.stream, "code": "clip_write_failed"})
             return None
@@ -119,14 +125,16 @@ class SegmentRecorder:
         if writer is None:
             return
         written = writer.close()
+        if writer.error is not None:
+            self.store.write_failed(self.stream, f"segment {self._id}")
         if written is None:
+            self.store.forget_record(self.stream, self._id)
             return
         info = ClipInfo(self._id, self.stream, round(written.start_wall, 3),
                         round(written.end_wall, 3), (), written.size, writer.fmt.codec,
                         writer.fmt.width, writer.fmt.height, written.packets, kind="segment")
         if self.cfg.mode == "all":  # (motion and active_objects wait to be told)
-            self.store.add(info)
-            self.segments_written += 1
+            self.segments_written += self.store.add(info)
             return
         self._decide()  # the one before: its frames' activity is in by now
         self._pending = info
@@ -138,9 +146,8 @@ class SegmentRecorder:
         if info is None:
             return
         if any(info.start_time - ACTIVITY_STEP_S <= t <= info.end_time for t in self._active):
-            self.store.add(info)
-            self.segments_written += 1
+            self.segments_written += self.store.add(info)
         else:
-            self.store.path(info).unlink(missing_ok=True)
+            self.store.discard(info)
             self.dropped_idle += 1
         self._active = [t for t in self._active if t > info.end_time]
