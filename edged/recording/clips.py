@@ -147,12 +147,12 @@ class ClipRecorder:
 
     # -- under the lock ----------------------------------------------------------------------
     def _start(self, start_wall: float, packets: list[Packet], objects: set[str]) -> _Clip | None:
-        if not self.store.has_room():
+        why = self.store.no_room()
+        if why is not None:
             self.refused_no_room += 1
             if not worth_logging(self.refused_no_room):
                 return None
-            logger.warning("stream %s: no clip: the disk is below its free-space floor "
-                           "(recording.min_free_mb); inference goes on", self.stream,
+            logger.warning("stream %s: no clip: %s; inference goes on", self.stream, why,
                            extra={"stream": self.stream, "code": "recording_no_room"})
             return None
         self._number += 1
@@ -165,8 +165,9 @@ class ClipRecorder:
             if writer is not None:
                 writer.close()  # (nothing written: its file goes)
             self.clips_failed += 1
-            if isinstance(exc, OSError):
+            if isinstance(exc, OSError):  # (the disk is full: said as a warning)
                 self.store.write_failed(self.stream, f"clip {cid}")
+                return None
             logger.error("stream %s: clip %s cannot be written: %s", self.stream, cid, exc,
                          extra={"stream": self.stream, "code": "clip_write_failed"})
             return None

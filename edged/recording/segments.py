@@ -95,12 +95,12 @@ class SegmentRecorder:
             self._decide()
 
     def _open(self, packet: Packet) -> ClipWriter | None:
-        if not self.store.has_room():
+        why = self.store.no_room()
+        if why is not None:
             self.refused_no_room += 1
             if worth_logging(self.refused_no_room):
-                logger.warning("stream %s: not recording: the disk is below its free-space "
-                               "floor (recording.min_free_mb); inference goes on", self.stream,
-                               extra={"stream": self.stream, "code": "recording_no_room"})
+                logger.warning("stream %s: not recording: %s; inference goes on", self.stream,
+                               why, extra={"stream": self.stream, "code": "recording_no_room"})
             return None
         self._number += 1
         self._id = clip_id(packet.wall, self.stream, self._number, "segment")
@@ -113,8 +113,9 @@ class SegmentRecorder:
             if self._writer is not None:
                 self._writer.close()  # (nothing written: its file goes)
                 self._writer = None
-            if isinstance(exc, OSError):
+            if isinstance(exc, OSError):  # (the disk is full: said as a warning)
                 self.store.write_failed(self.stream, f"segment {self._id}")
+                return None
             logger.error("stream %s: segment %s cannot be written: %s", self.stream, self._id,
                          exc, extra={"stream": self.stream, "code": "clip_write_failed"})
             return None

@@ -128,9 +128,15 @@ class ClipStore:
     def has_room(self) -> bool:
         """Above the free-space floor, and no write failed in the last FULL_PAUSE_S: a clip
         may start."""
+        return self.no_room() is None
+
+    def no_room(self) -> str | None:
+        """Why no file may start now (None: one may)."""
         if self._full_until and self.clock() < self._full_until:
-            return False
-        return self.free_bytes() >= self.min_free_bytes
+            return "a write failed for want of room moments ago"
+        if self.free_bytes() < self.min_free_bytes:
+            return "the disk is below its free-space floor (recording.min_free_mb)"
+        return None
 
     def write_failed(self, stream: str, what: str) -> None:
         """A file ended early: a write failed (the disk is full). No file starts for a
