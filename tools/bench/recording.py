@@ -131,64 +131,90 @@ def recording_cpu(packets: list[Packet], workdir: Path, repeats: int) -> dict[st
             "bitrate_mbps": round(sum(p.size for p in packets) * 8 / span / 1e6, 2)}
 
 
-def reader_cpu(path: Path, frames: int) -> dict[str, Any]:
-    """CPU per frame: the demuxing reader's real path, ffmpeg -f null, OpenCV."""
-    import cv2
+def reader_cpu(path: Path, frames: int, rounds: int = 3) -> dict[str, Any]:
+    """CPU per frame: the demuxing reader's real path, the decoder alone, ffmpeg -f null,
+    OpenCV; `rounds` rounds one after another, each measure's median (the machine is shared:
+    interleaving keeps the ratios within a round's noise)."""
+    runs: dict[str, list[float]] = {"pyav_reader": [], "pyav_decode_only": [],
+                                    "ffmpeg_null": [], "opencv": []}
+    walls: dict[str, list[float]] = {k: [] for k in runs}
+    counts: dict[str, int] = {}
+    for _ in range(rounds):
+        for name, measure in (("pyav_reader", _reader), ("pyav_decode_only", _decode_only),
+                              ("ffmpeg_null", _ffmpeg_null), ("opencv", _opencv)):
+            cpu, wall, count = measure(path, frames)
+            runs[name].append(cpu / max(count, 1))
+            walls[name].append(wall)
+            counts[name] = count
+    per = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+    return {"frames": counts["pyav_reader"], "packets_recorded": _PACKETS.get("packets", 0),
+            "opencv_frames": counts["opencv"], "rounds": rounds,
+            "cpu_ms_per_frame": {k: round(v * 1000, 3) for k, v in per.items()},
+            "cpu_ms_per_frame_rounds": {k: [round(x * 1000, 3) for x in v]
+                                        for k, v in runs.items()},
+            "wall_s": {k: round(sorted(v)[len(v) // 2], 2) for k, v in walls.items()},
+            "pyav_vs_ffmpeg": round(per["pyav_reader"] / per["ffmpeg_null"], 3),
+            "pyav_vs_opencv": round(per["pyav_reader"] / per["opencv"], 3)}
 
-    class Sink:
-        def __init__(self) -> None:
-            self.packets = 0
 
-        def packet(self, packet: Packet) -> None:
-            self.packets += 1
+class _CountingSink:
+    def __init__(self) -> None:
+        self.packets = 0
 
-        def discontinuity(self, reason: str) -> None:
-            pass
+    def packet(self, packet: Packet) -> None:
+        self.packets += 1
 
-    sink = Sink()
+    def discontinuity(self, reason: str) -> None:
+        pass
+
+
+_PACKETS: dict[str, int] = {}
+
+
+def _reader(path: Path, frames: int) -> tuple[float, float, int]:
+    sink = _CountingSink()
     source = DemuxSource("bench", f"file://{path}", FrameQueue(2, "drop_oldest"),
                          backoff=Backoff(1, 1), sink=sink)
     source.open()
     source._frame_interval_s = 0.0  # as fast as it decodes: no playing at the file's rate
-    start = _cpu_self()
-    wall = time.perf_counter()
+    start, wall = _cpu_self(), time.perf_counter()
     got = 0
     while source.read() is not None:
         got += 1
-    pyav_cpu, pyav_wall = _cpu_self() - start, time.perf_counter() - wall
+    cpu, wall = _cpu_self() - start, time.perf_counter() - wall
     source.close()
+    _PACKETS["packets"] = sink.packets
+    return cpu, wall, got
 
+
+def _decode_only(path: Path, frames: int) -> tuple[float, float, int]:
     import av
 
     with av.open(str(path)) as container:  # the decoder alone: no packets kept, no BGR
         container.streams.video[0].thread_type = "AUTO"
-        start = _cpu_self()
+        start, wall = _cpu_self(), time.perf_counter()
         decoded = sum(1 for _ in container.decode(video=0))
-        decode_cpu = _cpu_self() - start
+        return _cpu_self() - start, time.perf_counter() - wall, decoded
 
-    start = _cpu_children()
-    wall = time.perf_counter()
+
+def _ffmpeg_null(path: Path, frames: int) -> tuple[float, float, int]:
+    start, wall = _cpu_children(), time.perf_counter()
     subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-i", str(path), "-f", "null", "-"],
                    check=True, timeout=600)
-    ffmpeg_cpu, ffmpeg_wall = _cpu_children() - start, time.perf_counter() - wall
+    return _cpu_children() - start, time.perf_counter() - wall, frames
+
+
+def _opencv(path: Path, frames: int) -> tuple[float, float, int]:
+    import cv2
 
     capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
-    start = _cpu_self()
-    wall = time.perf_counter()
-    opencv = 0
+    start, wall = _cpu_self(), time.perf_counter()
+    got = 0
     while capture.read()[0]:
-        opencv += 1
-    opencv_cpu, opencv_wall = _cpu_self() - start, time.perf_counter() - wall
+        got += 1
+    cpu, wall = _cpu_self() - start, time.perf_counter() - wall
     capture.release()
-    per = {"pyav_reader": pyav_cpu / got, "pyav_decode_only": decode_cpu / decoded,
-           "ffmpeg_null": ffmpeg_cpu / frames,
-           "opencv": opencv_cpu / max(opencv, 1)}
-    return {"frames": got, "packets_recorded": sink.packets, "opencv_frames": opencv,
-            "cpu_ms_per_frame": {k: round(v * 1000, 3) for k, v in per.items()},
-            "wall_s": {"pyav_reader": round(pyav_wall, 2), "ffmpeg_null": round(ffmpeg_wall, 2),
-                       "opencv": round(opencv_wall, 2)},
-            "pyav_vs_ffmpeg": round(per["pyav_reader"] / per["ffmpeg_null"], 3),
-            "pyav_vs_opencv": round(per["pyav_reader"] / per["opencv"], 3)}
+    return cpu, wall, got
 
 
 def pre_capture(packets: list[Packet], workdir: Path, events: int) -> dict[str, Any]:
@@ -287,7 +313,7 @@ def run_bench(workdir: Path, *, quick: bool = False) -> dict[str, Any]:
     return {"stream": {"size": "1920x1080", "fps": FPS, "seconds": seconds,
                        "keyframe_every_s": 1.0},
             "recording": recording_cpu(packets, workdir, repeats=5 if quick else 10),
-            "reader": reader_cpu(video, seconds * FPS),
+            "reader": reader_cpu(video, seconds * FPS, rounds=1 if quick else 3),
             "pre_capture": pre_capture(packets, workdir, 10 if quick else 40),
             "cameras": cameras(video, workdir, seconds=2.0 if quick else 6.0,
                                most=2 if quick else 16)}
