@@ -5,25 +5,19 @@ typed errors before anything is streamed."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import resource
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from support.routes import served_routes
 
 from edged.api import clips as clip_routes
 from edged.api.clips import ClipRoutes
 from edged.api.filebody import CHUNK
-from edged.api.http import messages
-from edged.api.http.connection import HttpServer
-from edged.api.http.messages import HttpError, Request, Response
-from edged.api.http.routing import Router
-from edged.core.errors import EdgedError
 from edged.recording.store import ClipInfo, ClipStore
 
 GIB = 2**30
@@ -43,38 +37,8 @@ def store(tmp_path: Path) -> ClipStore:
 
 @pytest.fixture
 def socket_path(store: ClipStore, tmp_path: Path) -> Iterator[str]:
-    routes = ClipRoutes(lambda: store)
-    router = Router()
-    for method, path, handler in routes.routes():
-        router.add(method, path, handler)
-
-    async def handle(request: Request) -> Response:
-        try:
-            return await router.resolve(request)(request)
-        except HttpError as exc:
-            return messages.error_response(exc.status, str(exc))
-        except EdgedError as exc:
-            return messages.error_response(exc.http_status, str(exc), exc.code)
-
-    loop = asyncio.new_event_loop()
-    server = HttpServer(handle, max_connections=8, header_timeout_s=5, keepalive_s=5,
-                        body_timeout_s=10, linger_s=0.5)
-    path = str(tmp_path / "c.sock")
-    unix = socket.socket(socket.AF_UNIX)
-    unix.bind(path)
-    unix.listen()
-    unix.setblocking(False)
-    loop.run_until_complete(server.listen(unix))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
+    with served_routes(ClipRoutes(lambda: store).routes(), tmp_path / "c.sock") as path:
         yield path
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(2), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
-        unix.close()
 
 
 def get(path: str, target: str, headers: str = "") -> tuple[int, dict[str, str], int, bytes]:
