@@ -2,11 +2,11 @@
 renamed to `<name>.mp4` once closed. Only closed files are ever served; a `.part` left by a
 crash is dropped at start (`store.ClipStore`).
 
-The file is a fragmented MP4 (an empty `moov` at the front, then a `moof`+`mdat` fragment per
-group of pictures, and a fragment index at the end): every fragment written is playable
-without an index written last, so a write that fails (the disk filled) leaves a valid file of
-every whole fragment before it (`fragments.cut_to_whole`), where `+faststart` left nothing
-playable (its index is written, and the file rewritten, when it closes)."""
+The file is a fragmented MP4 (the header, a `moov` without samples, then a `moof`+`mdat`
+fragment per group of pictures, and a fragment index at the end): every fragment written is
+playable without an index written last, so a write that fails (the disk filled) leaves a
+valid file of every whole fragment before it (`fragments.cut_to_whole`), where `+faststart`
+left nothing playable (its index is written, and the file rewritten, when it closes)."""
 
 from __future__ import annotations
 
