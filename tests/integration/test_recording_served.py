@@ -153,12 +153,14 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
     lasted = sum(float(ffprobe(store.path(store.get(r["id"])))["format"]["duration"])  # type: ignore[arg-type]
                  for r in segments[:3])
     assert abs(float(joined["format"]["duration"]) - lasted) <= 2 / FPS
-    with served.client() as client:  # the route the CLI used: the span made as it is sent
-        query = f"stream=door&since={since}&until={until}"
-        status, headers, body = client.request("GET", f"/v2/edged/span?{query}")
-        assert status == 200 and headers["Transfer-Encoding"] == "chunked"
-        assert headers["Content-Type"] == "video/mp4" and headers["X-Edged-Segments"] == "3"
-        assert body == span.read_bytes()
+    query = f"stream=door&since={since}&until={until}"
+    for client in (served.client(), EdgedClient(http=served.http, timeout_s=30)):
+        with client:  # the route the CLI used, on both listeners: made as it is sent
+            status, headers, body = client.request("GET", f"/v2/edged/span?{query}")
+            assert status == 200 and headers["Transfer-Encoding"] == "chunked"
+            assert headers["Content-Type"] == "video/mp4"
+            assert headers["X-Edged-Segments"] == "3" and body == span.read_bytes()
+    with served.client() as client:
         for bad, code in ((f"stream=door&since={until}&until={since}", 400),
                           (f"stream=door&since={since}&until={since + 90000}", 400),
                           ("stream=door&since=1&until=2", 404),
