@@ -1,11 +1,12 @@
 """`edged check-config`: a config file and what it names, checked the way `edged run` would use
 them, every problem at once (the models that streams name are checked even where other keys
 are wrong: `ConfigError.partial`). Errors stop `run` (a model file that is not ONNX, a stream or a
-secondary model that is not in the repository, a stream's `labels:` its model cannot
-produce, a camera stream whose model cannot take its frames: no known pre-processing, or one
-whose tensors are not the model's input); warnings are paths that exist only where the
-service runs (a device's models folder, keys, a video file, a systemd credential), so a
-shipped config checks clean on a developer's machine and says what it could not see."""
+secondary model that is not in the repository, a stream's `labels:` or `clips.labels:` its
+model cannot produce, a camera stream whose model cannot take its frames: no known
+pre-processing, or one whose tensors are not the model's input); warnings are paths that
+exist only where the service runs (a device's models folder, keys, a video file, a systemd
+credential), so a shipped config checks clean on a developer's machine and says what it
+could not see."""
 
 from __future__ import annotations
 
@@ -78,9 +79,22 @@ def _check_recording(config: DaemonConfig, found: Findings, line: _Line) -> None
             found.errors.append(f"recording.dir: {folder} is not writable by this user{at}")
     elif folder.exists():
         found.errors.append(f"recording.dir: {folder} is not a folder{at}")
+    elif (blocker := _file_above(folder)) is not None:
+        found.errors.append(f"recording.dir: {folder} cannot be made: {blocker} is a file{at}")
     elif not folder.parent.is_dir():
         found.warnings.append(f"recording.dir: {folder} does not exist here (a path on the "
                               f"device?); `edged run` makes it{at}")
+    elif not os.access(folder.parent, os.W_OK | os.X_OK):
+        found.errors.append(f"recording.dir: {folder} cannot be made: {folder.parent} is not "
+                            f"writable by this user{at}")
+
+
+def _file_above(folder: Path) -> Path | None:
+    """The nearest existing path above `folder`, when it is not a folder."""
+    for above in folder.parents:
+        if above.exists():
+            return None if above.is_dir() else above
+    return None
 
 
 def _check_models(config: DaemonConfig, streams: list[tuple[str, StreamConfig]],
@@ -145,9 +159,10 @@ def _check_describer(repository: ModelRepository, config: DaemonConfig, found: F
 
 def _check_labels(repository: ModelRepository, stream: StreamConfig, at: str,
                   found: Findings, line: _Line) -> None:
-    """A detect stream's `labels:` against those its model names (a model that names none
-    cannot be checked; one that does not load was reported above)."""
-    if not stream.labels:
+    """A detect stream's `labels:` (and its `clips.labels:`) against those its model names (a
+    model that names none cannot be checked; one that does not load was reported above)."""
+    clip_labels = stream.clips.labels if stream.clips.enabled else []
+    if not stream.labels and not clip_labels:
         return
     try:
         model = repository.get(stream.model, repository.default_version(stream.model))
@@ -157,11 +172,12 @@ def _check_labels(repository: ModelRepository, stream: StreamConfig, at: str,
     if not known or not outputs(stream.publish, (model.config.postprocess
                                                  or PostprocessConfig()).kind).events:
         return
-    try:
-        check_labels(stream.labels, known, path=at)
-    except ConfigError as exc:
-        found.errors += [f"{issue}; the stream would not start{line(issue.path)}"
-                         for issue in exc.issues]
+    for labels, path in ((stream.labels, at), (clip_labels, f"{at}.clips")):
+        try:
+            check_labels(labels, known, path=path)
+        except ConfigError as exc:
+            found.errors += [f"{issue}; the stream would not start{line(issue.path)}"
+                             for issue in exc.issues]
 
 
 def _check_frames(repository: ModelRepository, stream: StreamConfig, at: str,

@@ -21,7 +21,7 @@ from edged.api.remote_generate import RemoteGenerate
 from edged.api.server import ApiServer
 from edged.api.shm import ShmRegistry
 from edged.config import DaemonConfig
-from edged.core.errors import ConfigError
+from edged.core.errors import ConfigError, RecordingUnavailable
 from edged.describer.service import open_describer
 from edged.events.discovery import DeviceInfo
 from edged.hardware import host
@@ -126,6 +126,7 @@ class Daemon:
             live_viewers=config.api.live_viewers, clip_store=lambda: self.clips,
             announce_clip=self._announce_clip, faces=lambda: self.faces)
         self.clips: ClipStore | None = None  # opened by warm_up when a stream keeps clips
+        self._sweeps: list[asyncio.Future[None]] = []  # retention of a store a reload opened
         self.ota_progress = OtaProgress(shadows=lambda: self.updater.shadows.status())
         self.metrics = Metrics(  # streams and the link are looked up at scrape time
             self.scheduler.counters, self.cache.status, loads=self.cache.counters,
@@ -304,7 +305,7 @@ class Daemon:
                 tasks.append(asyncio.create_task(retention_loop(self.clips)))
             await self._stop.wait()
         finally:
-            for task in tasks:
+            for task in [*tasks, *self._sweeps]:
                 task.cancel()
             await self.shutdown()
             logging.getLogger().removeHandler(self.recent)
@@ -380,7 +381,8 @@ class Daemon:
     def _apply(self, new: DaemonConfig) -> None:
         """On a thread: make the running daemon match `new` where it can without a restart."""
         running = {p.cfg.name for p in self.streams.pipelines()}
-        steps = reload_plan(self.config, new, streams_running=running)
+        steps = reload_plan(self.config, new, streams_running=running,
+                            recording_open=self.clips is not None)
         for what in steps.needs_restart:
             logger.warning("reload: %s changed; it takes effect at the next restart", what)
         config = dataclasses.replace(steps.config, ota=self.updater.reconfigure(steps.config.ota))
@@ -390,7 +392,24 @@ class Daemon:
         self.cache.preload(config.cache.preload_names(self.repository.names())
                            if steps.preload == "all" else steps.preload, why="reload: preload",
                            within_budget=steps.preload == "all")
+        if self.clips is None:  # a stream that now records needs the folder first
+            self._open_recording(config)
         self.streams.restart(steps.stop, steps.start)
+
+    def _open_recording(self, config: DaemonConfig) -> None:
+        """A reload turned recording on: open the store (an unusable folder is logged and the
+        streams start without recording; the daemon runs on), and its retention sweep."""
+        try:
+            self.clips = open_clips(config.recording, any(s.clips.enabled or s.record.enabled
+                                                          for s in config.streams))
+        except RecordingUnavailable as exc:
+            logger.error("reload: recording stays off: %s", exc,
+                         extra={"code": exc.code})
+            return
+        if self.clips is not None and self._loop is not None:
+            store = self.clips
+            self._loop.call_soon_threadsafe(
+                lambda: self._sweeps.append(asyncio.ensure_future(retention_loop(store))))
 
     def request_stop(self) -> None:
         """Ask the daemon to stop (from any thread; calling it again changes nothing)."""

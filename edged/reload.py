@@ -35,12 +35,16 @@ class ReloadPlan:
 
 
 def plan(running: DaemonConfig, new: DaemonConfig, *,
-         streams_running: set[str] | None = None) -> ReloadPlan:
+         streams_running: set[str] | None = None, recording_open: bool = True) -> ReloadPlan:
     """The plan to get from `running` to `new`. `streams_running`: the configured streams
-    that really run (one that failed to start is started again if it is still wanted)."""
+    that really run (one that failed to start is started again if it is still wanted).
+    `recording_open`: the recording folder is in use (its section then waits for a restart;
+    while no store is open, the reload that turns recording on opens it as configured)."""
     result = ReloadPlan(new)
     kept: dict[str, Any] = {}
     for section in RESTART_ONLY:
+        if section == "recording" and not recording_open:
+            continue
         if getattr(new, section) != getattr(running, section):
             result.needs_restart.append(section)
             kept[section] = getattr(running, section)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -129,6 +129,26 @@ class EdgedClient:
                 self._conn.close()  # refused, timed out, half-read: the next call starts clean
                 raise
         raise AssertionError("unreachable")
+
+    def download(self, path: str, out: BinaryIO, *, chunk: int = 2**20,
+                 ) -> tuple[int, Mapping[str, str], bytes]:
+        """GET `path`, a 200 answer's body written into `out` as it comes (never whole in
+        memory); another answer's body is returned instead. A body cut short (a chunked
+        answer without its end, fewer bytes than its length) raises IncompleteRead."""
+        self._conn.close()  # (a fresh connection: a streamed answer closes it at its end)
+        try:
+            self._conn.request("GET", path)
+            response = self._conn.getresponse()
+            if response.status != 200:
+                return response.status, dict(response.headers), response.read()
+            while True:
+                data = response.read(chunk)
+                if not data:
+                    break
+                out.write(data)
+            return response.status, dict(response.headers), b""
+        finally:
+            self._conn.close()
 
     def _json(self, method: str, path: str, payload: Any = None, *,
               ok: tuple[int, ...] = (200,)) -> Any:

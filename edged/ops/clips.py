@@ -6,11 +6,11 @@ whole or not at all."""
 from __future__ import annotations
 
 import argparse
+import http.client as httplib
 import json
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -110,26 +110,27 @@ def export(client: Any, clip_id: str, output: Path) -> int:
 
 
 def export_span(client: Any, args: argparse.Namespace) -> int:
-    """The stream's segments overlapping [since, until], downloaded and joined by remux (whole
-    segments: the file starts at the keyframe at or before `since`)."""
-    from edged.recording.concat import concatenate
-
+    """The stream's segments overlapping [since, until], joined by the daemon (by remux, as
+    it sends them: whole segments, so the file starts at the keyframe at or before `since`)
+    and written into `FILE.part`, renamed when the whole span came."""
     if args.since is None or args.until is None or args.until <= args.since:
         raise ToolError("--stream needs --since and --until (Unix s), until after since")
-    rows = _list(client, stream=args.stream, kind="segment", since=args.since,
-                 until=args.until, limit=10_000)
-    if not rows:
-        raise ToolError(f"no segments of {args.stream} between {args.since} and {args.until}")
-    rows.sort(key=lambda r: r["start_time"])
-    with tempfile.TemporaryDirectory(prefix="edged-span-") as tmp:
-        parts = []
-        for row in rows:
-            part = Path(tmp) / f"{row['id']}.mp4"
-            export(client, row["id"], part)
-            parts.append(part)
-        packets = concatenate(parts, args.output)
-    print(f"{args.output}: {len(rows)} segments of {args.stream} from "
-          f"{rows[0]['start_time']} to {rows[-1]['end_time']}, {packets} packets")
+    query = urlencode({"stream": args.stream, "since": args.since, "until": args.until})
+    output: Path = args.output
+    part = output.with_name(output.name + ".part")
+    try:
+        with part.open("wb") as out:
+            try:
+                status, headers, body = client.download(f"/v2/edged/span?{query}", out)
+            except (httplib.IncompleteRead, OSError) as exc:
+                raise ToolError(f"the span of {args.stream} was cut short: {exc}") from exc
+        if status != 200:
+            raise ToolError(f"span of {args.stream}: {status}: {_message(body)}")
+        os.replace(part, output)
+    finally:
+        part.unlink(missing_ok=True)
+    print(f"{output}: {headers.get('X-Edged-Segments', '?')} segments of {args.stream} "
+          f"({headers.get('X-Edged-Span', '?')}), {output.stat().st_size} bytes")
     return 0
 
 

@@ -147,20 +147,27 @@ class ClipRecorder:
 
     # -- under the lock ----------------------------------------------------------------------
     def _start(self, start_wall: float, packets: list[Packet], objects: set[str]) -> _Clip | None:
-        if not self.store.has_room():
+        why = self.store.no_room()
+        if why is not None:
             self.refused_no_room += 1
             if not worth_logging(self.refused_no_room):
                 return None
-            logger.warning("stream %s: no clip: the disk is below its free-space floor "
-                           "(recording.min_free_mb); inference goes on", self.stream,
+            logger.warning("stream %s: no clip: %s; inference goes on", self.stream, why,
                            extra={"stream": self.stream, "code": "recording_no_room"})
             return None
         self._number += 1
         cid = clip_id(start_wall, self.stream, self._number)
+        writer: ClipWriter | None = None
         try:
             writer = ClipWriter(self.store.folder(self.stream) / f"{cid}.mp4", packets[0].fmt)
+            self.store.reserve_record(self.stream, cid)
         except Exception as exc:  # PyAV or the filesystem refusing in some new way
+            if writer is not None:
+                writer.close()  # (nothing written: its file goes)
             self.clips_failed += 1
+            if isinstance(exc, OSError):  # (the disk is full: said as a warning)
+                self.store.write_failed(self.stream, f"clip {cid}")
+                return None
             logger.error("stream %s: clip %s cannot be written: %s", self.stream, cid, exc,
                          extra={"stream": self.stream, "code": "clip_write_failed"})
             return None
@@ -178,13 +185,18 @@ class ClipRecorder:
             return
         writer = clip.writer
         written = writer.close()
+        if writer.error is not None:
+            self.store.write_failed(self.stream, f"clip {clip.id}")
         if written is None:
             self.clips_failed += 1
+            self.store.forget_record(self.stream, clip.id)
             return
         info = ClipInfo(clip.id, self.stream, round(written.start_wall, 3),
                         round(written.end_wall, 3), tuple(sorted(clip.objects)), written.size,
                         writer.fmt.codec, writer.fmt.width, writer.fmt.height, written.packets)
-        self.store.add(info)
+        if not self.store.add(info):
+            self.clips_failed += 1
+            return
         self.clips_written += 1
         logger.info("stream %s: clip %s: %.1f s, %d KiB", self.stream, clip.id, info.duration,
                     info.size // 1024, extra={"stream": self.stream})

@@ -95,12 +95,12 @@ class SegmentRecorder:
             self._decide()
 
     def _open(self, packet: Packet) -> ClipWriter | None:
-        if not self.store.has_room():
+        why = self.store.no_room()
+        if why is not None:
             self.refused_no_room += 1
             if worth_logging(self.refused_no_room):
-                logger.warning("stream %s: not recording: the disk is below its free-space "
-                               "floor (recording.min_free_mb); inference goes on", self.stream,
-                               extra={"stream": self.stream, "code": "recording_no_room"})
+                logger.warning("stream %s: not recording: %s; inference goes on", self.stream,
+                               why, extra={"stream": self.stream, "code": "recording_no_room"})
             return None
         self._number += 1
         self._id = clip_id(packet.wall, self.stream, self._number, "segment")
@@ -108,7 +108,14 @@ class SegmentRecorder:
         try:
             self._writer = ClipWriter(self.store.folder(self.stream) / f"{self._id}.mp4",
                                       packet.fmt)
+            self.store.reserve_record(self.stream, self._id)
         except Exception as exc:  # PyAV or the filesystem refusing in some new way
+            if self._writer is not None:
+                self._writer.close()  # (nothing written: its file goes)
+                self._writer = None
+            if isinstance(exc, OSError):  # (the disk is full: said as a warning)
+                self.store.write_failed(self.stream, f"segment {self._id}")
+                return None
             logger.error("stream %s: segment %s cannot be written: %s", self.stream, self._id,
                          exc, extra={"stream": self.stream, "code": "clip_write_failed"})
             return None
@@ -119,14 +126,16 @@ class SegmentRecorder:
         if writer is None:
             return
         written = writer.close()
+        if writer.error is not None:
+            self.store.write_failed(self.stream, f"segment {self._id}")
         if written is None:
+            self.store.forget_record(self.stream, self._id)
             return
         info = ClipInfo(self._id, self.stream, round(written.start_wall, 3),
                         round(written.end_wall, 3), (), written.size, writer.fmt.codec,
                         writer.fmt.width, writer.fmt.height, written.packets, kind="segment")
         if self.cfg.mode == "all":  # (motion and active_objects wait to be told)
-            self.store.add(info)
-            self.segments_written += 1
+            self.segments_written += self.store.add(info)
             return
         self._decide()  # the one before: its frames' activity is in by now
         self._pending = info
@@ -138,9 +147,8 @@ class SegmentRecorder:
         if info is None:
             return
         if any(info.start_time - ACTIVITY_STEP_S <= t <= info.end_time for t in self._active):
-            self.store.add(info)
-            self.segments_written += 1
+            self.segments_written += self.store.add(info)
         else:
-            self.store.path(info).unlink(missing_ok=True)
+            self.store.discard(info)
             self.dropped_idle += 1
         self._active = [t for t in self._active if t > info.end_time]

@@ -28,6 +28,10 @@ from edged.recording.writer import PART
 logger = logging.getLogger(__name__)
 
 SWEEP_S = 3600.0  # how often recordings past their age are looked for
+# A record's room, taken when its file starts: written in place when the file ends, so a disk
+# that filled meanwhile still takes the record of what was written.
+RECORD_ROOM = 8192
+FULL_PAUSE_S = 10.0  # after a write failed for want of room, no file starts for this long
 ID = re.compile(r"^[0-9]{1,12}\.[0-9]{3}-[A-Za-z0-9_.-]{1,128}-[cs][0-9]{1,9}$")
 
 
@@ -80,6 +84,8 @@ class ClipStore:
         self.dropped = 0  # files dropped by the repair at start
         self._lock = threading.Lock()
         self._clips: dict[str, ClipInfo] = {}
+        self._full_until = 0.0
+        self.write_failures = 0  # files ended early because a write failed
         check_folder(root)
         self._repair_and_load()
 
@@ -120,20 +126,78 @@ class ClipStore:
             return 0
 
     def has_room(self) -> bool:
-        """Above the free-space floor: a clip may start."""
-        return self.free_bytes() >= self.min_free_bytes
+        """Above the free-space floor, and no write failed in the last FULL_PAUSE_S: a clip
+        may start."""
+        return self.no_room() is None
+
+    def no_room(self) -> str | None:
+        """Why no file may start now (None: one may)."""
+        if self._full_until and self.clock() < self._full_until:
+            return "a write failed for want of room moments ago"
+        if self.free_bytes() < self.min_free_bytes:
+            return "the disk is below its free-space floor (recording.min_free_mb)"
+        return None
+
+    def write_failed(self, stream: str, what: str) -> None:
+        """A file ended early: a write failed (the disk is full). No file starts for a
+        while; inference goes on."""
+        self._full_until = self.clock() + FULL_PAUSE_S
+        self.write_failures += 1
+        logger.warning("stream %s: recording stops: the disk cannot take %s (%.0f MiB free); "
+                       "it is tried again in %.0f s, inference goes on", stream, what,
+                       self.free_bytes() / 2**20, FULL_PAUSE_S,
+                       extra={"stream": stream, "code": "recording_disk_full"})
 
     # -- writing -----------------------------------------------------------------------------
     def folder(self, stream: str) -> Path:
         return self.root / stream
 
-    def add(self, info: ClipInfo) -> None:
-        """A finished clip's record, then the budget kept (oldest first)."""
-        write_atomically(self.root / info.stream / f"{info.id}.json",
-                         json.dumps(asdict(info)), durable=False)
+    def reserve_record(self, stream: str, clip_id: str) -> None:
+        """Take the room of a file's record as the file starts (`<id>.json.part`, dropped at
+        start like every `.part`); raises OSError when even that does not fit."""
+        path = self.root / stream / f"{clip_id}.json{PART}"
+        try:
+            with path.open("wb") as f:
+                f.write(b" " * RECORD_ROOM)
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
+
+    def add(self, info: ClipInfo) -> bool:
+        """A finished clip's record, then the budget kept (oldest first). The record goes into
+        the room taken at its start (`reserve_record`), in place, then renamed: it needs no
+        free space. False (the clip removed, a warning) when it cannot be written at all."""
+        data = json.dumps(asdict(info)).encode()
+        final = self.root / info.stream / f"{info.id}.json"
+        reserved = final.with_name(final.name + PART)
+        try:
+            room = reserved.stat().st_size if reserved.is_file() else 0
+            if len(data) <= room:
+                with reserved.open("r+b") as f:  # (spaces after JSON are whitespace)
+                    f.write(data.ljust(room))
+                os.replace(reserved, final)
+            else:
+                write_atomically(final, data, durable=False)
+                reserved.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.warning("%s %s removed: its record cannot be written: %s", info.kind,
+                           info.id, exc, extra={"stream": info.stream,
+                                                "code": "clip_write_failed"})
+            self.discard(info)
+            return False
         with self._lock:
             self._clips[info.id] = info
         self.enforce_budget()
+        return True
+
+    def discard(self, info: ClipInfo) -> None:
+        """A finished file that is not kept (never in the index), with its record's room."""
+        self._remove(info)
+        self.forget_record(info.stream, info.id)
+
+    def forget_record(self, stream: str, clip_id: str) -> None:
+        """The room taken for the record of a file that is not kept."""
+        (self.root / stream / f"{clip_id}.json{PART}").unlink(missing_ok=True)
 
     def enforce_budget(self) -> None:
         """Delete the clips past their age, then the oldest while over the budget. Only

@@ -1,7 +1,12 @@
 """One MP4 file remuxed from a stream's packets (no re-encode): written as `<name>.mp4.part`,
-with `movflags=+faststart` (the index at the front: a browser plays it before it has it all),
 renamed to `<name>.mp4` once closed. Only closed files are ever served; a `.part` left by a
-crash is dropped at start (`store.ClipStore`)."""
+crash is dropped at start (`store.ClipStore`).
+
+The file is a fragmented MP4 (the header, a `moov` without samples, then a `moof`+`mdat`
+fragment per group of pictures, and a fragment index at the end): every fragment written is
+playable without an index written last, so a write that fails (the disk filled) leaves a
+valid file of every whole fragment before it (`fragments.cut_to_whole`), where `+faststart`
+left nothing playable (its index is written, and the file rewritten, when it closes)."""
 
 from __future__ import annotations
 
@@ -9,13 +14,17 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from edged.recording.fragments import cut_to_whole
 from edged.sources.packets import Packet, StreamFormat
 
 logger = logging.getLogger(__name__)
 
 PART = ".part"
+# A fragment per keyframe (per group of pictures). The header waits for the first fragment
+# (delay_moov), so its edit list can put the first picture at 0 when B-frames delay it.
+MP4_OPTIONS = {"movflags": "+frag_keyframe+empty_moov+default_base_moof+delay_moov"}
 
 
 @dataclass(frozen=True)
@@ -39,8 +48,12 @@ class ClipWriter:
         self.fmt = fmt
         self.part = path.with_name(path.name + PART)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._out: Any = av.open(str(self.part), "w", format="mp4",
-                                 options={"movflags": "+faststart"})
+        # FFmpeg holds a fragmented MP4 in memory until it closes when it may seek in the
+        # file (found by the disk-full test: nothing was on the disk until the end); given a
+        # stream it cannot seek, it writes each fragment as it is cut.
+        self._file = self.part.open("wb")
+        self._out: Any = av.open(_Unseekable(self._file), "w", format="mp4",
+                                 options=MP4_OPTIONS)
         self._stream = self._out.add_stream_from_template(fmt.template)
         self._base: int | None = None
         self._last_dts: int | None = None
@@ -51,6 +64,10 @@ class ClipWriter:
         self._step = 0.0  # one frame's duration: the packets', or the shortest interval
         self._prev_wall: float | None = None
         self._max_wall: float | None = None
+        self._walls: list[float] = []  # each muxed packet's capture time, in decode order
+        self._held: Any = None  # the last packet, muxed when the next comes or at close
+        self._max_pts = 0  # the latest picture's time, in the packets' time base
+        self._first_dts: int | None = None  # below 0 by the decoder's delay (B-frames)
 
     def write(self, packet: Packet) -> bool:
         """Mux one packet; False once writing has failed (the disk is full: the file keeps
@@ -71,19 +88,25 @@ class ClipWriter:
         out = av.Packet(packet.data)
         out.pts = packet.pts - self._base
         out.dts = packet.dts - self._base
-        out.duration = packet.duration
+        # (RTP gives no durations; a fragment's samples need them: a frame, as measured below)
+        out.duration = packet.duration or (round(self._step / packet.fmt.time_base)
+                                           if self._step else 0)
         out.time_base = packet.fmt.time_base
         out.is_keyframe = packet.keyframe
         out.stream = self._stream
-        try:
-            self._out.mux(out)
-        except (av.FFmpegError, OSError) as exc:
-            self.error = f"writing {self.part.name} failed: {exc}"
-            logger.warning("%s", self.error, extra={"code": "clip_write_failed"})
+        # Each packet is muxed when the next comes (or at close): the last one's duration
+        # then reaches the end of the last picture shown, which with B-frames comes after
+        # the last decoded; a fragmented file's length is the sum of its samples' durations.
+        held, self._held = self._held, out
+        if self._first_dts is None:
+            self._first_dts = out.dts
+        self._max_pts = max(self._max_pts, out.pts)
+        if held is not None and not self._mux(held):
             return False
         self._last_dts = packet.dts
         self.packets += 1
         wall = packet.wall
+        self._walls.append(wall)
         if packet.duration:
             self._step = float(packet.duration * packet.fmt.time_base)
         elif self._prev_wall is not None and wall != self._prev_wall:
@@ -96,20 +119,76 @@ class ClipWriter:
         self.end_wall = self._max_wall + self._step  # the last picture shown, and its frame
         return True
 
+    def _mux(self, out: Any) -> bool:
+        import av
+
+        try:
+            self._out.mux(out)
+        except (av.FFmpegError, OSError) as exc:
+            self.error = f"writing {self.part.name} failed: {exc}"
+            logger.warning("%s; it keeps what it has", self.error,
+                           extra={"code": "clip_write_failed"})
+            return False
+        return True
+
     def close(self) -> Written | None:
         """Finish the file (None: it holds no picture and is removed)."""
         import av
 
-        try:
-            self._out.close()
-        except (av.FFmpegError, OSError) as exc:
-            # (the index could not be written: the file is not playable, so it goes)
-            logger.warning("closing %s failed: %s", self.part.name, exc,
-                           extra={"code": "clip_write_failed"})
-            self.packets = 0
+        held, self._held = self._held, None
+        if held is not None and self.error is None:
+            # The samples then last from the first decode time to the last picture's end,
+            # less the decoder's delay (the edit list's shift): as long as the pictures.
+            frame = round(self._step / held.time_base) if self._step else held.duration
+            end = self._max_pts + (frame or 0) + min(self._first_dts or 0, 0)
+            held.duration = max(1, end - held.dts)
+            self._mux(held)
+        for step in (self._out.close, self._file.close):
+            try:
+                step()
+            except (av.FFmpegError, OSError) as exc:
+                if self.error is None:
+                    self.error = f"closing {self.part.name} failed: {exc}"
+                    logger.warning("%s; it keeps what it has", self.error,
+                                   extra={"code": "clip_write_failed"})
+        if not self._file.closed:  # (its flush failed: the descriptor still goes)
+            try:
+                self._file.close()
+            except OSError:
+                pass
+        if self.error is not None and self.packets:
+            self._keep_whole()
         if self.packets == 0 or self.start_wall is None or self.end_wall is None:
             self.part.unlink(missing_ok=True)
             return None
         os.replace(self.part, self.path)
         return Written(self.path, self.start_wall, self.end_wall, self.packets,
                        self.path.stat().st_size, self.error)
+
+    def _keep_whole(self) -> None:
+        """After a failed write: the file cut after its last whole fragment, and the packets
+        and the end it holds counted again (the first `samples` muxed, in decode order)."""
+        try:
+            whole = cut_to_whole(self.part)
+        except OSError as exc:
+            logger.warning("%s cannot be cut to its whole fragments: %s", self.part.name, exc,
+                           extra={"code": "clip_write_failed"})
+            self.packets = 0
+            return
+        kept = min(whole.samples, len(self._walls))
+        self.packets = kept
+        if kept:
+            self.end_wall = max(self._walls[:kept]) + self._step
+        logger.warning("%s: %d of %d pictures kept in %d whole fragments", self.part.name,
+                       kept, len(self._walls), whole.fragments,
+                       extra={"code": "clip_write_failed"})
+
+
+class _Unseekable:
+    """A file as FFmpeg sees a pipe: written in order, never sought (no `seek`, no `tell`)."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+
+    def write(self, data: bytes) -> int:
+        return self._file.write(data)

@@ -98,6 +98,7 @@ class DemuxSource(Source):
         self._threads = 1
         self._last_dts: int | None = None
         self._sets: bytes | None = None  # the parameter sets in band last seen
+        self._to_bgr: Any = None  # one swscale context for every frame (see _decoded)
 
     # -- the device --------------------------------------------------------------------------
     def target(self) -> tuple[str, dict[str, str]]:
@@ -131,6 +132,10 @@ class DemuxSource(Source):
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         self._threads = max(1, int(stream.codec_context.thread_count or os.cpu_count() or 1))
+        if self._to_bgr is None:
+            from av.video.reformatter import VideoReformatter
+
+            self._to_bgr = VideoReformatter()
         self._container, self._video = container, stream
         self._packets = container.demux(stream)
         self._unit, self._clock, self._eof, self._last_dts = None, None, False, None
@@ -207,7 +212,11 @@ class DemuxSource(Source):
 
     def _decoded(self, frame: Any) -> None:
         wall = self._to_wall(frame.pts) if frame.pts is not None else time.time()
-        self._frames.append((frame.to_ndarray(format="bgr24"), wall))
+        # One reformatter kept for the reader: `frame.to_ndarray(format="bgr24")` made one per
+        # frame, and with it a swscale context (~10% of the reader's CPU, the bench found); the
+        # same conversion with the same defaults, bit for bit (tests/integration/
+        # test_reader_bgr.py).
+        self._frames.append((self._to_bgr.reformat(frame, format="bgr24").to_ndarray(), wall))
 
     def _at_end(self) -> bool:
         if self.scheme == "file" and self.loop and self._container is not None:

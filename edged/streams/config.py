@@ -164,7 +164,8 @@ def check_stream_gate(parsed: Parsed[Any], path: str, stream: StreamConfig) -> l
 
 def check_stream_clips(parsed: Parsed[Any], path: str, stream: StreamConfig) -> list[ConfigIssue]:
     """Clips need the camera's packets: the pyav reader on rtsp://, http(s):// or file://;
-    `clips.zones` names zones of the stream."""
+    `clips.zones` names zones of the stream, `clips.labels` labels it tracks (when it names
+    them: the model's own are checked where it is known)."""
     clips = stream.clips
     if not clips.enabled and not stream.record.enabled:
         return []
@@ -177,6 +178,12 @@ def check_stream_clips(parsed: Parsed[Any], path: str, stream: StreamConfig) -> 
     elif stream.reader == "opencv":
         issues.append(parsed.issue(f"{path}.reader", "clips need the camera's packets, which "
                                    "OpenCV does not give: reader: pyav (or auto)"))
+    tracked = set(stream.labels)
+    for i, label in enumerate(clips.labels if clips.enabled and tracked else ()):
+        if label not in tracked:
+            issues.append(parsed.issue(f"{path}.clips.labels[{i}]", f"{label!r} is not in this "
+                                       f"stream's labels ({', '.join(stream.labels)}): no such "
+                                       "object is tracked, so none would get a clip"))
     zones = {z.name for z in stream.zones}
     for i, zone in enumerate(clips.zones):
         if zone not in zones:

@@ -247,9 +247,12 @@ class EventsHub:
               clips: ClipRecorder | None = None,
               activity: Callable[[float], None] | None = None) -> EventsStage:
         """The events stage of a stream whose model can produce `known_labels`, its discovery
-        configs published. Raises ConfigError when `labels:` names one the model has not."""
+        configs published. Raises ConfigError when `labels:` (or `clips.labels:`) names one the
+        model has not."""
         if known_labels:
             check_labels(cfg.labels, known_labels, path="")
+            if cfg.clips.enabled:
+                check_labels(cfg.clips.labels, known_labels, path="clips")
         publish: Publish | None = self.link.publish if self.link is not None else None
         stage = EventsStage(cfg, EventPublisher(cfg.name, publish, self.store),
                             on_close=self._closed, recent=self.recent, clips=clips,

@@ -150,6 +150,27 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
     joined = ffprobe(span)
     assert joined["frames"][0]["key_frame"] == 1
     assert len(joined["frames"]) == sum(r["packets"] for r in segments[:3])
+    lasted = sum(float(ffprobe(store.path(store.get(r["id"])))["format"]["duration"])  # type: ignore[arg-type]
+                 for r in segments[:3])
+    assert abs(float(joined["format"]["duration"]) - lasted) <= 2 / FPS
+    query = f"stream=door&since={since}&until={until}"
+    for client in (served.client(), EdgedClient(http=served.http, timeout_s=30)):
+        with client:  # the route the CLI used, on both listeners: made as it is sent
+            status, headers, body = client.request("GET", f"/v2/edged/span?{query}")
+            assert status == 200 and headers["Transfer-Encoding"] == "chunked"
+            assert headers["Content-Type"] == "video/mp4"
+            assert headers["X-Edged-Segments"] == "3" and body == span.read_bytes()
+    with served.client() as client:
+        for bad, code in ((f"stream=door&since={until}&until={since}", 400),
+                          (f"stream=door&since={since}&until={since + 90000}", 400),
+                          ("stream=door&since=1&until=2", 404),
+                          (f"stream=gate&since={since}&until={until}", 404)):
+            status, _, body = client.request("GET", f"/v2/edged/span?{bad}")
+            assert status == code and json.loads(body)["code"] in ("invalid_input",
+                                                                   "clip_not_found"), bad
+    assert main(["clips", "export", "--stream", "door", "--since", "1", "--until", "2", "-o",
+                 str(tmp_path / "none.mp4"), *target]) == 1
+    assert "404" in capsys.readouterr().err and not (tmp_path / "none.mp4").exists()
     assert main(["clips", "list", *target]) == 0
     assert red["id"] in capsys.readouterr().out
     out = tmp_path / "red.mp4"
@@ -176,6 +197,14 @@ def test_daemon_when_objects_cross_an_rtsp_camera_keeps_each_event_clip_and_serv
                            " v.play(); return v.currentTime > 0.2 && v.currentTime; })()",
                            timeout=30, what="the clip playing")
     assert played > 0.2 and page.console == [], page.console
+    # Seeking: Chromium asks for the bytes it needs with Range, each answer read from the file
+    # a chunk at a time.
+    target_s = round(duration / 2, 2)
+    page.evaluate("(() => { const v = " + video + f"; v.pause(); v.currentTime = {target_s}; }})()")
+    landed = page.wait_for("(() => { const v = " + video + ";"
+                           " return !v.seeking && v.readyState >= 2 && v.currentTime; })()",
+                           timeout=30, what="the clip seeking to its middle")
+    assert abs(landed - target_s) <= 2 / FPS and page.console == [], page.console
 
 
 def test_daemon_when_recording_motion_keeps_only_segments_where_the_picture_changed(

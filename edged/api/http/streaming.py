@@ -3,7 +3,12 @@
 gives it, until the client goes, the stream ends or the server stops. A client that stops
 reading pauses the stream (nothing piles up in memory) and is cut off after the send timeout.
 The stream is closed in every case, the client gone before its first part included, so what
-it holds (a viewer's place) is given back."""
+it holds (a viewer's place) is given back.
+
+An answer whose headers say `Transfer-Encoding: chunked` is sent in chunks, ended by the last
+chunk only when its stream ended well: a stream that fails (raises) is cut short without it,
+so the client knows it has not got the whole (a span export). One that gives
+`Content-Length` is read to that length by the client."""
 
 from __future__ import annotations
 
@@ -35,19 +40,33 @@ async def send_stream(connection: _Connection, request: Request, response: Respo
         transport.write("".join([*head, "Connection: close\r\n\r\n"]).encode("latin-1"))
         if request.method == "HEAD":
             return
-        async for part in stream:
-            transport = connection.transport
-            if transport is None or transport.is_closing() or server.closing:
-                break
-            transport.write(part)
-            if connection.write_paused is not None:  # the client reads slowly: wait for it
-                try:
-                    await asyncio.wait_for(asyncio.shield(connection.write_paused),
-                                           server.body_timeout_s)
-                except asyncio.TimeoutError:
-                    server.timed_out += 1
-                    connection.abort()
-                    break
+        chunked = (response.headers or {}).get("Transfer-Encoding") == "chunked"
+        try:
+            async for part in stream:
+                transport = connection.transport
+                if transport is None or transport.is_closing() or server.closing:
+                    return
+                if chunked:
+                    if not part:
+                        continue  # (an empty chunk would end the answer)
+                    transport.writelines([b"%x\r\n" % len(part), part, b"\r\n"])
+                else:
+                    transport.write(part)
+                if connection.write_paused is not None:  # the client reads slowly
+                    try:
+                        await asyncio.wait_for(asyncio.shield(connection.write_paused),
+                                               server.body_timeout_s)
+                    except asyncio.TimeoutError:
+                        server.timed_out += 1
+                        connection.abort()
+                        return
+        except Exception as exc:  # the stream failed: the answer is cut short
+            logger.warning("%s %s: the answer is cut short: %s", request.method, request.path,
+                           exc)
+            return
+        transport = connection.transport
+        if chunked and transport is not None and not transport.is_closing():
+            transport.write(b"0\r\n\r\n")
     except asyncio.CancelledError:
         # The loop is closing (the daemon stopped) while the stream waited for its next frame,
         # its client gone: nothing is left to answer, and that is no failure.

@@ -66,3 +66,39 @@ def test_check_config_when_the_recording_folder_is_a_file_says_so(
                       + f"recording: {{dir: {blocker}}}\n")
     assert main(["check-config", str(config)]) == 1
     assert f"recording.dir: {blocker} is not a folder (line 3)" in capsys.readouterr().out
+
+
+def test_clips_config_when_clip_labels_are_not_tracked_names_the_label() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(stream("rtsp://h/s", ", labels: [person, car]",
+                            "enabled: true, labels: [person, dog]"))
+    assert "streams[0].clips.labels[1]: 'dog' is not in this stream's labels (person, car)" \
+        in str(caught.value)
+
+
+def test_check_config_when_clip_labels_are_not_the_models_names_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.assets import models as test_models
+
+    test_models.write_repository(tmp_path / "models", names=["grid_det"])
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {tmp_path / 'models'}\n"
+                      "streams: [{name: door, source: 'rtsp://h/s', model: grid_det, clips: "
+                      "{enabled: true, labels: [red, cat]}}]\n"
+                      f"recording: {{dir: {tmp_path / 'rec'}}}\n")
+    assert main(["check-config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "streams[0].clips.labels[1]: the model has no label 'cat' (red, green, blue); " \
+           "the stream would not start" in out
+    assert "labels[0]" not in out
+
+
+def test_check_config_when_the_recording_folder_cannot_be_made_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a folder should be")
+    config = tmp_path / "edged.yaml"
+    config.write_text(f"models_dir: {tmp_path / 'none'}\n" + stream("rtsp://h/s")
+                      + f"recording: {{dir: {blocker / 'rec'}}}\n")
+    assert main(["check-config", str(config)]) == 1
+    assert f"recording.dir: {blocker / 'rec'} cannot be made" in capsys.readouterr().out
