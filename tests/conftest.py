@@ -5,6 +5,7 @@ Helpers live in the support package; nothing imports from here."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"gpu test skipped: {reason}"))
+
+
+@pytest.fixture(autouse=True)
+def root_handlers_restored() -> Iterator[None]:
+    """The root logger's handlers and level as they were before each test. `edged run` in
+    process (cli.main) routes the root logger to the sys.stderr of that moment, a file pytest
+    closes after the test: a daemon thread of a later test on the same worker then logged
+    "--- Logging error --- I/O operation on closed file" into the run's output."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers
+                    and not type(h).__module__.startswith("_pytest")]:  # (pytest's own: its)
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
