@@ -2,16 +2,21 @@
 at af4a336, copied unchanged): a call chain per detection, each building its window's bitmap,
 contour, points in frame pixels and Python floats on its own. Kept as the path the rewrite is
 held to, polygon for polygon (`tests/unit/tasks/test_segment_differential.py`), and timed beside
-it by `python -m tools.bench masks` (the "before" row)."""
+it by `python -m tools.bench masks` (the "before" rows); and its RLE (`edged/tasks/rle.py` at
+af4a336: the polygon drawn over the whole frame, its runs, a Python loop a count for the
+string)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import cv2
 import numpy as np
 
 from edged.tasks.placement import Placement, to_frame_points
+from edged.tasks.rle import raster, runs
 from edged.tasks.segment import PROTO_STRIDE, simplify
 
 Polygon = list[list[float]]
@@ -76,3 +81,25 @@ def _logit(p: float) -> float:
     if p >= 1:
         return math.inf
     return math.log(p / (1 - p))
+
+
+def rle_encode(polygon: Sequence[Sequence[float]], height: int, width: int) -> dict[str, Any]:
+    """A mask polygon as COCO RLE at frame size, the whole frame drawn."""
+    return {"size": [height, width], "counts": counts_string_scalar(runs(raster(polygon, height,
+                                                                           width)))}
+
+
+def counts_string_scalar(counts: Sequence[int]) -> str:
+    """pycocotools' rleToString (maskApi.c) a count at a time, as edged first wrote it."""
+    out = []
+    for i, count in enumerate(counts):
+        x = int(count) - int(counts[i - 2]) if i > 2 else int(count)
+        more = True
+        while more:
+            c = x & 0x1F
+            x >>= 5
+            more = not (((c & 0x10) == 0 and x == 0) or ((c & 0x10) != 0 and x == -1))
+            if more:
+                c |= 0x20
+            out.append(chr(c + 48))
+    return "".join(out)

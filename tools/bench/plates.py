@@ -229,7 +229,8 @@ def write_segmenter(root: Path) -> None:
                                                                              "segment"))
 
 
-def streams(workdir: Path, frames: int) -> dict[str, Any]:
+def streams(workdir: Path, frames: int, size: tuple[int, int] = (640, 480)) -> dict[str, Any]:
+    """Both streams' CPU per frame on a frame of `size` (width, height)."""
     host.limit_heap_arenas()
     host.fix_heap_thresholds()
     root = workdir / "stream-models"
@@ -240,7 +241,7 @@ def streams(workdir: Path, frames: int) -> dict[str, Any]:
     outputs, _ = masks.seg_outputs(rng)
     seg_heads = {"output0": outputs["output0"], "output1": outputs["output1"]}
     det_heads = {"output0": np.ascontiguousarray(outputs["output0"][:, :84])}
-    image = rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)
+    image = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
     result: dict[str, Any] = {}
     with loopback_broker(workdir / "stream-broker") as (port, _):
         link = MqttLink(MqttConfig(port=port), prefix="edged/bench", client_id="bench-seg")
