@@ -169,7 +169,8 @@ def test_bench_masks_when_run_quick_gives_ultralytics_polygons_from_box_windows(
     for size in ("640x480", "1920x1080"):
         streams = results["streams"][size]
         assert streams["seg"]["masks"] == streams["det"]["detections"] == 20
-        assert streams["seg_over_det"] > 0
+        assert streams["seg_over_det"] > 0 and streams["premasked_over_det"] > 0
+        assert streams["seg_premasked"]["masks"] == 20
 
 
 def test_bench_post_when_run_quick_keeps_the_same_detections_before_and_after(

@@ -213,10 +213,12 @@ def format_table(results: dict[str, Any]) -> str:
         f"{'yes' if r['same_as_before'] else 'NO'}; RLE equal: {'yes' if r['rle_same'] else 'NO'}",
         "",
         "stream CPU per frame outside decode and the model (20 objects; bound 1.5x)",
-        f"{'frame':<14}{'detect ms':>12}{'segment ms':>12}{'ratio':>8}"]
+        f"{'frame':<14}{'detect ms':>12}{'segment ms':>12}{'ratio':>8}"
+        f"{'masks handed in':>16}{'ratio':>8}"]
     for size, s in r["streams"].items():
         rows.append(f"{size:<14}{s['det']['cpu_ms_per_frame']:>12}"
-                    f"{s['seg']['cpu_ms_per_frame']:>12}{s['seg_over_det']:>7}x")
+                    f"{s['seg']['cpu_ms_per_frame']:>12}{s['seg_over_det']:>7}x"
+                    f"{s['seg_premasked']['cpu_ms_per_frame']:>16}{s['premasked_over_det']:>7}x")
     counted = r.get("instructions")
     if counted:
         rows += ["", f"instructions per frame (callgrind, {counted['frames']} frames; "

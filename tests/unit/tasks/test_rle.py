@@ -10,6 +10,7 @@ import pytest
 
 from edged.core.errors import InvalidInput
 from edged.tasks import rle
+from tools.bench.masks_reference import counts_string_scalar
 
 
 def test_rle_when_one_pixel_is_set_writes_cocos_string() -> None:
@@ -91,27 +92,11 @@ def test_rle_when_the_polygon_has_under_three_points_is_all_zeros() -> None:
     assert rle.encode([], 4, 5) == {"size": [4, 5], "counts": rle.counts_string([20])}
 
 
-def _counts_string_scalar(counts: list[int]) -> str:
-    """pycocotools' rleToString (maskApi.c) a count at a time, as edged first wrote it."""
-    out = []
-    for i, count in enumerate(counts):
-        x = count - counts[i - 2] if i > 2 else count
-        more = True
-        while more:
-            c = x & 0x1F
-            x >>= 5
-            more = not (((c & 0x10) == 0 and x == 0) or ((c & 0x10) != 0 and x == -1))
-            if more:
-                c |= 0x20
-            out.append(chr(c + 48))
-    return "".join(out)
-
-
 @pytest.mark.parametrize("seed", range(8))
 def test_rle_string_when_written_for_all_runs_at_once_is_the_scalar_encoders(seed: int) -> None:
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, [2, 40, 5000, 2_000_000, 1 << 31][seed % 5],
                           int(rng.integers(1, 400))).tolist()
-    assert rle.counts_string(counts) == _counts_string_scalar(counts)
+    assert rle.counts_string(counts) == counts_string_scalar(counts)
     assert rle.string_counts(rle.counts_string(counts)) == counts
     assert rle.counts_string([]) == ""
