@@ -27,3 +27,4 @@ def test_bench_plates_when_run_quick_reads_agentclprs_texts_and_times_every_stag
     assert streams["det"]["detections"] == streams["seg"]["detections"] == 20
     assert streams["seg"]["masks"] == 20
     assert streams["seg_over_det"] > 0
+    assert streams["seg_premasked"]["masks"] == 20 and streams["premasked_over_det"] > 0

@@ -10,6 +10,7 @@ import pytest
 
 from edged.core.errors import InvalidInput
 from edged.tasks import rle
+from tools.bench.masks_reference import counts_string_scalar
 
 
 def test_rle_when_one_pixel_is_set_writes_cocos_string() -> None:
@@ -54,3 +55,48 @@ def test_rle_when_rows_are_encoded_replaces_only_their_masks() -> None:
 def test_rle_when_its_runs_do_not_fill_its_size_is_invalid() -> None:
     with pytest.raises(InvalidInput, match="not 3 x 3"):
         rle.decode({"size": [3, 3], "counts": [4, 1]})
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rle_when_drawn_over_the_bounding_box_has_the_whole_frames_runs(seed: int) -> None:
+    """The shortcut (the fill over the polygon's bounding box only) against the full path (the
+    whole frame drawn, its runs): polygons inside, across the edges and corners, wholly
+    outside, tiny, covering the frame, whole columns (a run from one column's bottom into the
+    next one's top), at 0.1 px."""
+    rng = np.random.default_rng(1000 + seed)
+    height, width = rng.integers(1, 200, size=2).tolist()
+    kind = seed % 5
+    if kind == 0:  # anywhere, also beyond the frame
+        points = rng.uniform([-40, -40], [width + 40, height + 40], (int(rng.integers(3, 30)), 2))
+    elif kind == 1:  # tiny
+        points = rng.uniform(0, 1.5, (3, 2)) + rng.uniform([0, 0], [width, height])
+    elif kind == 2:  # the whole frame and more
+        points = np.array([[-5, -5], [width + 5, -5], [width + 5, height + 5], [-5, height + 5]])
+    elif kind == 3:  # full-height columns
+        x0 = rng.uniform(0, width)
+        points = np.array([[x0, 0], [x0 + rng.uniform(1, 30), 0],
+                           [x0 + rng.uniform(1, 30), height], [x0, height]])
+    else:  # a star about a point on the edge
+        centre = np.array([rng.choice([0, width]), rng.uniform(0, height)])
+        angles = np.sort(rng.uniform(0, 2 * np.pi, 24))
+        radii = rng.uniform(0.5, max(width, height) / 2, 24)
+        points = centre + np.stack([radii * np.cos(angles), radii * np.sin(angles)], axis=1)
+    polygon = np.round(points, 1).tolist()
+    expected = rle.runs(rle.raster(polygon, height, width))
+    assert rle.polygon_runs(polygon, height, width) == expected
+    assert sum(expected) == height * width
+
+
+def test_rle_when_the_polygon_has_under_three_points_is_all_zeros() -> None:
+    assert rle.polygon_runs([[1.0, 1.0], [2.0, 2.0]], 4, 5) == [20]
+    assert rle.encode([], 4, 5) == {"size": [4, 5], "counts": rle.counts_string([20])}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rle_string_when_written_for_all_runs_at_once_is_the_scalar_encoders(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, [2, 40, 5000, 2_000_000, 1 << 31][seed % 5],
+                          int(rng.integers(1, 400))).tolist()
+    assert rle.counts_string(counts) == counts_string_scalar(counts)
+    assert rle.string_counts(rle.counts_string(counts)) == counts
+    assert rle.counts_string([]) == ""
