@@ -29,8 +29,8 @@ INTERPOLATION = {"linear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA,
                  "lanczos": cv2.INTER_LANCZOS4}
 ROUNDING: dict[str, Callable[[float], int]] = {"round": round, "floor": math.floor,
                                                "ceil": math.ceil}
-KEYS = ("resize", "resize_short", "crop", "keep_ratio", "pad", "pad_value", "color", "scale", "mean", "std", "layout",
-        "interpolation", "rounding")
+KEYS = ("resize", "resize_short", "crop", "keep_ratio", "pad", "pad_value", "color", "scale",
+        "mean", "std", "layout", "interpolation", "rounding")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from integration.test_faces import (
 )
 from support.browser import Browser
 from support.daemon import ServeFactory
+
 from tools.assets.faces import write_face_models
 
 
