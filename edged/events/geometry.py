@@ -32,17 +32,19 @@ def mask_centroid(mask: np.ndarray) -> np.ndarray | None:
     return np.array([((x + x2) * step).sum(), ((y + y2) * step).sum()]) / (6.0 * area)
 
 
-def mask_anchors(boxes: np.ndarray,
-                 masks: Sequence[Sequence[Sequence[float]] | None] | None) -> np.ndarray:
+def mask_anchors(boxes: np.ndarray, masks: Sequence[Sequence[Sequence[float]] | None] | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """[N, 4] boxes and the objects' mask polygons → [N, 2] points: each mask's centre of
-    mass, or its box's bottom centre where it has no mask (or one without area)."""
+    mass, or its box's bottom centre where it has no mask (or one without area); and [N]
+    bool: which points are a mask's."""
     points = anchors(boxes, "bottom_center")
+    found = np.zeros(len(boxes), bool)
     for i, mask in enumerate(masks or ()):
         if mask is not None and len(mask) >= 3:
             centre = mask_centroid(np.asarray(mask, np.float64))
             if centre is not None:
-                points[i] = centre
-    return points
+                points[i], found[i] = centre, True
+    return points, found
 
 
 def cross(o: Point, a: Point, b: Point) -> float:

@@ -9,7 +9,9 @@ object knows the zones it is in now and every zone it ever entered, in order.
 A line counts crossings per label and direction: "in" from the left to the right of the
 directed segment p1→p2 as seen on the screen, "out" back. The anchor a line follows is a point
 of the box (the bottom centre by default), or with `anchor: mask` a segment model's mask's
-centre of mass (supervision's CENTER_OF_MASS; an object without a mask: its bottom centre).
+centre of mass (supervision's CENTER_OF_MASS). A frame without the object's mask moves its
+last centre with its box (a point that jumped to the box's foot could cross a line between
+them); an object that never had one is followed by its bottom centre.
 Each object has a side of each line,
 committed only once its anchor is clear of a dead band around the line (5% of the box's width
 plus height, at least 2 px), and a crossing is counted when the committed side changes and
@@ -51,6 +53,7 @@ class LineState:
     side: list[int]
     touched: list[bool]
     previous: dict[str, np.ndarray] | None = None
+    mask_offset: np.ndarray | None = None  # its last mask's centre less its box's foot
 
 
 class Zones:
@@ -123,8 +126,8 @@ class Lines:
         crossings: list[list[Crossing]] = [[] for _ in states]
         if not self.names or not len(states):
             return crossings
-        points = {kind: mask_anchors(boxes, masks) if kind == "mask" else anchors(boxes, kind)
-                  for kind in set(self.anchor)}
+        points = {kind: self._mask_points(states, boxes, masks) if kind == "mask"
+                  else anchors(boxes, kind) for kind in set(self.anchor)}
         band = np.maximum(BAND_MIN_PX, BAND_SHARE * ((boxes[:, 2] - boxes[:, 0])
                                                      + (boxes[:, 3] - boxes[:, 1])))
         for ln, (p1, p2) in enumerate(self.ends):
@@ -145,6 +148,21 @@ class Lines:
         for i, state in enumerate(states):
             state.previous = {kind: point[i] for kind, point in points.items()}
         return crossings
+
+
+    @staticmethod
+    def _mask_points(states: Sequence[LineState], boxes: np.ndarray,
+                     masks: Sequence[list[list[float]] | None] | None) -> np.ndarray:
+        """Each object's mask centre; where it has no mask this frame, its last one's place
+        relative to its box's foot (updated where it has)."""
+        points, found = mask_anchors(boxes, masks)
+        feet = anchors(boxes, "bottom_center")
+        for i, state in enumerate(states):
+            if found[i]:
+                state.mask_offset = points[i] - feet[i]
+            elif state.mask_offset is not None:
+                points[i] = feet[i] + state.mask_offset
+        return points
 
 
 class LineCounts:

@@ -51,9 +51,24 @@ def test_mask_centroid_when_the_polygon_has_area_is_its_centre_of_mass() -> None
 
 def test_mask_anchors_when_an_object_has_no_mask_take_its_bottom_centre() -> None:
     boxes = np.array([box(0.0), box(100.0)])
-    points = mask_anchors(boxes, [body(0.0), None])
+    points, found = mask_anchors(boxes, [body(0.0), None])
     assert points[1].tolist() == [120.0, 150.0]
-    assert points[0][1] < 60
+    assert points[0][1] < 60 and found.tolist() == [True, False]
+
+
+def test_line_anchored_on_the_mask_when_a_frame_lacks_the_mask_moves_its_centre_with_the_box(
+        ) -> None:
+    """A frame without the mask must not drop the point to the box's foot (y 150, below the
+    gate's end: the body would 'leave' the gate's reach): its last centre moves with the box."""
+    lines = Lines([LineConfig("gate", GATE, anchor="mask")])
+    state: LineState = lines.new_state()
+    out = []
+    for x in [float(x) for x in range(20, 140, 10)]:
+        masks = [body(x) if x < 60 or x > 100 else None]  # lost while it passes the gate
+        (crossed,) = lines.observe([state], np.array([box(x)]), masks)
+        out += crossed
+    assert out == [(0, "in")]
+    assert state.mask_offset is not None and state.mask_offset[1] < -90
 
 
 def test_line_anchored_on_the_mask_when_the_body_passes_the_gate_counts_it() -> None:
