@@ -105,8 +105,9 @@ class LineConfig:
         check=_check_line)
     anchor: ZoneAnchor = setting(
         "bottom_center", "the point whose path is followed: a point of the box, bottom_center "
-        "or center; or mask: a segment model's mask's centre of mass (an object without a "
-        "mask: its bottom centre)")
+        "or center; or mask: a segment model's mask's centre of mass (a frame without its "
+        "mask: the last centre moved with the box; an object never with one: its bottom "
+        "centre)")
 
 
 @dataclass(frozen=True)
