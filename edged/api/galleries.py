@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from edged.api.http.budget import read_body
 from edged.api.http.messages import Handler, Request, Response, json_response
+from edged.api.page import SAME_ORIGIN
 from edged.core.errors import (
     FacesUnavailable,
     IdentityNotFound,
@@ -191,7 +192,10 @@ class GalleryRoutes:
 def _png(crop: bytes | None) -> Response:
     if crop is None:
         raise IdentityNotFound("that row keeps no crop (enrolled without one)")
-    return Response(crop, content_type="image/png")
+    # An aligned face is biometric: this origin only, as the page's live views, and not
+    # kept in a browser's cache
+    return Response(crop, content_type="image/png",
+                    headers={**SAME_ORIGIN, "Cache-Control": "no-store"})
 
 
 def _number(raw: str, what: str) -> int:

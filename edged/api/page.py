@@ -16,7 +16,7 @@ from edged.api.http.messages import Handler, HttpError, Request, Response
 
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}
-ASSETS = ("app.js", "zones.js", "style.css")
+ASSETS = ("app.js", "zones.js", "gallery.js", "style.css")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "media-src 'self'; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")

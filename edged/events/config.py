@@ -103,7 +103,11 @@ class LineConfig:
         help="[[x1, y1], [x2, y2]] in frame pixels; 'in' counts crossings from the left to the "
              "right of p1→p2 as seen on the screen (a line drawn left to right: moving down)",
         check=_check_line)
-    anchor: Anchor = setting("bottom_center", "the point of a box whose path is followed")
+    anchor: ZoneAnchor = setting(
+        "bottom_center", "the point whose path is followed: a point of the box, bottom_center "
+        "or center; or mask: a segment model's mask's centre of mass (a frame without its "
+        "mask: the last centre moved with the box; an object never with one: its bottom "
+        "centre)")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ the count is above 0). Per line, label and direction: a total_increasing sensor.
 `<discovery prefix>/<component>/<device>_<stream>_<thing>/config` (ids reduced to
 `[A-Za-z0-9_-]`, as Home Assistant wants them), available while `<prefix>/status` says online.
 An empty retained payload on the same topic removes the entity.
+
+A stream that names faces (an `as: identity` cascade) or reads plates (`lpr.enabled`) also
+gets Frigate's "Last Recognized Face" and "Last Recognized Plate" sensors: the state is the
+name (a plate's text where no name is known), the attributes the whole message (id, score,
+timestamp...), so an automation sees each new recognition even of the same name.
 """
 
 from __future__ import annotations
@@ -100,6 +105,35 @@ def state_configs(info: DeviceInfo, stream: str, states: Sequence[str]) -> dict[
                   "json_attributes_topic": topics.under(info.prefix, topics.state(stream,
                                                                                   name)),
                   "icon": "mdi:state-machine",
+                  "availability_topic": topics.under(info.prefix, topics.STATUS),
+                  "payload_available": "online", "payload_not_available": "offline",
+                  "device": info.device()}
+        configs[f"{info.discovery_prefix}/sensor/{object_id}/config"] = \
+            json.dumps(config, separators=(",", ":")).encode()
+    return configs
+
+
+# What each last-recognised sensor shows: Frigate's integration's rule (a face's name; a
+# plate's name where known, else the plate read).
+RECOGNIZED = {
+    "face": ("last recognized face", "{{ value_json.name }}", "mdi:face-recognition"),
+    "plate": ("last recognized plate", "{{ value_json.name if value_json.name else "
+              "value_json.plate }}", "mdi:car-search"),
+}
+
+
+def recognition_configs(info: DeviceInfo, stream: str, *, faces: bool,
+                        plates: bool) -> dict[str, bytes]:
+    """Discovery topic → retained config of the stream's last recognised face and plate
+    sensors (`streams/<stream>/recognized/face|plate`), for what the stream recognises."""
+    configs = {}
+    for kind in [k for k, on in (("face", faces), ("plate", plates)) if on]:
+        name, template, icon = RECOGNIZED[kind]
+        object_id = slug(f"{info.device_id}_{stream}_recognized_{kind}")
+        topic = topics.under(info.prefix, topics.recognized(stream, kind))
+        config = {"name": f"{stream} {name}", "unique_id": f"edged_{object_id}",
+                  "state_topic": topic, "value_template": template,
+                  "json_attributes_topic": topic, "icon": icon,
                   "availability_topic": topics.under(info.prefix, topics.STATUS),
                   "payload_available": "online", "payload_not_available": "offline",
                   "device": info.device()}

@@ -206,7 +206,8 @@ class StreamEvents:
                 if self.zones.observe(obj.zones, row):
                     obj.current_zones = self.zones.current(obj.zones)
         if self.lines.names:
-            crossed = self.lines.observe([obj.lines for obj in seen], boxes)
+            crossed = self.lines.observe([obj.lines for obj in seen], boxes,
+                                         [obj.mask for obj in seen])
             for obj, crossings in zip(seen, crossed, strict=True):
                 if crossings:
                     self._cross(obj, crossings)

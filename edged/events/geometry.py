@@ -19,6 +19,34 @@ def anchors(boxes: np.ndarray, anchor: str) -> np.ndarray:
     return np.stack([x, y], axis=1)
 
 
+def mask_centroid(mask: np.ndarray) -> np.ndarray | None:
+    """A mask polygon's ([M, 2] frame pixels) centre of mass: the area centroid of the
+    polygon (the shoelace moments; supervision's `Position.CENTER_OF_MASS` takes the mean of
+    the mask's pixels, the same point up to the raster). None for a polygon without area."""
+    x, y = mask[:, 0], mask[:, 1]
+    x2, y2 = np.roll(x, -1), np.roll(y, -1)
+    step = x * y2 - x2 * y
+    area = step.sum() * 0.5
+    if len(mask) < 3 or abs(area) < 1e-9:
+        return None
+    return np.array([((x + x2) * step).sum(), ((y + y2) * step).sum()]) / (6.0 * area)
+
+
+def mask_anchors(boxes: np.ndarray, masks: Sequence[Sequence[Sequence[float]] | None] | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """[N, 4] boxes and the objects' mask polygons → [N, 2] points: each mask's centre of
+    mass, or its box's bottom centre where it has no mask (or one without area); and [N]
+    bool: which points are a mask's."""
+    points = anchors(boxes, "bottom_center")
+    found = np.zeros(len(boxes), bool)
+    for i, mask in enumerate(masks or ()):
+        if mask is not None and len(mask) >= 3:
+            centre = mask_centroid(np.asarray(mask, np.float64))
+            if centre is not None:
+                points[i], found[i] = centre, True
+    return points, found
+
+
 def cross(o: Point, a: Point, b: Point) -> float:
     """z of (a - o) x (b - o): > 0 when b is right of o→a as seen on the screen (y down)."""
     return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])

@@ -4,7 +4,9 @@ and each object's snapshot into the disk store. It knows the topics, not MQTT: i
 
 The topics are `edged.mqtt.topics`' (under `<prefix>/`): `events` (one event, JSON,
 `docs/schemas/events.schema.json`), and per stream the retained counts, zone counts, line
-totals and the newest object's snapshot of each label.
+totals and the newest object's snapshot of each label, and the last face named and plate read
+(`streams/<stream>/recognized/face|plate`: the `tracked_object_update` that told it, as
+Frigate's Home Assistant integration keeps a last recognised face and plate per camera).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class EventPublisher:
         self.store = store
         self.messages = 0  # published since start (the stats' events_published)
         self._labels: dict[str, str] = {}  # live object id -> label, for the store
+        self._recognized: dict[str, bytes] = {}  # topic suffix -> the last one (republished)
 
     def changes(self, changes: Changes) -> None:
         """Events in order, then counts, zone counts, lines and snapshots; every changed
@@ -56,7 +59,9 @@ class EventPublisher:
                 ended.append(after["id"])
             self._send(topics.EVENTS, compact(event))
         for update in changes.updates:
-            self._send(topics.TRACKED_OBJECT_UPDATE, compact(update))
+            body = compact(update)
+            self._send(topics.TRACKED_OBJECT_UPDATE, body)
+            self._remember(update, body)
         self.state(changes.counts, changes.zone_counts, changes.lines)
         for label, (_id, jpeg) in changes.snapshots.items():
             self._send(topics.snapshot(self.stream, label), jpeg, retain=True)
@@ -78,6 +83,22 @@ class EventPublisher:
                            retain=True)
         for line, totals in lines.items():
             self._send(topics.line_counts(self.stream, line), compact(totals), retain=True)
+
+    def _remember(self, update: Mapping[str, Any], body: bytes) -> None:
+        """A named face, or any plate read (known or not: Frigate's plate sensor shows the
+        plate where no name is known), as the stream's last recognised one, retained. An
+        unknown face is not one recognised: it stays on tracked_object_update only."""
+        kind = {"face": "face", "lpr": "plate"}.get(str(update.get("type")))
+        if kind is None or (kind == "face" and not update.get("name")):
+            return
+        suffix = topics.recognized(self.stream, kind)
+        self._recognized[suffix] = body
+        self._send(suffix, body, retain=True)
+
+    def recognized(self) -> None:
+        """The last recognised face and plate again (after a reconnect)."""
+        for suffix, body in list(self._recognized.items()):
+            self._send(suffix, body, retain=True)
 
     def _send(self, suffix: str, payload: bytes, *, retain: bool = False) -> None:
         if self.publish is None:

@@ -7,7 +7,12 @@ after as many frames outside, so a box jittering on the edge does not flicker in
 object knows the zones it is in now and every zone it ever entered, in order.
 
 A line counts crossings per label and direction: "in" from the left to the right of the
-directed segment p1→p2 as seen on the screen, "out" back. Each object has a side of each line,
+directed segment p1→p2 as seen on the screen, "out" back. The anchor a line follows is a point
+of the box (the bottom centre by default), or with `anchor: mask` a segment model's mask's
+centre of mass (supervision's CENTER_OF_MASS). A frame without the object's mask moves its
+last centre with its box (a point that jumped to the box's foot could cross a line between
+them); an object that never had one is followed by its bottom centre.
+Each object has a side of each line,
 committed only once its anchor is clear of a dead band around the line (5% of the box's width
 plus height, at least 2 px), and a crossing is counted when the committed side changes and
 the anchor's path since the last commitment touched the segment itself (a pass beside its end
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edged.events.config import LineConfig, ZoneConfig
-from edged.events.geometry import anchors, inside, mask_share, paths_meet, sides
+from edged.events.geometry import anchors, inside, mask_anchors, mask_share, paths_meet, sides
 
 BAND_SHARE = 0.05  # of the box's width + height: the anchor's usual jitter
 BAND_MIN_PX = 2.0
@@ -42,12 +47,13 @@ class ZoneState:
 @dataclass(slots=True)
 class LineState:
     """One object's sides of each line (+1 right, -1 left, 0 not yet known), whether its path
-    touched the segment since that side was committed, and its previous box (the path's
-    start)."""
+    touched the segment since that side was committed, and its previous anchor points by kind
+    (the paths' starts)."""
 
     side: list[int]
     touched: list[bool]
-    previous: np.ndarray | None = None
+    previous: dict[str, np.ndarray] | None = None
+    mask_offset: np.ndarray | None = None  # its last mask's centre less its box's foot
 
 
 class Zones:
@@ -112,19 +118,22 @@ class Lines:
     def new_state(self) -> LineState:
         return LineState([0] * len(self.names), [False] * len(self.names))
 
-    def observe(self, states: Sequence[LineState], boxes: np.ndarray) -> list[list[Crossing]]:
-        """One frame of N objects: their states and [N, 4] boxes now → each object's
-        crossings (most often none). Updates the states."""
+    def observe(self, states: Sequence[LineState], boxes: np.ndarray,
+                masks: Sequence[list[list[float]] | None] | None = None) -> list[list[Crossing]]:
+        """One frame of N objects: their states, [N, 4] boxes now (and mask polygons, None
+        where one has none) → each object's crossings (most often none). Updates the
+        states."""
         crossings: list[list[Crossing]] = [[] for _ in states]
         if not self.names or not len(states):
             return crossings
-        previous = np.array([boxes[i] if s.previous is None else s.previous
-                             for i, s in enumerate(states)])
+        points = {kind: self._mask_points(states, boxes, masks) if kind == "mask"
+                  else anchors(boxes, kind) for kind in set(self.anchor)}
         band = np.maximum(BAND_MIN_PX, BAND_SHARE * ((boxes[:, 2] - boxes[:, 0])
                                                      + (boxes[:, 3] - boxes[:, 1])))
         for ln, (p1, p2) in enumerate(self.ends):
-            starts = anchors(previous, self.anchor[ln])
-            now = anchors(boxes, self.anchor[ln])
+            now = points[self.anchor[ln]]
+            starts = np.array([now[i] if s.previous is None else s.previous[self.anchor[ln]]
+                               for i, s in enumerate(states)]).reshape(-1, 2)
             touched = paths_meet(starts, now, p1, p2).tolist()
             side_now = sides(now, p1, p2, band).tolist()
             for i, state in enumerate(states):
@@ -137,8 +146,23 @@ class Lines:
                 state.side[ln] = s
                 state.touched[ln] = False
         for i, state in enumerate(states):
-            state.previous = boxes[i]
+            state.previous = {kind: point[i] for kind, point in points.items()}
         return crossings
+
+
+    @staticmethod
+    def _mask_points(states: Sequence[LineState], boxes: np.ndarray,
+                     masks: Sequence[list[list[float]] | None] | None) -> np.ndarray:
+        """Each object's mask centre; where it has no mask this frame, its last one's place
+        relative to its box's foot (updated where it has)."""
+        points, found = mask_anchors(boxes, masks)
+        feet = anchors(boxes, "bottom_center")
+        for i, state in enumerate(states):
+            if found[i]:
+                state.mask_offset = points[i] - feet[i]
+            elif state.mask_offset is not None:
+                points[i] = feet[i] + state.mask_offset
+        return points
 
 
 class LineCounts:

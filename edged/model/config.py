@@ -156,6 +156,14 @@ class PreprocessConfig:
 
     resize: list[int] | None = setting(None, "[width, height]; null = the input's own H and W",
                                        check=_check_size)
+    resize_short: int | None = setting(
+        None, "resize so that the shorter side is this many pixels, the ratio kept (PaddleClas' "
+        "ResizeImage resize_short, torchvision's Resize(int)); then `crop: center` cuts the "
+        "tensor's size out of it. null = resize to the tensor's size", check=at_least(1))
+    crop: Literal["none", "center"] = setting(
+        "none", "center: the tensor's size is cut from the middle of the resized image "
+        "(PaddleClas' CropImage, torchvision's CenterCrop; offsets floor((w - W) / 2)); the "
+        "rest of the image is not seen")
     keep_ratio: bool = setting(False, "letterbox: keep the aspect ratio, pad the rest")
     pad: Literal["center", "end"] = setting("center", "letterbox padding: both sides, or "
                                             "right/bottom only (PP-OCR)")
@@ -169,8 +177,9 @@ class PreprocessConfig:
     layout: Literal["nchw", "nhwc"] = setting(
         "nchw", "tensor layout; unset: told from the input's shape (a last dim of 1, 3 or 4 "
         "after the spatial dims is nhwc)")
-    interpolation: Literal["auto", "linear", "area", "nearest", "cubic"] = setting(
-        "auto", "how the image is resized (OpenCV's INTER_*); auto = area when shrinking, "
+    interpolation: Literal["auto", "linear", "area", "nearest", "cubic", "lanczos"] = setting(
+        "auto", "how the image is resized (OpenCV's INTER_*; lanczos = INTER_LANCZOS4, "
+        "RapidAI's PaddleClas classifiers); auto = area when shrinking, "
         "linear when growing. An exporter's own rule where edged knows it (YOLOX, Ultralytics: "
         "linear)")
     rounding: Literal["round", "floor", "ceil"] = setting(

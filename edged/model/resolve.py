@@ -24,6 +24,7 @@ from edged.model.boxsets import landmark_outputs, tf_od_outputs
 from edged.model.config import ModelConfig, PostprocessConfig, PreprocessConfig
 from edged.model.heads import Head, choose_head
 from edged.model.metadata import ExportMetadata, read_metadata
+from edged.model.paddleclas import PADDLECLAS_CLASSIFY, paddleclas_classifier
 from edged.model.scrfd import scrfd_levels, yunet_levels
 from edged.model.signature import Signature
 from edged.model.tensor import TensorSpec
@@ -100,6 +101,8 @@ def resolve_processing(config: ModelConfig, lines: Mapping[str, int], signature:
     batched = (config.max_batch_size or 0) > 0
     post = _postprocess(config.postprocess, said_post, metadata, outputs, labels_dir, reasons,
                         signature.marks, batched)
+    if post is not None:
+        pre = _origin_preprocess(pre, said_pre, metadata, inputs, outputs, post.kind, reasons)
     head = None
     if post is not None and post.kind in BOXED:
         try:
@@ -213,6 +216,24 @@ def _preprocess(cfg: PreprocessConfig | None, said: frozenset[str], metadata: Ex
         return cfg
     reasons["preprocess"] = "; ".join(why) + _given(said)
     return dataclasses.replace(cfg or PreprocessConfig(), **chosen)
+
+
+def _origin_preprocess(pre: PreprocessConfig | None, said: frozenset[str],
+                       metadata: ExportMetadata, inputs: tuple[TensorSpec, ...],
+                       outputs: tuple[TensorSpec, ...], kind: str, reasons: dict[str, str]
+                       ) -> PreprocessConfig | None:
+    """A classifier's own pre-processing where its file says whose it is (PaddleClas' in
+    RapidAI's form: `edged.model.paddleclas`); model.yaml's keys still win."""
+    why = paddleclas_classifier(metadata, kind, inputs, outputs)
+    if why is None:
+        return pre
+    chosen = {k: v for k, v in PADDLECLAS_CLASSIFY.items() if k not in said}
+    if "resize" in said or "keep_ratio" in said:  # a stated resize is not mixed with a crop
+        return pre
+    reasons["preprocess"] = "; ".join(filter(None, [
+        reasons.get("preprocess", "") if reasons.get("preprocess") != "model.yaml" else "",
+        why + _given(said)]))
+    return dataclasses.replace(pre or PreprocessConfig(), **chosen)
 
 
 def layout_of(spec: TensorSpec) -> Literal["nchw", "nhwc"] | None:

@@ -131,3 +131,9 @@ def under(root: str, suffix: str) -> str:
 def state(stream: str, name: str) -> str:
     """A classified region's state (retained)."""
     return f"streams/{stream}/states/{name}"
+
+
+def recognized(stream: str, kind: str) -> str:
+    """The last face named (`face`) or plate read (`plate`) on a stream (retained): the
+    `tracked_object_update` that told it, kept for Home Assistant's last-recognised sensors."""
+    return f"streams/{stream}/recognized/{kind}"

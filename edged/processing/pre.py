@@ -25,11 +25,12 @@ from edged.model.tensor import TensorSpec
 # id, like an address, is reused by a new array with other contents); dropped with it.
 _BARS: dict[int, tuple[weakref.ref[np.ndarray], tuple[object, ...]]] = {}
 INTERPOLATION = {"linear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA,
-                 "nearest": cv2.INTER_NEAREST, "cubic": cv2.INTER_CUBIC}
+                 "nearest": cv2.INTER_NEAREST, "cubic": cv2.INTER_CUBIC,
+                 "lanczos": cv2.INTER_LANCZOS4}
 ROUNDING: dict[str, Callable[[float], int]] = {"round": round, "floor": math.floor,
                                                "ceil": math.ceil}
-KEYS = ("resize", "keep_ratio", "pad", "pad_value", "color", "scale", "mean", "std", "layout",
-        "interpolation", "rounding")
+KEYS = ("resize", "resize_short", "crop", "keep_ratio", "pad", "pad_value", "color", "scale",
+        "mean", "std", "layout", "interpolation", "rounding")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ def mismatch(cfg: PreprocessConfig, spec: TensorSpec, batched: bool) -> str | No
         return (f"input {spec.name} {list(spec.shape)} is not an image input (C, H, W or "
                 f"H, W, C{' after the batch dim' if batched else ''}); send tensors")
     channels, height, width = dims if cfg.layout == "nchw" else (dims[2], dims[0], dims[1])
+    cropped = _crop_mismatch(cfg, (cfg.resize[1], cfg.resize[0]) if cfg.resize else
+                             (height, width))
+    if cropped is not None:
+        return cropped
     made = 1 if cfg.color == "gray" else 3
     given = f"preprocess (layout: {cfg.layout}, color: {cfg.color}) makes {made}-channel " \
             f"{cfg.layout.upper()} tensors, but input {spec.name} is {list(spec.shape)}"
@@ -80,6 +85,20 @@ def mismatch(cfg: PreprocessConfig, spec: TensorSpec, batched: bool) -> str | No
     if cfg.resize is not None and (height, width) != (cfg.resize[1], cfg.resize[0]) and \
             min(height, width) > 0:
         return given + f"; preprocess.resize {cfg.resize} is not its {width}x{height}"
+    return None
+
+
+def _crop_mismatch(cfg: PreprocessConfig, size: tuple[int, int]) -> str | None:
+    """Why `resize_short` and `crop` cannot make a tensor of `size` (height, width)."""
+    if cfg.resize_short is not None and cfg.crop != "center":
+        return "preprocess.resize_short needs crop: center (the short side alone leaves the " \
+               "tensor's size to the frame's shape)"
+    if cfg.crop == "center" and cfg.keep_ratio:
+        return "preprocess.crop: center and keep_ratio: true exclude each other (a crop " \
+               "cuts, a letterbox pads)"
+    if cfg.resize_short is not None and min(size) > 0 and cfg.resize_short < max(size):
+        return f"preprocess.resize_short {cfg.resize_short} is shorter than the " \
+               f"{size[1]}x{size[0]} the centre crop cuts"
     return None
 
 
@@ -167,11 +186,15 @@ def preprocess(frame: np.ndarray, cfg: PreprocessConfig, spec: TensorSpec,
         # Boxes go back through the ratio, as the exporters' own code maps them (Ultralytics'
         # scale_boxes, YOLOX's demo), not through the whole-pixel size.
         geometry = Geometry(ratio, ratio, pad_x, pad_y, (frame_w, frame_h), (width, height))
+    elif cfg.crop == "center":
+        region = image
+        resized, geometry = _resize_crop(frame, cfg, width, height)
     else:
         new_w, new_h, region = width, height, image
         geometry = Geometry(width / frame_w, height / frame_h, 0, 0, (frame_w, frame_h),
                             (width, height))
-    resized = _resize(frame, new_w, new_h, cfg.interpolation)
+    if cfg.crop != "center":
+        resized = _resize(frame, new_w, new_h, cfg.interpolation)
     if out.dtype == np.float32 and cfg.layout == "nchw" and resized.dtype == np.uint8:
         for c, plane in enumerate(_planes(resized, cfg.color)):
             target = region[:, :, c]  # the plane's rows in the NCHW tensor
@@ -194,6 +217,29 @@ def preprocess(frame: np.ndarray, cfg: PreprocessConfig, spec: TensorSpec,
     else:  # integer inputs (quantised models fed raw pixels): round once at the end
         region[...] = np.clip(np.rint(pixels * gain - offset), *_limits(out.dtype))
     return out, geometry
+
+
+def _resize_crop(frame: np.ndarray, cfg: PreprocessConfig, width: int, height: int
+                 ) -> tuple[np.ndarray, Geometry]:
+    """The short side resized to `resize_short` (PaddleClas' ResizeImage: `percent = short /
+    min(w, h)`, each side `int(round(side * percent))`), or the frame as it is, then the
+    middle `width` x `height` cut out (CropImage: offsets `(w - W) // 2`). The geometry maps
+    the cut back: the crop's offset is a negative pad."""
+    frame_h, frame_w = frame.shape[:2]
+    if cfg.resize_short is not None:
+        percent = float(cfg.resize_short) / min(frame_w, frame_h)
+        whole = ROUNDING[cfg.rounding]
+        new_w, new_h = max(1, whole(frame_w * percent)), max(1, whole(frame_h * percent))
+        scale_x, scale_y = new_w / frame_w, new_h / frame_h
+    else:
+        new_w, new_h, scale_x, scale_y = frame_w, frame_h, 1.0, 1.0
+    if new_w < width or new_h < height:
+        raise InvalidInput(f"a {frame_w}x{frame_h} frame resized to {new_w}x{new_h} is smaller "
+                           f"than the {width}x{height} that preprocess.crop: center cuts")
+    resized = _resize(frame, new_w, new_h, cfg.interpolation)
+    left, top = (new_w - width) // 2, (new_h - height) // 2
+    cut = np.ascontiguousarray(resized[top:top + height, left:left + width])
+    return cut, Geometry(scale_x, scale_y, -left, -top, (frame_w, frame_h), (width, height))
 
 
 def _fill_outside(out: np.ndarray, image: np.ndarray, layout: str, value: np.ndarray,

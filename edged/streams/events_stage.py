@@ -23,7 +23,12 @@ import numpy as np
 from edged.describer.config import StreamDescribeConfig
 from edged.describer.prompt import Subject
 from edged.events.config import check_labels
-from edged.events.discovery import DeviceInfo, state_configs, stream_configs
+from edged.events.discovery import (
+    DeviceInfo,
+    recognition_configs,
+    state_configs,
+    stream_configs,
+)
 from edged.events.engine import Changes, StreamEvents
 from edged.events.path import Paths
 from edged.events.publish import EventPublisher, Publish
@@ -125,6 +130,7 @@ class EventsStage:
             self._republish.clear()
             engine = self.engine
             self.publisher.state(engine.counts(), engine.zone_counts(), engine.line_totals())
+            self.publisher.recognized()
         if idle and self.clock() - self._last > self.stall_s:
             self._last = self.clock()
             try:
@@ -267,6 +273,9 @@ class EventsHub:
             self.device, cfg.name, labels, [z.name for z in cfg.zones],
             [ln.name for ln in cfg.lines], cfg.snapshots.enabled)
             | state_configs(self.device, cfg.name, [s.name for s in cfg.states])
+            | recognition_configs(self.device, cfg.name,
+                                  faces=any(s.as_ == "identity" for s in cfg.secondary),
+                                  plates=cfg.lpr.enabled)
             if self.device else {})
         return stage
 

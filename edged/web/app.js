@@ -378,6 +378,7 @@ async function refresh() {
     drawUpdates(status);
     drawTelemetry(status);
     drawRecent(status);
+    if (window.drawGallery) window.drawGallery(status); // gallery.js: faces on this daemon
   } catch (error) {
     const health = document.getElementById("health");
     health.textContent = "unreachable";

@@ -182,7 +182,7 @@ def test_page_when_asked_is_served_same_origin_only_and_names_no_other_site(
     assert "default-src 'none'" in csp and "script-src 'self'" in csp
     assert head["x-frame-options"] == "DENY"
     texts = [body]
-    for asset in ("app.js", "zones.js", "style.css"):
+    for asset in ("app.js", "zones.js", "gallery.js", "style.css"):
         status, _, text = get(demo.http, f"/ui/{asset}")
         assert status == 200, asset
         texts.append(text)

@@ -44,6 +44,18 @@ def payloads(got: list[Received], topic: str) -> list[dict[str, Any]]:
     return [json.loads(m.payload) for m in got if m.topic == topic]
 
 
+def retained(broker: Broker, topic: str) -> dict[str, Any]:
+    """What the broker keeps on `topic`, as a subscriber that comes later gets it."""
+    late = Subscriber(broker, topic)
+    try:
+        [kept] = late.collect(until=lambda got: len(got) >= 1, timeout=10,
+                              what=f"the retained {topic}")
+    finally:
+        late.close()
+    assert kept.retain
+    return json.loads(kept.payload)  # type: ignore[no-any-return]
+
+
 def write_clip(path: Path, frames: list[np.ndarray], fps: float = 10.0) -> Path:
     height, width = frames[0].shape[:2]
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (width, height))
@@ -95,6 +107,15 @@ def test_plate_stream_when_cars_show_their_plates_votes_names_and_tells_them(
     assert told["MLB803"]["name"] == "Neighbour" and told["MLB803"]["known"] is True
     assert told["MLB803"]["id"] == known["id"]
     assert told[plate]["name"] is None and told[plate]["known"] is False
+    # Home Assistant: the last plate read, retained (the later of the two), and its sensor
+    last = payloads(got, f"{prefix}/streams/drive/recognized/plate")
+    assert [p["plate"] for p in last] == [u["plate"] for u in updates]
+    kept = retained(broker, f"{prefix}/streams/drive/recognized/plate")
+    assert kept == updates[-1]
+    config = retained(broker, "homeassistant/sensor/test_drive_recognized_plate/config")
+    assert config["state_topic"] == f"{prefix}/streams/drive/recognized/plate"
+    assert config["value_template"] == \
+        "{{ value_json.name if value_json.name else value_json.plate }}"
 
 
 def spot_clip(path: Path) -> Path:

@@ -209,3 +209,42 @@ def test_infer_cli_when_a_text_recogniser_reads_a_line_prints_the_text(
     assert read["text"].strip() == "edged 2026" and 0.5 < read["score"] <= 1
     assert main(["infer", "rec", "-i", str(image), "--socket", str(served.socket)]) == 0
     assert "'edged 2026" in capsys.readouterr().out
+
+
+def walking_body(x: int) -> np.ndarray:
+    """A lit body at x: a 40 x 50 block (y 10..60) on a 16-wide leg down to y 110."""
+    frame = np.zeros((SIZE[1], SIZE[0], 3), np.uint8)
+    frame[10:60, x:x + 40] = (0, 255, 0)
+    frame[60:110, x + 12:x + 28] = (0, 255, 0)
+    return frame
+
+
+# A short gate at x 80 down to y 70: the body's centre of mass passes it, its box's bottom
+# centre (y 110) passes below its end. The same gate followed by the box's bottom centre.
+GATES = (", lines: [{name: gate_mask, points: [[80, 70], [80, 0]], anchor: mask}, "
+         "{name: gate_box, points: [[80, 70], [80, 0]]}]")
+
+
+def test_segment_stream_when_a_line_follows_the_mask_counts_the_body_the_box_would_miss(
+        broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> None:
+    task_models.write_task_models(repo_dir, ["seg_yolo"])
+    video = tmp_path / "walk.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 30.0, SIZE)
+    assert writer.isOpened()
+    for x in range(10, 115, 7):
+        writer.write(walking_body(x))
+    writer.release()
+    prefix = "t/segline"
+    sub = Subscriber(broker, f"{prefix}/#")
+    try:
+        make_served(cache="preload: [seg_yolo]", streams=stream(video, "seg_yolo", GATES),
+                    mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}")
+        got = sub.collect(until=ended(prefix), timeout=60, what="the body's end")
+    finally:
+        sub.close()
+    counts = {m.topic.rsplit("/", 1)[1]: json.loads(m.payload) for m in got
+              if m.topic.startswith(f"{prefix}/streams/cam/lines/")}  # the last of each
+    assert counts["gate_mask"] == {"bicycle": {"in": 1, "out": 0}}, counts
+    assert counts["gate_box"].get("bicycle", {"in": 0, "out": 0}) == {"in": 0, "out": 0}
+    [end] = [e for e in messages(got, f"{prefix}/events") if e["type"] == "end"]
+    assert len(end["after"]["mask"]) >= 4

@@ -128,3 +128,29 @@ def test_outputs_when_the_model_detects_are_events_and_frames_only_on_request() 
     assert outputs(PublishConfig(), "classify") == Outputs(True, False)
     assert outputs(PublishConfig(), "raw") == Outputs(True, False)
     assert outputs(PublishConfig(frames=False), "classify") == Outputs(False, False)
+
+
+def test_publisher_when_a_face_is_named_or_a_plate_read_keeps_it_as_the_last_recognised(
+        ) -> None:
+    """Frigate's integration keeps a last recognised face and plate per camera: a named face
+    and every plate read (known or not) are retained on `recognized/face|plate`; an unknown
+    face is told on tracked_object_update only; a reconnect sends the last ones again."""
+    from edged.events.engine import Changes
+
+    sent = Recorder()
+    publisher = EventPublisher("door", sent, None)
+    ana = {"type": "face", "id": "1-door-1", "name": "Ana", "score": 0.8, "group": None,
+           "camera": "door", "stream": "door", "timestamp": 1.0}
+    stranger = {**ana, "id": "1-door-2", "name": None, "group": 3}
+    plate = {"type": "lpr", "id": "1-door-3", "stream": "door", "camera": "door", "name": None,
+             "known": False, "plate": "ABC123", "score": 0.9, "timestamp": 2.0}
+    publisher.changes(Changes(updates=[ana, stranger, plate]))
+    assert [json.loads(p)["id"] for p in sent.on("tracked_object_update")] == [
+        "1-door-1", "1-door-2", "1-door-3"]
+    retained = [(s, json.loads(p)) for _k, s, p, r in sent.sent if r]
+    assert retained == [("streams/door/recognized/face", ana),
+                        ("streams/door/recognized/plate", plate)]
+    sent.sent.clear()
+    publisher.recognized()
+    assert sorted(s for _k, s, _p, r in sent.sent if r) == [
+        "streams/door/recognized/face", "streams/door/recognized/plate"]

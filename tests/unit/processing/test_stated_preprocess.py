@@ -82,3 +82,43 @@ def test_preprocess_when_an_interpolation_is_stated_resizes_with_it(
     tensor, _ = preprocess(frame, cfg, TensorSpec("x", np.dtype(np.float32), (1, 3, 48, 64)))
     expected = cv2.resize(frame, (64, 48), interpolation=flag).transpose(2, 0, 1)
     np.testing.assert_array_equal(tensor[0], expected.astype(np.float32))
+
+
+CLS = TensorSpec("x", np.dtype(np.float32), (-1, 3, 224, 224))
+
+
+@pytest.mark.parametrize(("cfg", "said"), [
+    (PreprocessConfig(resize_short=256), "preprocess.resize_short needs crop: center"),
+    (PreprocessConfig(crop="center", keep_ratio=True), "crop: center and keep_ratio: true "
+                                                       "exclude each other"),
+    (PreprocessConfig(resize_short=200, crop="center"), "preprocess.resize_short 200 is "
+                                                        "shorter than the 224x224"),
+])
+def test_mismatch_when_a_centre_crop_cannot_make_the_tensor_says_why(
+        cfg: PreprocessConfig, said: str) -> None:
+    why = mismatch(cfg, CLS, batched=True)
+    assert why is not None and said in why, why
+
+
+def test_preprocess_when_short_side_and_centre_crop_are_stated_cuts_paddleclas_window() -> None:
+    """PaddleClas' ResizeImage(resize_short) + CropImage, step by step: a 400x300 frame's short
+    side to 256 (341x256, int(round())), then the middle 224x224 (offsets 58, 16)."""
+    rng = np.random.default_rng(7)
+    frame = rng.integers(0, 256, (300, 400, 3), np.uint8)
+    cfg = PreprocessConfig(resize_short=256, crop="center", color="bgr", interpolation="lanczos",
+                           mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    tensor, geometry = preprocess(frame, cfg, CLS)
+    resized = cv2.resize(frame, (341, 256), interpolation=cv2.INTER_LANCZOS4)
+    window = resized[16:240, 58:282].astype(np.float32) * np.float32(1 / 255)
+    expected = ((window - np.float32([0.485, 0.456, 0.406])) /
+                np.float32([0.229, 0.224, 0.225])).transpose(2, 0, 1)[None]
+    np.testing.assert_allclose(tensor, expected, atol=1e-5)
+    # the geometry maps the crop back: tensor = frame * scale + pad
+    assert (geometry.pad_x, geometry.pad_y) == (-58, -16)
+    assert geometry.scale_x == pytest.approx(341 / 400) and geometry.scale_y == 256 / 300
+
+
+def test_preprocess_when_the_crop_is_bigger_than_the_resized_frame_refuses() -> None:
+    frame = np.zeros((100, 150, 3), np.uint8)
+    with pytest.raises(InvalidInput, match="smaller than the 224x224"):
+        preprocess(frame, PreprocessConfig(crop="center"), CLS)

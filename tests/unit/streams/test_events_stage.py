@@ -185,3 +185,26 @@ def test_discovery_when_a_stream_has_zones_lines_and_snapshots_makes_one_device_
     assert not any("camera" in t for t in stream_configs(DEVICE, "door", ["person"], [], [],
                                                            False))
     assert slug("a b..c/d") == "a_b_c_d"
+
+
+def test_discovery_when_a_stream_names_faces_and_reads_plates_makes_frigates_last_sensors(
+        ) -> None:
+    from edged.events.discovery import recognition_configs
+
+    configs = {topic: json.loads(raw) for topic, raw in recognition_configs(
+        DEVICE, "door", faces=True, plates=True).items()}
+    face = configs["homeassistant/sensor/edge-01_door_recognized_face/config"]
+    plate = configs["homeassistant/sensor/edge-01_door_recognized_plate/config"]
+    assert face["state_topic"] == face["json_attributes_topic"] == \
+        "edged/edge-01/streams/door/recognized/face"
+    assert face["value_template"] == "{{ value_json.name }}"
+    assert plate["state_topic"] == "edged/edge-01/streams/door/recognized/plate"
+    assert plate["value_template"] == \
+        "{{ value_json.name if value_json.name else value_json.plate }}"
+    for config in (face, plate):
+        assert config["availability_topic"] == "edged/edge-01/status"
+        assert config["device"]["identifiers"] == ["edged_edge-01"]
+    assert face["unique_id"] != plate["unique_id"]
+    assert recognition_configs(DEVICE, "door", faces=False, plates=False) == {}
+    assert list(recognition_configs(DEVICE, "door", faces=False, plates=True)) == [
+        "homeassistant/sensor/edge-01_door_recognized_plate/config"]

