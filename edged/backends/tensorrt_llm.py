@@ -58,7 +58,7 @@ class TensorRTLLMBackend:
 @dataclass
 class _Request:
     result: Any  # TensorRT-LLM's RequestOutput, streaming
-    reader: threading.Thread
+    reader: threading.Thread | None
     stops: tuple[str, ...]
     limit: int
     count: int = 0
@@ -97,7 +97,9 @@ class TensorRTLLMSession:
         self._tokenizer = self._llm.tokenizer
         self.providers = [f"TensorRT-LLM ({config.sequences} sequences in flight)"]
         self._slots: dict[int, _Request] = {}
-        self._events: queue.Queue[tuple[int, Any]] = queue.Queue()
+        # Each event names its request, not its slot: a dropped request's reader may still
+        # bring outputs after a new request took the slot (the abort lands later).
+        self._events: queue.Queue[tuple[_Request, Any]] = queue.Queue()
 
     # -- prompts ------------------------------------------------------------------------------
     def prompt(self, text: str) -> Prompt:
@@ -150,23 +152,25 @@ class TensorRTLLMSession:
                                               streaming=True)
         except ValueError as exc:  # refused at once: its guide, its length
             raise InvalidInput(f"{self.label}: {exc}") from exc
-        reader = threading.Thread(target=self._read, args=(slot, result),
-                                  name=f"edged-trtllm-{self.label}-{slot}", daemon=True)
-        self._slots[slot] = _Request(result, reader, tuple(dict.fromkeys(
-            prompt.stop + sampling.stop)), params.max_tokens)
-        reader.start()
+        request = _Request(result, None, tuple(dict.fromkeys(prompt.stop + sampling.stop)),
+                           params.max_tokens)
+        request.reader = threading.Thread(target=self._read, args=(request,),
+                                          name=f"edged-trtllm-{self.label}-{slot}",
+                                          daemon=True)
+        self._slots[slot] = request
+        request.reader.start()
         return slot
 
-    def _read(self, slot: int, result: Any) -> None:
+    def _read(self, request: _Request) -> None:
         """The request's streamed outputs (RequestOutput iterates as they come) onto the
         session's queue, then its end."""
         try:
-            for output in result:
+            for output in request.result:
                 completion = output.outputs[0]
-                self._events.put((slot, (list(completion.token_ids_diff), completion.text_diff,
-                                         completion.finish_reason)))
+                self._events.put((request, (list(completion.token_ids_diff),
+                                            completion.text_diff, completion.finish_reason)))
         except Exception as exc:  # the executor's error: this request ends with it
-            self._events.put((slot, exc))
+            self._events.put((request, exc))
 
     def drop(self, slot: int) -> None:
         request = self._slots.pop(slot, None)
@@ -189,10 +193,12 @@ class TensorRTLLMSession:
                 events.append(self._events.get_nowait())
             except queue.Empty:
                 break
-        for slot, event in events:
-            request = self._slots.get(slot)
-            if request is None or request.ended:
-                continue  # dropped: what its reader still brought is nobody's
+        slots = {id(request): slot for slot, request in self._slots.items()}
+        for request, event in events:
+            slot = slots.get(id(request))
+            if slot is None or request.ended:
+                continue  # dropped: what its reader still brought is nobody's, even where
+                # a new request took its slot since
             if isinstance(event, Exception):  # this request failed; the others go on
                 request.ended = True
                 out.append((slot, InferenceFailed(f"{self.label}: TensorRT-LLM failed: "

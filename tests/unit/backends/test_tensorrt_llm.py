@@ -243,3 +243,34 @@ def test_generations_when_one_request_fails_the_others_in_flight_answer(
     failed = got[1][1]
     assert isinstance(failed, InferenceFailed) and "CUDA out of memory" in str(failed)
     assert stats["failed"] == 1 and stats["completed"] == 2
+
+
+def test_session_when_a_dropped_requests_late_outputs_come_after_its_slot_was_reused_gives_them_to_nobody(  # noqa: E501
+        cache: ModelCache) -> None:
+    """A cancelled request's reader brings its last outputs (the executor's `cancelled`)
+    after the abort; the request admitted into its freed slot meanwhile answers as alone."""
+    from edged.backends.base import Piece, Sampling
+
+    def run(session: BatchedLanguageSession, slot: int) -> tuple[str, str | None]:
+        text = ""
+        for _ in range(200):
+            for at, piece in session.step():
+                assert at == slot, "an output of another request"
+                assert isinstance(piece, Piece)
+                text += piece.text
+                if piece.finish_reason is not None:
+                    return text, piece.finish_reason
+        raise AssertionError("no end")
+
+    with cache.acquire("chat") as lease:
+        session = lease.session
+        assert isinstance(session, BatchedLanguageSession)
+        greedy = Sampling(max_tokens=6, temperature=0)
+        alone = run(session, session.admit(session.prompt("2"), greedy))
+        first = session.admit(session.prompt("1"), Sampling(max_tokens=100, temperature=0))
+        while not session.step():  # it has begun: its reader is streaming
+            pass
+        session.drop(first)
+        second = session.admit(session.prompt("2"), greedy)
+        assert second == first  # the freed slot, taken before the dropped one's end came
+        assert run(session, second) == alone
