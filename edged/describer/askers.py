@@ -165,13 +165,18 @@ class EndpointAsker:
             headers["Authorization"] = f"Bearer {self._key}"
         try:
             connection.request("POST", self._path, body, headers)
-            if connection.sock is not None:
-                connection.sock.settimeout(remaining())
+            # Held here: http.client lets go of connection.sock once the response will
+            # close the connection (Connection: close, HTTP/1.0), but its reads go on on
+            # this socket, each of which must end by the deadline.
+            sock = connection.sock
+            if sock is not None:
+                sock.settimeout(remaining())
             response = connection.getresponse()
             chunks, size = [], 0
             while True:
-                if connection.sock is not None:
-                    connection.sock.settimeout(remaining())
+                left = remaining()
+                if sock is not None:
+                    sock.settimeout(left)
                 chunk = response.read1(CHUNK) if hasattr(response, "read1") else \
                     response.read(CHUNK)
                 if not chunk:

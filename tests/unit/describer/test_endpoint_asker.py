@@ -86,3 +86,38 @@ def test_endpoint_asker_when_slower_than_the_deadline_raises_timeout(endpoint: E
     endpoint.delay_s = 30.0
     with pytest.raises(Timeout):
         asker(endpoint.url).ask(messages(SUBJECT, vision=False), time.monotonic() + 0.3)
+
+
+def test_endpoint_asker_when_a_closing_answer_trickles_past_the_deadline_raises_timeout(
+        ) -> None:
+    """`Connection: close`: http.client lets go of its socket, the reads go on: each is still
+    held to the deadline (it was not, and a trickle kept the describer past its timeout)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def trickle() -> None:
+        peer, _ = server.accept()
+        with peer:
+            peer.recv(65536)
+            peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Connection: close\r\n\r\n")
+            for _ in range(40):  # a space every 0.1 s, then the answer: 4 s in all
+                time.sleep(0.1)
+                try:
+                    peer.sendall(b" ")
+                except OSError:
+                    return  # the asker gave up
+            peer.sendall(b'{"choices": [{"message": {"content": "late"}}]}')
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(Timeout):
+            asker(f"http://127.0.0.1:{port}/v1").ask(messages(SUBJECT, vision=False),
+                                                     time.monotonic() + 0.5)
+    finally:
+        thread.join(timeout=10)
+        server.close()
