@@ -153,6 +153,9 @@ class StateWatcher:
             return False
         self.reads += 1
         if score < self.cfg.min_score:
+            # a doubtful read confirms nothing: a candidate waiting for it is given up, so the
+            # gate decides the next read again (it would be read every frame, for ever)
+            self.debounce.candidate, self.debounce.run = None, 0
             return False
         previous = self.debounce.state
         if not self.debounce.read(label):

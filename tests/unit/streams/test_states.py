@@ -149,3 +149,25 @@ def test_states_config_when_the_stream_is_a_sensor_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"streams\[0\]\.states: states classify regions"):
         parse_config("streams:\n  - {name: t, source: 'mqtt://sensors/t', model: m, "
                      "states: [{name: spot, model: colors, region: [[0, 0], [5, 5]]}]}\n")
+
+
+def test_state_when_a_candidate_is_followed_by_doubtful_reads_gives_it_up_and_waits_for_the_gate(
+        core: tuple[ModelCache, Scheduler]) -> None:
+    """A confident odd read waits for its confirmation on the next frames, whatever the gate;
+    reads under min_score that follow give the candidate up, and an unchanged picture is then
+    not read again until interval_s (it was read at every frame, for ever)."""
+    cfg = StateConfig("spot", "colors", [[100, 20], [150, 60]], interval_s=100.0, debounce=2,
+                      min_score=0.5)
+    watcher = StateWatcher("drive", cfg, "k", core[1], None)
+    reads = iter([("red", 0.9), ("red", 0.9), ("green", 0.9)] + [("green", 0.4)] * 20)
+    watcher._classify = lambda region: next(reads)  # type: ignore[method-assign]
+    still = picture(RED)
+    watcher.frame(still, 1000.0, 0.0)
+    assert watcher.frame(still, 1001.0, 1.0) is True and watcher.state == "red"
+    changed = still.copy()
+    changed[20:60, 100:150] = GREEN  # the picture changes once: a confident "green"
+    watcher.frame(changed, 1002.0, 2.0)
+    assert watcher.debounce.candidate == "green"
+    for i in range(10):  # then the same picture, read with doubt once, and not again
+        watcher.frame(changed, 1003.0 + i, 3.0 + i)
+    assert watcher.reads == 4 and watcher.state == "red"
