@@ -45,10 +45,18 @@ def warp_quad(frame: np.ndarray, quad: np.ndarray) -> np.ndarray:
     """The frame's pixels inside `quad` ([4, 2], warp order) on an upright rectangle.
     InvalidInput when the quadrilateral has no area to speak of (under a pixel a side)."""
     points = np.asarray(quad, np.float32).reshape(4, 2)
+    if not np.isfinite(points).all():
+        raise InvalidInput(f"the corners {points.tolist()} are not all numbers")
     width = int(max(np.linalg.norm(points[0] - points[1]), np.linalg.norm(points[2] - points[3])))
     height = int(max(np.linalg.norm(points[0] - points[3]), np.linalg.norm(points[1] - points[2])))
-    if width < 1 or height < 1 or not np.isfinite(points).all():
+    if width < 1 or height < 1:
         raise InvalidInput(f"the corners {points.round(1).tolist()} enclose no area to warp")
+    # Corners a little outside the frame are a plate at its edge; an edge longer than twice
+    # the frame is a broken output (an overflow), whose warp would allocate without bound.
+    bound = 2 * max(frame.shape[:2])
+    if width > bound or height > bound:
+        raise InvalidInput(f"the corners {points.round(1).tolist()} make a {width} x {height} "
+                           f"crop, over twice the frame ({frame.shape[1]} x {frame.shape[0]})")
     target = np.array([[0, 0], [width, 0], [width, height], [0, height]], np.float32)
     matrix = cv2.getPerspectiveTransform(points, target)
     upright = cv2.warpPerspective(frame, matrix, (width, height),

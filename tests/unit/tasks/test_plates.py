@@ -232,3 +232,13 @@ def test_plate_cascade_when_its_model_finds_no_plates_or_it_has_no_reader_is_ref
         PlateCascade(SecondaryConfig("plate_det", as_="plate"), scheduler)
     with pytest.raises(InvalidModel, match="finds no plates"):
         PlateCascade(SecondaryConfig("plate_rec", as_="plate", reader="plate_rec"), scheduler)
+
+
+@pytest.mark.parametrize(("corners", "words"), [
+    ([[5, 5], [1e5, 5], [1e5, 40], [5, 40]], "over twice the frame"),  # an overflowed output
+    ([[5, 5], [float("nan"), 5], [40, 40], [5, 40]], "not all numbers"),
+])
+def test_warp_when_the_corners_are_broken_is_invalid_input_before_any_allocation(
+        corners: list[list[float]], words: str) -> None:
+    with pytest.raises(InvalidInput, match=words):
+        warp_quad(np.zeros((50, 60, 3), np.uint8), np.float32(corners))
