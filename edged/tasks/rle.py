@@ -3,7 +3,7 @@ outline: `{"size": [height, width], "counts": "<string>"}`, the compressed form 
 `maskUtils.encode` writes and COCO's results files carry. The bitmap is the polygon drawn at
 frame size (OpenCV's `fillPoly`, the pixels whose centres it covers), read in column-major
 order (Fortran, as pycocotools reads its masks); runs alternate 0s and 1s starting with 0s;
-each run is written as pycocotools' `rleToString` writes it (from the third run on, the
+each run is written as pycocotools' `rleToString` writes it (from the fourth run on, the
 difference from the run two before; 5 bits a character, offset by 48, with a continuation
 bit).
 
@@ -47,7 +47,7 @@ def runs(bitmap: np.ndarray) -> list[int]:
 
 
 def counts_string(counts: Sequence[int]) -> str:
-    """pycocotools' `rleToString`: LEB128-like, 5 bits a character + 48, deltas from the third.
+    """pycocotools' `rleToString`: LEB128-like, 5 bits a character + 48, deltas from the fourth.
     Every run at once: a round of 5 bits for all values still writing (at most 13 for 64-bit
     counts), then each value's characters in order."""
     values = np.asarray(counts, np.int64).reshape(-1)
