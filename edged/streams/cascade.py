@@ -13,18 +13,18 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
 
-from edged.core.errors import EdgedError, InvalidInput, InvalidModel, Timeout
+from edged.core.errors import EdgedError, InvalidInput, InvalidModel
 from edged.inference.scheduler import Outputs, Scheduler
 from edged.model.config import PostprocessConfig, PreprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.detections import Detections
 from edged.processing.post import Postprocessor, published
 from edged.processing.pre import image_preprocess, mismatch, preprocess, tensor_shape
+from edged.streams.asking import answer
 from edged.streams.config import SecondaryConfig
 from edged.tasks.warp import quad_of, warp_quad
 
@@ -97,14 +97,8 @@ class Cascade:
             futures.append(self.scheduler.submit(
                 self.cfg.model, {name: tensor if model.max_batch_size else tensor[0]},
                 version=model.version, priority=self.priority))
-        outputs = []
-        for future in futures:
-            try:
-                outputs.append(future.result(timeout=self.timeout_s))
-            except FutureTimeout:
-                raise Timeout(f"secondary model {self.cfg.model} did not answer in "
-                              f"{self.timeout_s:g} s") from None
-        return outputs
+        return [answer(future, self.timeout_s, f"secondary model {self.cfg.model}")
+                for future in futures]
 
     def cut(self, frame: np.ndarray, detections: Detections, index: int) -> np.ndarray:
         """What the model reads of detection `index`: its four corners warped upright (`crop:
@@ -147,13 +141,8 @@ class Cascade:
             futures.append(self.scheduler.submit(self.cfg.model, {name: part},
                                                  version=model.version,
                                                  priority=self.priority))
-        parts: list[Outputs] = []
-        for future in futures:
-            try:
-                parts.append(future.result(timeout=self.timeout_s))
-            except FutureTimeout:
-                raise Timeout(f"secondary model {self.cfg.model} did not answer in "
-                              f"{self.timeout_s:g} s") from None
+        parts = [answer(future, self.timeout_s, f"secondary model {self.cfg.model}")
+                 for future in futures]
         if not model.max_batch_size:
             return {k: np.stack([p[k] for p in parts]) for k in parts[0]}
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

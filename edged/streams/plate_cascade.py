@@ -9,17 +9,15 @@ votes per tracked car. A car without a plate scoring `min_score` or more keeps n
 
 from __future__ import annotations
 
-from concurrent.futures import TimeoutError as FutureTimeout
-
 import numpy as np
 
-from edged.core.errors import InvalidModel, Timeout
+from edged.core.errors import InvalidModel
 from edged.inference.scheduler import Scheduler
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
 from edged.processing.detections import Detections
 from edged.processing.post import Postprocessor
-from edged.processing.pre import image_preprocess, preprocess
+from edged.streams.asking import ask_image
 from edged.streams.cascade import Cascade, crop, crop_bounds
 from edged.streams.config import SecondaryConfig
 from edged.tasks import BOXED_TASKS
@@ -62,20 +60,10 @@ class PlateCascade(Cascade):
 
     def _plate(self, frame: np.ndarray, box: list[float]) -> Detections | None:
         """The best plate in the box's crop, in frame pixels (its box and corners), or None."""
-        model = self.scheduler.model(self.cfg.model)
-        spec = model.inputs[0]
-        batched = model.max_batch_size > 0
-        pre = image_preprocess(model.config.preprocess, model.label, spec, batched)
-        piece = crop(frame, box, self.cfg.crop_margin)
-        tensor, geometry = preprocess(piece, pre, spec)
-        future = self.scheduler.submit(self.cfg.model, {spec.name: tensor if batched
-                                                        else tensor[0]},
-                                       version=model.version, priority=self.priority)
-        try:
-            outputs = future.result(timeout=self.timeout_s)
-        except FutureTimeout:
-            raise Timeout(f"plate detector {self.cfg.model} did not answer in "
-                          f"{self.timeout_s:g} s") from None
+        model, outputs, geometry = ask_image(
+            self.scheduler, self.cfg.model, crop(frame, box, self.cfg.crop_margin),
+            priority=self.priority, timeout_s=self.timeout_s,
+            what=f"plate detector {self.cfg.model}")
         if self._detector is None or self._detector[0] is not model:
             self._detector = (model, Postprocessor(model.config.postprocess,
                                                    model.dir.parent, model.head))

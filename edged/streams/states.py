@@ -15,21 +15,21 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from edged.core.errors import ConfigError, ConfigIssue, EdgedError, InvalidModel, Timeout
+from edged.core.errors import ConfigError, ConfigIssue, EdgedError, InvalidModel
 from edged.events.publish import compact
 from edged.inference.scheduler import Scheduler
 from edged.model.config import PostprocessConfig
 from edged.model.repository import ModelVersion
 from edged.mqtt import topics
 from edged.processing.post import Postprocessor
-from edged.processing.pre import image_preprocess, mismatch, preprocess
+from edged.processing.pre import mismatch
 from edged.sources import worth_logging
+from edged.streams.asking import ask_image
 from edged.streams.config import GateConfig
 from edged.streams.gate import ChangeGate
 from edged.streams.state_config import StateConfig
@@ -178,19 +178,9 @@ class StateWatcher:
         self.send(topics.STATE_CHANGES, compact({"type": "state", **body}), False)
 
     def _classify(self, region: np.ndarray) -> tuple[str, float]:
-        model = self.scheduler.model(self.cfg.model)
-        spec = model.inputs[0]
-        batched = model.max_batch_size > 0
-        pre = image_preprocess(model.config.preprocess, model.label, spec, batched)
-        tensor, _ = preprocess(region, pre, spec)
-        future = self.scheduler.submit(self.cfg.model, {spec.name: tensor if batched
-                                                        else tensor[0]},
-                                       version=model.version, priority=self.priority)
-        try:
-            outputs = future.result(timeout=self.timeout_s)
-        except FutureTimeout:
-            raise Timeout(f"state model {self.cfg.model} did not answer in "
-                          f"{self.timeout_s:g} s") from None
+        model, outputs, _ = ask_image(self.scheduler, self.cfg.model, region,
+                                      priority=self.priority, timeout_s=self.timeout_s,
+                                      what=f"state model {self.cfg.model}")
         if self._post is None or self._post[0] is not model:
             self._post = (model, Postprocessor(model.config.postprocess, model.dir.parent))
         results = self._post[1](outputs, None)
