@@ -49,7 +49,11 @@ from edged.tasks.keypoints import FACE_LANDMARKS
 
 logger = logging.getLogger(__name__)
 
-MAX_IMAGE_PIXELS = 40_000_000  # an enrolment image larger than this is refused before decoding
+# An enrolment image larger than this is refused from its header, before decoding
+# (`edged.streams.image_size`). OpenCV's own OPENCV_IO_MAX_IMAGE_PIXELS guard is not set: it is
+# process-wide and read once, at OpenCV's first decode (whatever module that is), and only a
+# header already read here reaches imdecode; its refusal (cv2.error) is image_invalid anyway.
+MAX_IMAGE_PIXELS = 40_000_000
 
 
 def landmarks_of(points: dict[str, list[float]] | None, min_score: float
