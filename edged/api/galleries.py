@@ -17,17 +17,24 @@ Vectors never leave the device: these routes list names, counts and groups, and 
   enrolled under the name); `DELETE .../groups/{group}`;
 - `GET .../entries/{id}/crop`, `GET .../sightings/{id}/crop`: the aligned face (PNG) an entry
   or an unknown sighting was made from, to see whom a group is before naming it;
-- `POST .../reembed`: re-embed now the rows an older embedder made (waits; `{"reembedded": n}`).
+- `POST .../reembed`: re-embed the rows an older embedder made, on the one background
+  re-embedding (started, or the running one joined: it does not wait); 202 with its state
+  `{"embedder": {...}}`.
+
+An enrolment body is charged to the API's shared body budget (`api.max_bodies_mb`) until it is
+answered, as inference bodies are. A gallery file that fails (locked, read-only, closed at
+shutdown) answers 503 `faces_unavailable`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from edged.api.http.budget import read_body
+from edged.api.http.budget import BodyBudget, read_body
 from edged.api.http.messages import Handler, Request, Response, json_response
 from edged.api.page import SAME_ORIGIN
 from edged.core.errors import (
@@ -42,6 +49,7 @@ from edged.galleries.store import Gallery
 
 MAX_IMAGE_BYTES = 16 * 1024 * 1024
 PREFIX = "/v2/edged/galleries/faces"
+T = TypeVar("T")
 
 
 class Faces(Protocol):
@@ -49,17 +57,19 @@ class Faces(Protocol):
 
     @property
     def gallery(self) -> Gallery: ...
-    def enrol(self, name: str, image: bytes, *, negative: bool = False,
+    def enrol(self, name: str, image: bytes | memoryview, *, negative: bool = False,
               source: str | None = None) -> dict[str, Any]: ...
     def reembed_state(self) -> dict[str, Any]: ...
-    def reembed(self) -> int: ...
+    def reembed(self) -> dict[str, Any]: ...
 
 
 class GalleryRoutes:
     def __init__(self, faces: Callable[[], Faces | None],
-                 snapshots: Callable[[], SnapshotStore | None]) -> None:
+                 snapshots: Callable[[], SnapshotStore | None],
+                 bodies: BodyBudget | None = None) -> None:
         self.faces = faces
         self.snapshots = snapshots
+        self.bodies = bodies or BodyBudget(MAX_IMAGE_BYTES)
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [("GET", PREFIX, self.index),
@@ -86,14 +96,14 @@ class GalleryRoutes:
     async def index(self, _request: Request) -> Response:
         faces = self._faces()
         gallery = faces.gallery
-        return json_response(await asyncio.to_thread(lambda: {
+        return json_response(await _gallery(lambda: {
             "names": gallery.names(), "groups": gallery.groups(), "counts": gallery.counts(),
             "embedder": faces.reembed_state()}))
 
     async def entries(self, request: Request) -> Response:
         gallery = self._faces().gallery
         name = request.match_info["name"]
-        rows = await asyncio.to_thread(gallery.entries, name)
+        rows = await _gallery(gallery.entries, name)
         if not rows:
             return json_response({"error": f"no one is enrolled as {name[:64]!r}",
                                   "code": "identity_not_found"}, status=404)
@@ -108,17 +118,22 @@ class GalleryRoutes:
     async def _enrol(self, request: Request, *, negative: bool) -> Response:
         faces = self._faces()
         name = request.match_info["name"]
-        body = bytes(await read_body(request, MAX_IMAGE_BYTES))
-        image, source = body, "upload"
-        if request.content_type == "application/json":
-            image, source = await self._snapshot(body)
-        entry = await asyncio.to_thread(faces.enrol, name, image, negative=negative,
-                                        source=source)
+        charge = self.bodies.charge()  # held until answered: the image is decoded from it
+        try:
+            body = await read_body(request, MAX_IMAGE_BYTES, charge)
+            image: bytes | memoryview = body
+            source = "upload"
+            if request.content_type == "application/json":
+                image, source = await self._snapshot(body)
+            entry = await asyncio.to_thread(faces.enrol, name, image, negative=negative,
+                                            source=source)
+        finally:
+            charge.release()
         return json_response(entry, status=201)
 
-    async def _snapshot(self, body: bytes) -> tuple[bytes, str]:
+    async def _snapshot(self, body: memoryview) -> tuple[bytes, str]:
         try:
-            asked = json.loads(body)
+            asked = json.loads(bytes(body))
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"the body is not JSON: {exc}") from exc
         object_id = asked.get("snapshot") if isinstance(asked, dict) else None
@@ -134,32 +149,32 @@ class GalleryRoutes:
 
     async def delete_name(self, request: Request) -> Response:
         gallery = self._faces().gallery
-        gone = await asyncio.to_thread(gallery.delete_name, request.match_info["name"])
+        gone = await _gallery(gallery.delete_name, request.match_info["name"])
         return json_response({"deleted": gone})
 
     async def delete_entry(self, request: Request) -> Response:
         gallery = self._faces().gallery
-        await asyncio.to_thread(gallery.delete_entry, _number(request.match_info["id"], "id"))
+        await _gallery(gallery.delete_entry, _number(request.match_info["id"], "id"))
         return json_response({"deleted": 1})
 
     async def groups(self, _request: Request) -> Response:
         gallery = self._faces().gallery
-        return json_response({"groups": await asyncio.to_thread(gallery.groups)})
+        return json_response({"groups": await _gallery(gallery.groups)})
 
     async def group(self, request: Request) -> Response:
         gallery = self._faces().gallery
         group = _number(request.match_info["group"], "group")
-        rows = await asyncio.to_thread(gallery.sightings, group)
+        rows = await _gallery(gallery.sightings, group)
         return json_response({"group": group, "sightings": rows})
 
     async def entry_crop(self, request: Request) -> Response:
         gallery = self._faces().gallery
-        crop = await asyncio.to_thread(gallery.crop, _number(request.match_info["id"], "id"))
+        crop = await _gallery(gallery.crop, _number(request.match_info["id"], "id"))
         return _png(crop)
 
     async def sighting_crop(self, request: Request) -> Response:
         gallery = self._faces().gallery
-        crop = await asyncio.to_thread(gallery.sighting_crop,
+        crop = await _gallery(gallery.sighting_crop,
                                        _number(request.match_info["id"], "id"))
         return _png(crop)
 
@@ -174,19 +189,27 @@ class GalleryRoutes:
         name = asked.get("name") if isinstance(asked, dict) else None
         if not isinstance(name, str):
             raise InvalidInput('expected {"name": "<name>"}')
-        moved = await asyncio.to_thread(gallery.name_group, group, name)
+        moved = await _gallery(gallery.name_group, group, name)
         return json_response({"name": name, "group": group, "enrolled": moved}, status=201)
 
     async def delete_group(self, request: Request) -> Response:
         gallery = self._faces().gallery
-        await asyncio.to_thread(gallery.delete_group, _number(request.match_info["group"],
+        await _gallery(gallery.delete_group, _number(request.match_info["group"],
                                                               "group"))
         return json_response({"deleted": 1})
 
     async def reembed(self, _request: Request) -> Response:
         faces = self._faces()
-        done = await asyncio.to_thread(faces.reembed)
-        return json_response({"reembedded": done, "embedder": faces.reembed_state()})
+        state = await _gallery(faces.reembed)
+        return json_response({"embedder": state}, status=202)
+
+
+async def _gallery(call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)` on a thread; a failing gallery file is 503 faces_unavailable."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except sqlite3.Error as exc:
+        raise FacesUnavailable(f"the face gallery failed: {exc}") from exc
 
 
 def _png(crop: bytes | None) -> Response:

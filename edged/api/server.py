@@ -88,7 +88,6 @@ class ApiServer:
         self.live_views = LiveRoutes(live, max_fps=config.live_fps,
                                      stopping=lambda: self.connections.closing)
         self.events = EventRoutes(recent)
-        self.galleries = GalleryRoutes(faces, snapshots)
         self.installs = OtaRoutes(installs)
         self.activated = False  # the Unix socket came from systemd (edged.socket)
         self._allowed_uids = frozenset(config.allowed_uids)
@@ -101,6 +100,7 @@ class ApiServer:
                                       max_header_fields=config.max_header_fields,
                                       max_header_line_bytes=config.max_header_line_bytes)
         self.bodies = BodyBudget(config.max_bodies_mb * 1024 * 1024)
+        self.galleries = GalleryRoutes(faces, snapshots, self.bodies)
         self._unix: UnixListener | None = None
         self.kserve = KServeRoutes(config, scheduler=scheduler, cache=cache, shm=shm,
                                    bodies=self.bodies,

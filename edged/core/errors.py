@@ -256,6 +256,14 @@ class SeveralFaces(InvalidInput):
     code = "several_faces"
 
 
+class InvalidEmbedding(EdgedError):
+    """An embedder's vector that cannot be matched: NaN or infinite values (a broken export,
+    an overflow in FP16)."""
+
+    code = "embedding_invalid"
+    http_status = 500
+
+
 class FacesUnavailable(EdgedError):
     """The daemon runs no face pipeline (no `faces:` section), or its models cannot run."""
 

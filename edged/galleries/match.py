@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edged.core.errors import InvalidEmbedding
+
 EPS = 1e-12
 
 
@@ -25,8 +27,12 @@ class Match:
 
 
 def unit(vector: np.ndarray) -> np.ndarray:
-    """The vector as float32 of length 1 (a zero vector stays zero: it matches nothing)."""
+    """The vector as float32 of length 1 (a zero vector stays zero: it matches nothing);
+    InvalidEmbedding when it holds NaN or infinity (it would match nothing and start a new
+    unknown group at every sighting)."""
     flat = np.asarray(vector, np.float32).reshape(-1)
+    if not np.isfinite(flat).all():
+        raise InvalidEmbedding(f"the {len(flat)}-wide embedding holds NaN or infinite values")
     norm = float(np.linalg.norm(flat))
     return flat / norm if norm > EPS else flat
 
@@ -52,8 +58,9 @@ def best_match(query: np.ndarray, vectors: np.ndarray, codes: np.ndarray,
     A name matches when its most similar positive entry reaches `threshold` **and** is more
     similar to the query than every negative of that name: a face once marked "not X" keeps
     not becoming X, while X's own faces (closer to X's entries than to the negative) still do.
-    Of the names that match, the most similar wins."""
-    if not len(vectors):
+    Of the names that match, the most similar wins. Rows of another width than `query` (an
+    embedder swapped between two calls) match nothing."""
+    if not len(vectors) or vectors.shape[1] != len(query):
         return None
     sims = similarities(vectors, query)
     hits = np.flatnonzero(~negative & (sims >= threshold))
@@ -77,8 +84,9 @@ def nearest_group(query: np.ndarray, vectors: np.ndarray, groups: np.ndarray,
                   threshold: float) -> tuple[int | None, float]:
     """The unknown group whose closest member is at least `threshold` similar to `query`
     (single linkage: a face seen from a new angle joins the group of its nearest sighting),
-    and that similarity; (None, best) when none is close enough."""
-    if not len(vectors):
+    and that similarity; (None, best) when none is close enough (or the rows are of another
+    width than `query`)."""
+    if not len(vectors) or vectors.shape[1] != len(query):
         return None, -1.0
     sims = similarities(vectors, query)
     best = int(np.argmax(sims))

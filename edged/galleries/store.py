@@ -15,6 +15,7 @@ import re
 import sqlite3
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from edged.core.errors import GalleryFull, IdentityNotFound, InvalidInput
+from edged.core.errors import (
+    GalleryFull,
+    IdentityNotFound,
+    InvalidEmbedding,
+    InvalidImage,
+    InvalidInput,
+)
 from edged.galleries.index import Index, appended, load_index
 from edged.galleries.match import Match, best_match, nearest_group, unit
 
@@ -44,7 +51,10 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 
 def check_identity_name(name: str) -> str:
-    """The name as given, or InvalidInput saying why it cannot be one."""
+    """The name in Unicode's composed form (NFC: "José" typed with a combining accent is the
+    same name as with "é"), or InvalidInput saying why it cannot be one."""
+    if isinstance(name, str):
+        name = unicodedata.normalize("NFC", name)
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name \
             or name != name.strip():
         raise InvalidInput(f"{str(name)[:64]!r} is not a name: use letters, digits, spaces "
@@ -91,7 +101,7 @@ class Gallery:
     def add(self, name: str, vector: np.ndarray, embedder: str, *, crop: bytes | None = None,
             negative: bool = False, source: str | None = None) -> int:
         """Enrol one face under `name` (a negative: "this face is not `name`"); its id."""
-        check_identity_name(name)
+        name = check_identity_name(name)
         with self._lock:
             self._room_for(1)
             row = self._db.execute(
@@ -110,8 +120,7 @@ class Gallery:
                  source: str | None = None) -> int:
         """Enrol (name, vector, negative) rows at once, all or none (an import, a benchmark);
         how many."""
-        for name, _, _ in faces:
-            check_identity_name(name)
+        faces = [(check_identity_name(n), v, neg) for n, v, neg in faces]
         now = time.time()
         with self._lock:
             self._room_for(len(faces))
@@ -143,7 +152,7 @@ class Gallery:
 
     def delete_name(self, name: str) -> int:
         """Forget a name's entries and negatives; how many. IdentityNotFound: none."""
-        check_identity_name(name)
+        name = check_identity_name(name)
         with self._lock:
             gone = self._db.execute("DELETE FROM entries WHERE name = ?", (name,)).rowcount
             self._reindex()
@@ -175,17 +184,19 @@ class Gallery:
     # -- unknown ---------------------------------------------------------------------------
     def sighting(self, vector: np.ndarray, embedder: str, *, group_threshold: float,
                  keep_below: float, crop: bytes | Callable[[], bytes] | None = None,
-                 source: str | None = None) -> Sighting:
+                 source: str | None = None, record: bool = True) -> Sighting:
         """An unmatched face: the group of its nearest kept sighting (or a new group); kept
         when it looks unlike every kept one (below `keep_below`) and the bound allows.
         `crop` may be a function that makes it: called only for a sighting that is kept (a
-        face standing in view is not encoded frame after frame)."""
+        face standing in view is not encoded frame after frame). `record=False`: only the
+        nearest group is told, nothing is kept (a re-embedding in progress: the face may be a
+        known one whose rows are not re-embedded yet)."""
         query = unit(vector)
         with self._lock:
             index = self._unknowns
             group, similarity = nearest_group(query, index.vectors, index.codes,
                                               group_threshold)
-            if similarity >= keep_below and group is not None:
+            if not record or (similarity >= keep_below and group is not None):
                 return Sighting(group, False, round(similarity, 5))
             if self._unknown_count >= self.max_unknowns:
                 return Sighting(group, False, round(similarity, 5))
@@ -226,7 +237,7 @@ class Gallery:
     def name_group(self, group: int, name: str) -> int:
         """Enrol every kept sighting of an unknown group under `name` (the group is gone);
         how many. GalleryFull when they do not all fit (nothing is moved)."""
-        check_identity_name(name)
+        name = check_identity_name(name)
         with self._lock:
             rows = self._db.execute("SELECT vector, embedder, crop, source FROM unknowns "
                                     "WHERE grp = ?", (group,)).fetchall()
@@ -271,29 +282,75 @@ class Gallery:
         return int(with_crop or 0), int(without or 0)
 
     def reembed(self, embedder: str, embed: Callable[[list[bytes]], np.ndarray], *,
-                batch: int = 32) -> int:
+                batch: int = 32, skipped: list[int] | None = None,
+                reindex_every_s: float = 1.0) -> int:
         """Re-embed every row another embedder made from its kept crop (`embed`: PNG crops →
         [N, D] vectors), enrolled and unknown; rows without a crop stay (they match nothing
-        until enrolled again). Returns how many rows were re-embedded."""
+        until enrolled again). Returns how many rows were re-embedded.
+
+        A row whose crop does not decode (InvalidImage from `embed`) or whose vector is not
+        finite is skipped, its id appended to `skipped` and logged: one bad row does not stop
+        the others (it stays stale, and a later run skips it again). The index is rebuilt as
+        batches land (at most every `reindex_every_s`), so rows already re-embedded match
+        while the rest are done."""
         done = 0
+        rebuilt = time.monotonic()
         for table in ("entries", "unknowns"):
+            after = -1  # rows are walked by id: a skipped row is not read again
             while True:
                 with self._lock:
                     rows = self._db.execute(
-                        f"SELECT id, crop FROM {table} WHERE embedder != ? "
-                        "AND crop IS NOT NULL LIMIT ?", (embedder, batch)).fetchall()
+                        f"SELECT id, crop FROM {table} WHERE embedder != ? AND id > ? "
+                        "AND crop IS NOT NULL ORDER BY id LIMIT ?",
+                        (embedder, after, batch)).fetchall()
                 if not rows:
                     break
-                vectors = embed([crop for _, crop in rows])
-                with self._lock, self._transaction():
-                    self._db.executemany(
-                        f"UPDATE {table} SET vector = ?, embedder = ? WHERE id = ?",
-                        [(unit(v).tobytes(), embedder, i)
-                         for (i, _), v in zip(rows, vectors, strict=True)])
-                done += len(rows)
+                after = int(rows[-1][0])
+                updates = self._embedded(table, rows, embed, skipped)
+                if updates:
+                    with self._lock, self._transaction():
+                        self._db.executemany(
+                            f"UPDATE {table} SET vector = ?, embedder = ? WHERE id = ?",
+                            [(v, embedder, i) for i, v in updates])
+                done += len(updates)
+                if time.monotonic() - rebuilt >= reindex_every_s:
+                    with self._lock:
+                        self._reindex()
+                    rebuilt = time.monotonic()
         with self._lock:
             self._reindex()
         return done
+
+    @staticmethod
+    def _embedded(table: str, rows: list[tuple[int, bytes]],
+                  embed: Callable[[list[bytes]], np.ndarray], skipped: list[int] | None
+                  ) -> list[tuple[int, bytes]]:
+        """(id, unit vector blob) of each row that embeds; the batch at once, and row by row
+        only when the batch fails on a crop (so the bad one is told apart)."""
+        try:
+            vectors = list(embed([crop for _, crop in rows]))
+            if len(vectors) != len(rows):
+                raise ValueError(f"{len(vectors)} vectors for {len(rows)} crops (zip)")
+            results: list[np.ndarray | Exception] = list(vectors)
+        except InvalidImage:
+            results = []
+            for _, crop in rows:
+                try:
+                    results.append(embed([crop])[0])
+                except InvalidImage as exc:
+                    results.append(exc)
+        updates = []
+        for (row, _), vector in zip(rows, results, strict=True):
+            try:
+                if isinstance(vector, Exception):
+                    raise vector
+                updates.append((row, unit(vector).tobytes()))
+            except (InvalidImage, InvalidEmbedding) as exc:
+                logger.error("gallery: %s row %d is not re-embedded (skipped): %s", table, row,
+                             exc, extra={"code": exc.code})
+                if skipped is not None:
+                    skipped.append(row)
+        return updates
 
     def set_embedder(self, embedder: str) -> None:
         """Match only rows this embedder made from now on (the index is rebuilt)."""

@@ -27,6 +27,7 @@ import numpy as np
 from edged.core.errors import (
     EdgedError,
     FacesUnavailable,
+    InvalidEmbedding,
     InvalidImage,
     InvalidModel,
     NoFace,
@@ -41,13 +42,18 @@ from edged.model.repository import ModelVersion
 from edged.processing.detections import Detections
 from edged.processing.post import Postprocessor
 from edged.processing.pre import image_preprocess, preprocess
+from edged.streams.image_size import FORMATS, image_size
 from edged.tasks.align import align
 from edged.tasks.embed import unit_rows
 from edged.tasks.keypoints import FACE_LANDMARKS
 
 logger = logging.getLogger(__name__)
 
-MAX_IMAGE_PIXELS = 40_000_000  # an enrolment image larger than this is refused before decoding
+# An enrolment image larger than this is refused from its header, before decoding
+# (`edged.streams.image_size`). OpenCV's own OPENCV_IO_MAX_IMAGE_PIXELS guard is not set: it is
+# process-wide and read once, at OpenCV's first decode (whatever module that is), and only a
+# header already read here reaches imdecode; its refusal (cv2.error) is image_invalid anyway.
+MAX_IMAGE_PIXELS = 40_000_000
 
 
 def landmarks_of(points: dict[str, list[float]] | None, min_score: float
@@ -64,15 +70,24 @@ def landmarks_of(points: dict[str, list[float]] | None, min_score: float
     return [[float(p[0]), float(p[1])] for p in chosen]
 
 
-def decode_image(data: bytes) -> np.ndarray:
-    """A JPEG/PNG/BMP/WebP as BGR pixels; InvalidImage when it does not decode."""
-    if not data:
+def decode_image(data: bytes | memoryview) -> np.ndarray:
+    """A JPEG/PNG/BMP/WebP as BGR pixels; InvalidImage when it does not decode, or when its
+    header says more than MAX_IMAGE_PIXELS (refused before a pixel is decoded: a few hundred
+    bytes of PNG can declare a gigabyte of pixels)."""
+    if not len(data):
         raise InvalidImage("the image is empty")
-    pixels = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    width, height = image_size(data)
+    if width * height > MAX_IMAGE_PIXELS:
+        raise InvalidImage(f"the image is {width}x{height}: more than {MAX_IMAGE_PIXELS} "
+                           "pixels")
+    try:
+        pixels = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error as exc:  # (a header OpenCV refuses: its own pixel bound, a bad depth)
+        raise InvalidImage(f"the {len(data)} bytes do not decode: "
+                           f"{str(exc).strip().splitlines()[-1][:160]}") from None
     if pixels is None or pixels.size == 0:
-        raise InvalidImage(f"the {len(data)} bytes are no image OpenCV decodes (JPEG, PNG, "
-                           "BMP, WebP)")
-    if pixels.shape[0] * pixels.shape[1] > MAX_IMAGE_PIXELS:
+        raise InvalidImage(f"the {len(data)} bytes are no image OpenCV decodes ({FORMATS})")
+    if pixels.shape[0] * pixels.shape[1] > MAX_IMAGE_PIXELS:  # (a header that lied)
         raise InvalidImage(f"the image is {pixels.shape[1]}x{pixels.shape[0]}: more than "
                            f"{MAX_IMAGE_PIXELS} pixels")
     return pixels
@@ -90,7 +105,10 @@ class FaceService:
         self._lock = threading.Lock()
         self._reembedding: threading.Thread | None = None
         self.reembedded = 0  # rows re-embedded since start
-        self.identified = {"known": 0, "unknown": 0}  # faces told since start (metrics)
+        self.skipped: list[int] = []  # rows the last re-embedding skipped (a crop that is bad)
+        # faces told since start (metrics); "skipped": a vector not finite, or a frame whose
+        # embedder was swapped under it
+        self.identified = {"known": 0, "unknown": 0, "skipped": 0}
         self.reembed_error: str | None = None
 
     # -- the embedder ----------------------------------------------------------------------
@@ -148,7 +166,7 @@ class FaceService:
                  source: str | None = None) -> list[dict[str, Any]]:
         """Each face's identity: `{"name", "similarity"}` when the gallery knows it, else
         `{"name": None, "similarity", "group"}` (its unknown group; None when the unknowns
-        are full)."""
+        are full, or the face's vector was not finite)."""
         if not faces:
             return []
         self.current()
@@ -161,8 +179,18 @@ class FaceService:
 
     def _identify(self, crops: Sequence[np.ndarray], vectors: np.ndarray, key: str,
                   source: str | None) -> list[dict[str, Any]]:
-        found = []
+        # While rows are re-embedded (or this frame's embedder is not yet the gallery's), a
+        # face not matched may be a known one whose rows are not done: it is told its nearest
+        # group, but no unknown sighting is kept for it.
+        record = key == self._key and not self.reembedding
+        found: list[dict[str, Any]] = []
         for crop, vector in zip(crops, vectors, strict=True):
+            if not np.isfinite(vector).all():
+                self.identified["skipped"] += 1
+                logger.warning("faces: %s gave a vector with NaN or infinity: the face is "
+                               "skipped", key, extra={"code": InvalidEmbedding.code})
+                found.append({"name": None, "similarity": 0.0, "group": None})
+                continue
             match = self.gallery.match(vector, self.cfg.match_threshold)
             if match is not None:
                 found.append({"name": match.name, "similarity": match.similarity})
@@ -171,16 +199,22 @@ class FaceService:
             self.identified["unknown"] += 1
             seen = self.gallery.sighting(vector, key, group_threshold=self.cfg.group_threshold,
                                          keep_below=self.cfg.keep_similar_below,
-                                         crop=partial(_png, crop), source=source)
+                                         crop=partial(_png, crop), source=source,
+                                         record=record)
             found.append({"name": None, "similarity": seen.similarity, "group": seen.group})
         return found
 
+    @property
+    def reembedding(self) -> bool:
+        thread = self._reembedding
+        return thread is not None and thread.is_alive()
+
     # -- enrolment -------------------------------------------------------------------------
-    def enrol(self, name: str, image: bytes, *, negative: bool = False,
+    def enrol(self, name: str, image: bytes | memoryview, *, negative: bool = False,
               source: str | None = None) -> dict[str, Any]:
         """Enrol the one face of an image under `name` (a negative: "this face is not
         `name`"). InvalidImage, NoFace, SeveralFaces, GalleryFull name what is wrong."""
-        check_identity_name(name)
+        name = check_identity_name(name)
         frame = decode_image(image)
         faces = self.find_faces(frame)
         if not faces:
@@ -254,19 +288,18 @@ class FaceService:
     def reembed_state(self) -> dict[str, Any]:
         key = self._key
         with_crop, without = self.gallery.stale(key) if key is not None else (0, 0)
-        thread = self._reembedding
         return {"embedder": key, "stale": with_crop, "without_crop": without,
-                "reembedding": thread is not None and thread.is_alive(),
-                "reembedded": self.reembedded, "error": self.reembed_error}
+                "reembedding": self.reembedding, "reembedded": self.reembedded,
+                "skipped": len(self.skipped), "error": self.reembed_error}
 
-    def reembed(self) -> int:
-        """Re-embed now (on the caller's thread) every row the serving embedder did not make;
-        how many."""
+    def reembed(self) -> dict[str, Any]:
+        """Start re-embedding (on its thread) the rows the serving embedder did not make, or
+        join the one running: single-flight, it does not wait. Its state."""
         key = self.current()
-        thread = self._reembedding
-        if thread is not None:
-            thread.join(timeout=self.timeout_s * 10)
-        return self._reembed(key)
+        with self._lock:
+            if not self.reembedding and self.gallery.stale(key)[0]:
+                self._start_reembed(key)
+        return self.reembed_state()
 
     def _switch(self, key: str) -> None:
         before = self._key
@@ -280,9 +313,12 @@ class FaceService:
         if with_crop:
             logger.info("faces: embedder %s serves (was %s): re-embedding %d gallery rows from "
                         "their crops", key, before or "unknown", with_crop)
-            self._reembedding = threading.Thread(target=self._reembed, args=(key,),
-                                                 name="faces-reembed", daemon=True)
-            self._reembedding.start()
+            self._start_reembed(key)
+
+    def _start_reembed(self, key: str) -> None:
+        self._reembedding = threading.Thread(target=self._reembed, args=(key,),
+                                             name="faces-reembed", daemon=True)
+        self._reembedding.start()
 
     def _reembed(self, key: str) -> int:
         def embed(pngs: list[bytes]) -> np.ndarray:
@@ -292,14 +328,16 @@ class FaceService:
                 raise FacesUnavailable(f"the embedder changed again ({made}) while "
                                        f"re-embedding for {key}")
             return vectors
+        skipped: list[int] = []
         try:
-            done = self.gallery.reembed(key, embed)
+            done = self.gallery.reembed(key, embed, skipped=skipped)
         except (EdgedError, sqlite3.Error) as exc:  # (the file closed at shutdown)
             self.reembed_error = str(exc)
             logger.error("faces: re-embedding for %s stopped: %s", key, exc,
                          extra={"code": getattr(exc, "code", "gallery_unavailable")})
             return 0
         self.reembedded += done
+        self.skipped = skipped
         self.reembed_error = None
         logger.info("faces: %d gallery rows re-embedded with %s", done, key)
         return done

@@ -22,6 +22,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
+from support.images import png_of_zeros
 from support.ota import fresh
 from support.polling import wait_until
 
@@ -374,3 +375,20 @@ def test_enrolment_when_the_detector_gives_no_landmarks_names_the_model(
         status, answer = enrol(client, "Ana", png(picture((astronaut(), 20, 100, 200))))
         assert (status, answer["code"]) == (400, "model_invalid")
         assert "faces.detector tiny_cls:1 gives no landmarks" in answer["error"]
+
+
+def test_enrolment_when_the_image_is_a_decompression_bomb_refuses_it_typed_without_traceback(
+        make_served: ServeFactory, faces_repo: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A ~100-byte PNG claiming 40000x40000 made OpenCV raise cv2.error (500 `internal`, a
+    traceback in the log); a 47 KB one of 7000x7000 zeros was decoded whole before its size
+    was checked. Both are `image_invalid` from their header, and the daemon serves on."""
+    served = make_served(cache=PRELOAD, faces=FACES)
+    with served.client() as client:
+        for width, rows in ((40000, 1), (7000, 7000)):
+            status, answer = enrol(client, "Ana", png_of_zeros(width, width, rows))
+            assert (status, answer["code"]) == (400, "image_invalid"), answer
+            assert f"{width}x{width}: more than" in answer["error"]
+        assert enrol(client, "Ana", png(picture((astronaut(), 20, 100, 200))))[0] == 201
+        assert client.ready()
+    assert not [r for r in caplog.records if r.exc_info or r.levelname == "CRITICAL"
+                or "internal" in r.getMessage()], [r.getMessage() for r in caplog.records]
