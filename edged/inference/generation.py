@@ -31,7 +31,8 @@ from edged.core.errors import (
     Timeout,
 )
 from edged.inference.cache import ModelCache
-from edged.inference.sequences import Sequences
+from edged.inference.sequences import Paused, Sequences
+from edged.inference.yielding import StreamsFirst, Working
 from edged.model.config import LanguageConfig
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class GenerationCounters:
     timed_out: int = 0
     refused: int = 0  # queue full
     tokens: int = 0
+    yields: int = 0  # steps that waited for vision inference first (llm.yield_to_streams)
+    yield_s: float = 0.0  # the seconds they waited, all together
+    preempted: int = 0  # answers paused for a request of a higher priority, to resume later
 
 
 Deliver = Callable[[Event], None]
@@ -133,13 +137,15 @@ class _Queued:
     seq: int
     deadline: float = field(compare=False)
     generation: Generation = field(compare=False)
+    paused: Paused | None = field(default=None, compare=False)  # an answer preempted
 
 
 class _Line:
     """One model's queue and the worker thread that empties it."""
 
     def __init__(self, name: str, cache: ModelCache, config: LanguageConfig,
-                 counters: GenerationCounters, clock: Callable[[], float]) -> None:
+                 counters: GenerationCounters, clock: Callable[[], float],
+                 working: Working | None = None) -> None:
         self.name = name
         self.cache = cache
         self.config = config
@@ -152,6 +158,7 @@ class _Line:
         self.current: Generation | None = None  # the one generating alone (no batching)
         self.running = Sequences(counters)  # the answers under way in batching sessions
         self._blocked = False  # a request went back to the queue: no slot for it yet
+        self._streams_first = StreamsFirst(working)
         self._thread = threading.Thread(target=self._run, name=f"edged-generate-{name}",
                                          daemon=True)
         self._thread.start()
@@ -188,11 +195,15 @@ class _Line:
 
     def discard(self, generation: Generation) -> None:
         with self._cond:
-            kept = [q for q in self._heap if q.generation is not generation]
-            if len(kept) != len(self._heap):
-                self._heap = kept
-                heapq.heapify(self._heap)
-                self.counters.cancelled += 1
+            gone = [q for q in self._heap if q.generation is generation]
+            if not gone:
+                return
+            self._heap = [q for q in self._heap if q.generation is not generation]
+            heapq.heapify(self._heap)
+            self.counters.cancelled += sum(q.paused is None for q in gone)
+        for queued in gone:  # a paused answer ends with what it had (Sequences.forget)
+            if queued.paused is not None:
+                self.running.forget(queued.paused)
 
     def close(self) -> None:
         with self._cond:
@@ -200,7 +211,10 @@ class _Line:
             doomed, self._heap = self._heap, []
             self._cond.notify()
         for queued in doomed:
-            queued.generation._emit(ShuttingDown("the daemon is stopping"))
+            if queued.paused is not None:
+                self.running.forget(queued.paused)
+            else:
+                queued.generation._emit(ShuttingDown("the daemon is stopping"))
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -220,11 +234,37 @@ class _Line:
             self._blocked = False
             while self._start(self._pop()):  # admit while there is room, a request at a time
                 pass
+            while self._preempt() and self._start(self._pop()):
+                pass
             if self.running:
+                self._yield()
                 self.running.step()
             elif self._blocked:  # requeued with nothing under way: slots held elsewhere
                 with self._cond:
                     self._cond.wait(0.05)
+
+    def _yield(self) -> None:
+        """Vision inference first: wait for it before the next token (bounded)."""
+        waited = self._streams_first.pause(self.config, self._cond, lambda: self._closed)
+        if waited is not None:
+            self.counters.yields += 1
+            self.counters.yield_s += waited
+
+    def _preempt(self) -> bool:
+        """When a queued request found no room and outranks an answer under way, pause the
+        lowest-priority answer (the last to come of its level) for it: back in the queue in
+        its place, it resumes where it was when a slot frees."""
+        victim = self.running.lowest() if self.config.preempt else None
+        with self._cond:
+            if victim is None or self._closed or not self._heap \
+                    or self._heap[0].level >= victim.level:
+                return False
+            paused = self.running.pause(victim)
+            heapq.heappush(self._heap, _Queued(victim.level, victim.order, float("inf"),
+                                               victim.generation, paused))
+        logger.debug("%s: paused an answer of priority %d for one of %d", self.name,
+                     victim.level, self._heap[0].level)
+        return True
 
     def _pop(self) -> _Queued | None:
         """The next request, if one may start now: up to `llm.sequences` answers at once."""
@@ -270,6 +310,8 @@ class _Line:
         if queued is None:
             return False
         generation = queued.generation
+        if queued.paused is not None:
+            return self._resume(queued, queued.paused)
         if generation.cancelled.is_set():
             return True
         ask = generation.ask
@@ -293,7 +335,8 @@ class _Line:
             if isinstance(session, BatchedLanguageSession) and batching:
                 prompt: Prompt = session.chat(ask.messages) if ask.messages is not None \
                     else session.prompt(ask.prompt)
-                self.running.admit(generation, lease, session, prompt, self._sampling(ask))
+                self.running.admit(generation, lease, session, prompt, self._sampling(ask),
+                                   queued.level, queued.seq)
                 return True
             self.current = generation
             self._generate(generation, session, lease.model.version)
@@ -309,6 +352,17 @@ class _Line:
             if not self.running.holds(lease):
                 lease.release()
         return batching
+
+    def _resume(self, queued: _Queued, paused: Paused) -> bool:
+        """A paused answer back into a free slot of its session, or back in its place."""
+        if queued.generation.cancelled.is_set():
+            self.running.forget(paused)
+            return True
+        if not paused.session.free_slots():
+            self._requeue(queued)
+            return False
+        self.running.resume(paused)
+        return True
 
     def _sampling(self, ask: Ask) -> Sampling:
         return Sampling(ask.max_tokens or self.config.max_tokens, ask.temperature, ask.top_p,
@@ -334,6 +388,7 @@ class _Line:
                 if self._heap:  # a queued request's deadline passes while this one runs
                     with self._cond:
                         self._expire()
+                self._yield()
         finally:
             pieces.close()
         self.counters.tokens += count
@@ -347,10 +402,13 @@ class _Line:
 class Generations:
     """The generation queues of every language model, made on first use."""
 
-    def __init__(self, cache: ModelCache, *, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+    def __init__(self, cache: ModelCache, *, clock: Callable[[], float] = time.monotonic,
+                 working: Working | None = None) -> None:
+        """`working`: how many vision requests are queued or running now (Scheduler.working),
+        which generation yields to between tokens (llm.yield_to_streams); None: nothing."""
         self.cache = cache
         self._clock = clock
+        self._working = working
         self._lock = threading.Lock()
         self._lines: dict[str, _Line] = {}
         self.counters: dict[str, GenerationCounters] = {}
@@ -377,7 +435,7 @@ class Generations:
             if line is None:
                 counters = self.counters.setdefault(name, GenerationCounters())
                 line = self._lines[name] = _Line(name, self.cache, config, counters,
-                                                 self._clock)
+                                                 self._clock, self._working)
             else:  # one worker per model whatever its versions (a session's slots are its)
                 line.config = config  # a new version's model.yaml: its bounds from now on
             return line
