@@ -4,7 +4,11 @@ leasing the model from the warm cache for each request (so an OTA swap lets the 
 way finish on the old version while the next start on the new). A session that batches
 (`BatchedLanguageSession`, `llm.sequences` > 1) generates up to that many answers at once: the
 worker admits queued requests into free slots between steps, and each step gives every answer
-under way its next token; any other session generates a request at a time. A request's
+under way its next token; any other session generates a request at a time. Before each token
+the worker waits for vision inference (streams first, `edged.inference.yielding`), and a
+request of a higher priority that finds no slot pauses the lowest answer under way (it
+resumes where it was: `Sequences.pause`, decision 040). What it takes and gives (`Ask`, the
+events) is `edged.inference.asks`'s, named here too. A request's
 `Generation` is its handle: events come to it on its event loop as they happen (start, one
 piece per token, done or error); `cancel()` (the client gone) stops it within one token."""
 
@@ -17,11 +21,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edged.backends import BatchedLanguageSession, LanguageSession, Piece, Prompt, Sampling
+from edged.backends import BatchedLanguageSession, LanguageSession, Prompt, Sampling
 from edged.core.errors import (
     EdgedError,
     InferenceFailed,
@@ -30,10 +34,14 @@ from edged.core.errors import (
     ShuttingDown,
     Timeout,
 )
+from edged.inference.asks import Ask, Deliver, Done, Event, GenerationCounters, Started
 from edged.inference.cache import ModelCache
 from edged.inference.sequences import Paused, Sequences
 from edged.inference.yielding import StreamsFirst, Working
 from edged.model.config import LanguageConfig
+
+__all__ = ["Ask", "Deliver", "Done", "Event", "Generation", "GenerationCounters", "Generations",
+           "Started"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,57 +49,6 @@ GRACE_S = 2.0  # at shutdown, what a running answer gets to finish before it is 
 JOIN_S = 10.0  # a worker's current token and cleanup, once its answer is cancelled
 
 
-@dataclass(frozen=True)
-class Ask:
-    """What a client asks for: a chat's messages or a completion's prompt, and how."""
-
-    model: str
-    version: int | None = None
-    messages: Sequence[Mapping[str, str]] | None = None  # a chat, else `prompt`
-    prompt: str = ""
-    max_tokens: int | None = None  # None: the model's llm.max_tokens
-    temperature: float = 0.8
-    top_p: float = 0.95
-    stop: tuple[str, ...] = ()
-    json_schema: str | None = None  # the answer is JSON: "{}" any object, else this schema
-    seed: int | None = None  # the sampler's seed (temperature > 0); None: random
-    priority: int = 0  # 1 is the highest; 0 = the model's default
-    timeout_s: float | None = None  # the longest wait in the queue; None = the model's
-
-
-@dataclass(frozen=True)
-class Started:
-    version: int
-    prompt_tokens: int
-    context: int
-
-
-@dataclass(frozen=True)
-class Done:
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str  # stop | length | cancelled
-
-
-Event = Started | Piece | Done | EdgedError
-
-
-@dataclass
-class GenerationCounters:
-    """Per model, since start (GET /v2/edged/status, the bench)."""
-
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    timed_out: int = 0
-    refused: int = 0  # queue full
-    tokens: int = 0
-    yields: int = 0  # steps that waited for vision inference first (llm.yield_to_streams)
-    yield_s: float = 0.0  # the seconds they waited, all together
-    preempted: int = 0  # answers paused for a request of a higher priority, to resume later
-
-
-Deliver = Callable[[Event], None]
 
 
 class Generation:

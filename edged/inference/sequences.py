@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 from edged.backends import BatchedLanguageSession, PausingLanguageSession, Prompt, Sampling
 from edged.core.errors import EdgedError, InferenceFailed
+from edged.inference.asks import Done, GenerationCounters, Started
 from edged.inference.entries import Lease
 
 if TYPE_CHECKING:
-    from edged.inference.generation import Generation, GenerationCounters
+    from edged.inference.generation import Generation
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,6 @@ class Sequences:
     def admit(self, generation: Generation, lease: Lease, session: BatchedLanguageSession,
               prompt: Prompt, sampling: Sampling, level: int = 0, order: int = 0) -> None:
         """Into a free slot (raises what the session cannot follow, holding nothing)."""
-        from edged.inference.generation import Started
-
         slot = session.admit(prompt, sampling)
         self._running.append(_Running(generation, lease, session, slot, len(prompt.tokens),
                                       level, order))
@@ -97,8 +96,6 @@ class Sequences:
     def forget(self, paused: Paused) -> None:
         """A paused answer that will not resume (its client went, the daemon stops): what
         came so far is its answer."""
-        from edged.inference.generation import Done
-
         running = paused.running
         try:
             paused.session.forget(paused.state)
@@ -143,8 +140,6 @@ class Sequences:
 
     def _finish(self, running: _Running, reason: str, error: EdgedError | None = None
                 ) -> None:
-        from edged.inference.generation import Done
-
         if running not in self._running:
             return
         self._running.remove(running)
