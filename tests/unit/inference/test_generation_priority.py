@@ -217,3 +217,33 @@ def test_generation_when_paused_answers_client_goes_ends_it_with_what_came(
     assert row["queued"] == 0
     # Its slot and lease are free: two more answers run at once.
     assert answer(generations, LOW[0])
+
+
+def test_generation_when_daemon_stops_with_an_answer_paused_ends_it_with_what_came(
+        make: Callable[..., Generations]) -> None:
+    generations = make("sequences: 2, priority_levels: 2")
+    log = Log()
+    high_started = threading.Event()
+    log.hooks[("high", Started)] = high_started.set
+    for i, ask in enumerate(LOW):
+        generations.submit(ask, log.to(f"low{i}"))
+    log.wait(lambda: all(log.pieces(f"low{i}") >= 2 for i in range(2)))
+    generations.submit(HIGH, log.to("high"))
+    assert high_started.wait(60)
+    generations.close(timeout_s=0.0)  # the paused answer ends at once, the others within a token
+    log.wait(lambda: log.ended("high", "low0", "low1"))
+    done = log.of("low1")[-1]
+    assert isinstance(done, Done) and done.finish_reason == "cancelled"
+    assert generations.statistics()["smol"]["generating"] == 0
+
+
+def test_language_config_when_yield_bounds_are_bad_names_the_key(tmp_path: Path,
+                                                                  real_models: Path) -> None:
+    from edged.core.errors import InvalidModel
+
+    for bad, why in (("yield_max_ms: 0", "yield_max_ms: must be between 1 and 10000"),
+                     ("yield_to_streams: sometimes", "yield_to_streams"),
+                     ("preempt: 3", "preempt"), ("yield_every: 2", "yield_every")):
+        folder = tmp_path / bad.split(":")[0]
+        with pytest.raises(InvalidModel, match=why):
+            repository(folder, real_models, bad).resolve("smol")
