@@ -49,8 +49,6 @@ GRACE_S = 2.0  # at shutdown, what a running answer gets to finish before it is 
 JOIN_S = 10.0  # a worker's current token and cleanup, once its answer is cancelled
 
 
-
-
 class Generation:
     """One request's handle. Events arrive in order, the last a Done or an EdgedError: on an
     event loop (`next()`), or handed to a callable on the worker's thread as they happen (an
@@ -216,11 +214,12 @@ class _Line:
             if victim is None or self._closed or not self._heap \
                     or self._heap[0].level >= victim.level:
                 return False
+            outranking = self._heap[0].level
             paused = self.running.pause(victim)
             heapq.heappush(self._heap, _Queued(victim.level, victim.order, float("inf"),
                                                victim.generation, paused))
         logger.debug("%s: paused an answer of priority %d for one of %d", self.name,
-                     victim.level, self._heap[0].level)
+                     victim.level, outranking)
         return True
 
     def _pop(self) -> _Queued | None:
