@@ -43,7 +43,7 @@ STREAMS = 4
 OFFERED = 2.0  # offered frames / model-bound fps: the det model is never idle
 KINDS = ("alone", "yield_on", "yield_off")
 MODEL_OF = {"yield_on": "smol", "yield_off": "smol_off"}
-YIELD_MAX_MS = 50  # llm.yield_max_ms's default
+YIELD_MAX_MS = int(os.environ.get("EDGED_BENCH_YIELD_MAX_MS", "50"))  # 50: the default
 # The threads split by config: the cameras' model one instance of one thread (a core), the
 # chat one llama.cpp thread (the other core). EDGED_BENCH_DET_INSTANCES=2: the cameras' model
 # on both cores, the chat's thread competing with them (no split).
