@@ -97,7 +97,8 @@ class Daemon:
                                    if self.responses.enabled and "response_cache" in shortcuts
                                    else None)
         self.repository.on_version_removed(self.scheduler.retire)
-        self.generations = Generations(self.cache)  # language models' queues (model.gguf)
+        # language models' queues (model.gguf); they yield to the cameras' inference
+        self.generations = Generations(self.cache, working=self.scheduler.working)
         self.shm = ShmRegistry(copy_inputs=config.api.shm_copy_inputs
                                if "shm_views" in shortcuts else "always")
         self.mqtt = (MqttLink(config.mqtt, prefix=config.mqtt_prefix,

@@ -16,6 +16,7 @@ from edged.backends.base import (
     FallBack,
     LanguageSession,
     LoadSpec,
+    PausingLanguageSession,
     Piece,
     Prompt,
     Sampling,
@@ -27,7 +28,8 @@ from edged.core.errors import BackendUnavailable
 logger = logging.getLogger(__name__)
 
 __all__ = ["Backend", "BackendOptions", "BatchedLanguageSession", "EngineBuilding", "FallBack",
-           "LanguageSession", "LoadSpec", "Piece", "Prompt", "Sampling", "Session", "ShapeRange",
+           "LanguageSession", "LoadSpec", "PausingLanguageSession", "Piece", "Prompt",
+           "Sampling", "Session", "ShapeRange",
            "choose_backend", "get_backend", "register_backend", "registered"]
 
 # Best first: `auto` walks this order and takes the first backend usable here.

@@ -166,6 +166,26 @@ class BatchedLanguageSession(LanguageSession, Protocol):
         ...
 
 
+@runtime_checkable
+class PausingLanguageSession(BatchedLanguageSession, Protocol):
+    """A batching session that can take an answer out of its slot and put it back later, to
+    go on where it was (a higher-priority request takes the slot meanwhile): what it had read
+    and generated is read again, its sampler and text kept as they were."""
+
+    def suspend(self, slot: int) -> object:
+        """Free `slot`; what `resume` needs to go on (raises RuntimeError for a free slot)."""
+        ...
+
+    def resume(self, paused: object) -> int:
+        """A free slot for a paused answer (RuntimeError when none is free); its next token
+        comes once what it had is read again."""
+        ...
+
+    def forget(self, paused: object) -> None:
+        """A paused answer that will not resume (its client went): free what it holds."""
+        ...
+
+
 class Backend(Protocol):
     name: str  # "tensorrt" | "onnxruntime"
 

@@ -26,6 +26,9 @@ from edged.model.gguf import read_header
 logger = logging.getLogger(__name__)
 
 ALL_LAYERS = 0x7FFFFFFF  # llama-cpp-python's n_gpu_layers for -1
+# A resumed answer's own tokens, decoded again one at a time (as they were first), at most
+# this many a step: each is a decode of its own, and the answers under way wait for them.
+REPLAY_PER_STEP = 8
 
 
 @dataclass
@@ -36,6 +39,9 @@ class _Slot:
     sampler: Any = None
     answer: AnswerText | None = None
     unread: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # its prompt and the tokens it sampled
+    prompt_len: int = 0
+    replay: list[int] = field(default_factory=list)  # its own tokens to decode again (resumed)
     pos: int = 0  # the position of the next token decoded
     next: int | None = None  # sampled, not yet decoded
     order: int = 0  # admission order: prompts are read first come, first served
@@ -43,6 +49,17 @@ class _Slot:
     @property
     def busy(self) -> bool:
         return self.answer is not None
+
+
+@dataclass
+class Paused:
+    """An answer out of its slot (suspend): the tokens to read again, its sampler (its seeded
+    generator and grammar where they were) and its text (the stop strings held back)."""
+
+    tokens: list[int]
+    prompt_len: int
+    sampler: Any
+    answer: AnswerText
 
 
 class LlamaBatchSession(LlamaText):
@@ -116,8 +133,46 @@ class LlamaBatchSession(LlamaText):
         self._admitted += 1
         slot.sampler = self._sampler(sampling, grammar)
         slot.answer, slot.unread, slot.pos, slot.next = answer, list(prompt.tokens), 0, None
-        slot.order = self._admitted
+        slot.tokens, slot.order = list(prompt.tokens), self._admitted
+        slot.prompt_len, slot.replay = len(prompt.tokens), []
         return slot.seq
+
+    def suspend(self, slot: int) -> Paused:
+        """Free `slot`, keeping what its answer needs to go on: the tokens it read and
+        sampled (the one sampled last not yet decoded), its sampler and its text."""
+        held = self._slots[slot]
+        if not held.busy:
+            raise RuntimeError(f"{self.label}: sequence {slot} holds no answer to pause")
+        assert held.answer is not None
+        paused = Paused(held.tokens, held.prompt_len, held.sampler, held.answer)
+        held.sampler = None  # the paused answer's now: drop() must not close it
+        self.drop(slot)
+        return paused
+
+    def resume(self, paused: object) -> int:
+        """A free slot for a paused answer: its prompt is read again as it was (in chunks,
+        first come, first served), then the tokens it sampled are decoded again one at a time
+        as they were first (REPLAY_PER_STEP a step; read in one chunk, their logits came out
+        up to 0.5 apart, and a seeded answer took another word), and the logits after the
+        last sample its next token with the sampler it had, as its step would have."""
+        assert isinstance(paused, Paused)
+        slot = next((s for s in self._slots if not s.busy), None)
+        if slot is None:
+            raise RuntimeError(f"{self.label}: all {self.sequences} sequences are busy")
+        self._llama.llama_memory_seq_rm(self._ctx.memory, slot.seq, -1, -1)
+        self._admitted += 1
+        slot.sampler, slot.answer, slot.tokens = paused.sampler, paused.answer, paused.tokens
+        slot.prompt_len = paused.prompt_len
+        slot.unread, slot.replay = paused.tokens[:slot.prompt_len], paused.tokens[
+            slot.prompt_len:]
+        slot.pos, slot.next, slot.order = 0, None, self._admitted
+        return slot.seq
+
+    def forget(self, paused: object) -> None:
+        assert isinstance(paused, Paused)
+        if paused.sampler is not None:
+            paused.sampler.close()
+            paused.sampler = None
 
     def drop(self, slot: int) -> None:
         held = self._slots[slot]
@@ -165,10 +220,18 @@ class LlamaBatchSession(LlamaText):
                 break
             budget -= len(chunk)
             slot.unread = slot.unread[len(chunk):]
-            self._decode([(slot, token, not slot.unread and i == len(chunk) - 1)
+            ends = not slot.unread and not slot.replay
+            self._decode([(slot, token, ends and i == len(chunk) - 1)
                           for i, token in enumerate(chunk)])
-            if not slot.unread:
+            if ends:
                 out.append(self._sample(slot, len(chunk) - 1))
+        for slot in sorted((s for s in self._slots if s.busy and s.replay and not s.unread),
+                           key=lambda s: s.order):
+            for token in slot.replay[:REPLAY_PER_STEP]:
+                slot.replay.pop(0)
+                self._decode([(slot, token, not slot.replay)])
+            if not slot.replay:
+                out.append(self._sample(slot, 0))
         if generating:
             self._decode([(slot, slot.next, True) for slot in generating if slot.next
                           is not None])
@@ -192,6 +255,8 @@ class LlamaBatchSession(LlamaText):
         assert slot.answer is not None
         piece = slot.answer.feed(token)
         slot.next = token if piece.finish_reason is None else None
+        if slot.next is not None:
+            slot.tokens.append(token)
         return slot.seq, piece
 
     # -- one answer through the slots (warm-up, and the LanguageSession contract) ---------------

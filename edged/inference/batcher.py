@@ -111,6 +111,13 @@ class Batcher(CallerRuns):
         return len(self._queue)
 
     @property
+    def working(self) -> int:
+        """Requests queued plus instance slots running a batch now, read without the lock: a
+        glance for the language models' generation workers, which yield to it (decision 040);
+        nothing on the requests' path waits for it."""
+        return len(self._queue) + self.instances - self._free
+
+    @property
     def stopping(self) -> bool:
         """Set by begin_stop(): new requests are refused, queued ones still run."""
         return self._stopping

@@ -4,7 +4,11 @@ leasing the model from the warm cache for each request (so an OTA swap lets the 
 way finish on the old version while the next start on the new). A session that batches
 (`BatchedLanguageSession`, `llm.sequences` > 1) generates up to that many answers at once: the
 worker admits queued requests into free slots between steps, and each step gives every answer
-under way its next token; any other session generates a request at a time. A request's
+under way its next token; any other session generates a request at a time. Before each token
+the worker waits for vision inference (streams first, `edged.inference.yielding`), and a
+request of a higher priority that finds no slot pauses the lowest answer under way (it
+resumes where it was: `Sequences.pause`, decision 040). What it takes and gives (`Ask`, the
+events) is `edged.inference.asks`'s, named here too. A request's
 `Generation` is its handle: events come to it on its event loop as they happen (start, one
 piece per token, done or error); `cancel()` (the client gone) stops it within one token."""
 
@@ -17,11 +21,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edged.backends import BatchedLanguageSession, LanguageSession, Piece, Prompt, Sampling
+from edged.backends import BatchedLanguageSession, LanguageSession, Prompt, Sampling
 from edged.core.errors import (
     EdgedError,
     InferenceFailed,
@@ -30,64 +34,19 @@ from edged.core.errors import (
     ShuttingDown,
     Timeout,
 )
+from edged.inference.asks import Ask, Deliver, Done, Event, GenerationCounters, Started
 from edged.inference.cache import ModelCache
-from edged.inference.sequences import Sequences
+from edged.inference.sequences import Paused, Sequences
+from edged.inference.yielding import StreamsFirst, Working
 from edged.model.config import LanguageConfig
+
+__all__ = ["Ask", "Deliver", "Done", "Event", "Generation", "GenerationCounters", "Generations",
+           "Started"]
 
 logger = logging.getLogger(__name__)
 
 GRACE_S = 2.0  # at shutdown, what a running answer gets to finish before it is cut
 JOIN_S = 10.0  # a worker's current token and cleanup, once its answer is cancelled
-
-
-@dataclass(frozen=True)
-class Ask:
-    """What a client asks for: a chat's messages or a completion's prompt, and how."""
-
-    model: str
-    version: int | None = None
-    messages: Sequence[Mapping[str, str]] | None = None  # a chat, else `prompt`
-    prompt: str = ""
-    max_tokens: int | None = None  # None: the model's llm.max_tokens
-    temperature: float = 0.8
-    top_p: float = 0.95
-    stop: tuple[str, ...] = ()
-    json_schema: str | None = None  # the answer is JSON: "{}" any object, else this schema
-    seed: int | None = None  # the sampler's seed (temperature > 0); None: random
-    priority: int = 0  # 1 is the highest; 0 = the model's default
-    timeout_s: float | None = None  # the longest wait in the queue; None = the model's
-
-
-@dataclass(frozen=True)
-class Started:
-    version: int
-    prompt_tokens: int
-    context: int
-
-
-@dataclass(frozen=True)
-class Done:
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str  # stop | length | cancelled
-
-
-Event = Started | Piece | Done | EdgedError
-
-
-@dataclass
-class GenerationCounters:
-    """Per model, since start (GET /v2/edged/status, the bench)."""
-
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    timed_out: int = 0
-    refused: int = 0  # queue full
-    tokens: int = 0
-
-
-Deliver = Callable[[Event], None]
 
 
 class Generation:
@@ -133,13 +92,15 @@ class _Queued:
     seq: int
     deadline: float = field(compare=False)
     generation: Generation = field(compare=False)
+    paused: Paused | None = field(default=None, compare=False)  # an answer preempted
 
 
 class _Line:
     """One model's queue and the worker thread that empties it."""
 
     def __init__(self, name: str, cache: ModelCache, config: LanguageConfig,
-                 counters: GenerationCounters, clock: Callable[[], float]) -> None:
+                 counters: GenerationCounters, clock: Callable[[], float],
+                 working: Working | None = None) -> None:
         self.name = name
         self.cache = cache
         self.config = config
@@ -152,6 +113,7 @@ class _Line:
         self.current: Generation | None = None  # the one generating alone (no batching)
         self.running = Sequences(counters)  # the answers under way in batching sessions
         self._blocked = False  # a request went back to the queue: no slot for it yet
+        self._streams_first = StreamsFirst(working)
         self._thread = threading.Thread(target=self._run, name=f"edged-generate-{name}",
                                          daemon=True)
         self._thread.start()
@@ -188,11 +150,15 @@ class _Line:
 
     def discard(self, generation: Generation) -> None:
         with self._cond:
-            kept = [q for q in self._heap if q.generation is not generation]
-            if len(kept) != len(self._heap):
-                self._heap = kept
-                heapq.heapify(self._heap)
-                self.counters.cancelled += 1
+            gone = [q for q in self._heap if q.generation is generation]
+            if not gone:
+                return
+            self._heap = [q for q in self._heap if q.generation is not generation]
+            heapq.heapify(self._heap)
+            self.counters.cancelled += sum(q.paused is None for q in gone)
+        for queued in gone:  # a paused answer ends with what it had (Sequences.forget)
+            if queued.paused is not None:
+                self.running.forget(queued.paused)
 
     def close(self) -> None:
         with self._cond:
@@ -200,7 +166,10 @@ class _Line:
             doomed, self._heap = self._heap, []
             self._cond.notify()
         for queued in doomed:
-            queued.generation._emit(ShuttingDown("the daemon is stopping"))
+            if queued.paused is not None:
+                self.running.forget(queued.paused)
+            else:
+                queued.generation._emit(ShuttingDown("the daemon is stopping"))
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -220,11 +189,38 @@ class _Line:
             self._blocked = False
             while self._start(self._pop()):  # admit while there is room, a request at a time
                 pass
+            while self._preempt() and self._start(self._pop()):
+                pass
             if self.running:
+                self._yield()
                 self.running.step()
             elif self._blocked:  # requeued with nothing under way: slots held elsewhere
                 with self._cond:
                     self._cond.wait(0.05)
+
+    def _yield(self) -> None:
+        """Vision inference first: wait for it before the next token (bounded)."""
+        waited = self._streams_first.pause(self.config, self._cond, lambda: self._closed)
+        if waited is not None:
+            self.counters.yields += 1
+            self.counters.yield_s += waited
+
+    def _preempt(self) -> bool:
+        """When a queued request found no room and outranks an answer under way, pause the
+        lowest-priority answer (the last to come of its level) for it: back in the queue in
+        its place, it resumes where it was when a slot frees."""
+        victim = self.running.lowest() if self.config.preempt else None
+        with self._cond:
+            if victim is None or self._closed or not self._heap \
+                    or self._heap[0].level >= victim.level:
+                return False
+            outranking = self._heap[0].level
+            paused = self.running.pause(victim)
+            heapq.heappush(self._heap, _Queued(victim.level, victim.order, float("inf"),
+                                               victim.generation, paused))
+        logger.debug("%s: paused an answer of priority %d for one of %d", self.name,
+                     victim.level, outranking)
+        return True
 
     def _pop(self) -> _Queued | None:
         """The next request, if one may start now: up to `llm.sequences` answers at once."""
@@ -270,6 +266,8 @@ class _Line:
         if queued is None:
             return False
         generation = queued.generation
+        if queued.paused is not None:
+            return self._resume(queued, queued.paused)
         if generation.cancelled.is_set():
             return True
         ask = generation.ask
@@ -293,7 +291,8 @@ class _Line:
             if isinstance(session, BatchedLanguageSession) and batching:
                 prompt: Prompt = session.chat(ask.messages) if ask.messages is not None \
                     else session.prompt(ask.prompt)
-                self.running.admit(generation, lease, session, prompt, self._sampling(ask))
+                self.running.admit(generation, lease, session, prompt, self._sampling(ask),
+                                   queued.level, queued.seq)
                 return True
             self.current = generation
             self._generate(generation, session, lease.model.version)
@@ -309,6 +308,17 @@ class _Line:
             if not self.running.holds(lease):
                 lease.release()
         return batching
+
+    def _resume(self, queued: _Queued, paused: Paused) -> bool:
+        """A paused answer back into a free slot of its session, or back in its place."""
+        if queued.generation.cancelled.is_set():
+            self.running.forget(paused)
+            return True
+        if not paused.session.free_slots():
+            self._requeue(queued)
+            return False
+        self.running.resume(paused)
+        return True
 
     def _sampling(self, ask: Ask) -> Sampling:
         return Sampling(ask.max_tokens or self.config.max_tokens, ask.temperature, ask.top_p,
@@ -334,6 +344,7 @@ class _Line:
                 if self._heap:  # a queued request's deadline passes while this one runs
                     with self._cond:
                         self._expire()
+                self._yield()
         finally:
             pieces.close()
         self.counters.tokens += count
@@ -347,10 +358,13 @@ class _Line:
 class Generations:
     """The generation queues of every language model, made on first use."""
 
-    def __init__(self, cache: ModelCache, *, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+    def __init__(self, cache: ModelCache, *, clock: Callable[[], float] = time.monotonic,
+                 working: Working | None = None) -> None:
+        """`working`: how many vision requests are queued or running now (Scheduler.working),
+        which generation yields to between tokens (llm.yield_to_streams); None: nothing."""
         self.cache = cache
         self._clock = clock
+        self._working = working
         self._lock = threading.Lock()
         self._lines: dict[str, _Line] = {}
         self.counters: dict[str, GenerationCounters] = {}
@@ -377,7 +391,7 @@ class Generations:
             if line is None:
                 counters = self.counters.setdefault(name, GenerationCounters())
                 line = self._lines[name] = _Line(name, self.cache, config, counters,
-                                                 self._clock)
+                                                 self._clock, self._working)
             else:  # one worker per model whatever its versions (a session's slots are its)
                 line.config = config  # a new version's model.yaml: its bounds from now on
             return line

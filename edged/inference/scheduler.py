@@ -165,6 +165,11 @@ class Scheduler:
         """Whether serving work is waiting in any queue (a shadow's sample then waits not)."""
         return any(batcher.depth for batcher in list(self._batchers.values()))
 
+    def working(self) -> int:
+        """Requests queued or running in every batcher now (Batcher.working), read without a
+        lock: what the language models' generation yields to between tokens."""
+        return sum(batcher.working for batcher in list(self._batchers.values()))
+
     def has_batcher(self, model: str, version: int | None = None) -> bool:
         return (model, version) in self._batchers
 

@@ -329,6 +329,15 @@ class LanguageConfig:
     nice: int = setting(10, "OS niceness (0-19) of the threads that generate: above the "
                         "cameras' (0), so their inference wins the CPU when both want it",
                         check=between(0, 19))
+    yield_to_streams: bool = setting(True, "between two tokens, wait while the cameras' "
+                                     "(and the API's) vision inference is queued or running, "
+                                     "at most yield_max_ms a token (decision 040)")
+    yield_max_ms: int = setting(50, "the longest a token waits for vision inference to "
+                                "finish (yield_to_streams): a chat beside busy cameras still "
+                                "gets a token this often", check=between(1, 10000))
+    preempt: bool = setting(True, "a request of a higher priority that finds every sequence "
+                            "busy pauses the lowest-priority answer (it resumes where it was "
+                            "when a slot frees, its prompt and tokens read again)")
     batch_threads: int | None = setting(None, "CPU threads that read the prompt; null = "
                                         "`threads`", check=between(1, 256))
     batch_size: int = setting(512, "prompt tokens evaluated per step (llama.cpp's n_batch); "

@@ -29,10 +29,21 @@ class GenerationCollector(Collector):
                                    labels=["model"])
         running = GaugeMetricFamily("edged_generation_running", "requests generating now "
                                     "(up to the model's llm.sequences)", labels=["model"])
+        yields = CounterMetricFamily(
+            "edged_generation_yields", "decode steps that waited first for vision inference "
+            "queued or running (llm.yield_to_streams)", labels=["model"])
+        yielded = CounterMetricFamily("edged_generation_yield_seconds", "seconds those steps "
+                                      "waited, all together", labels=["model"])
+        preempted = CounterMetricFamily("edged_generation_preempted", "answers paused for a "
+                                        "request of a higher priority (they resume)",
+                                        labels=["model"])
         for model, row in sorted(stats.items()):
+            yields.add_metric([model], row["yields"])
+            yielded.add_metric([model], row["yield_s"])
+            preempted.add_metric([model], row["preempted"])
             for outcome in OUTCOMES:
                 requests.add_metric([model, outcome], row[outcome])
             tokens.add_metric([model], row["tokens"])
             queued.add_metric([model], row["queued"])
             running.add_metric([model], row["generating"])
-        yield from (requests, tokens, queued, running)
+        yield from (requests, tokens, queued, running, yields, yielded, preempted)

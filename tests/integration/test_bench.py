@@ -75,9 +75,10 @@ def test_bench_llm_when_run_quick_measures_both_paths_on_the_same_prompts(
         assert all(r["tokens"] > r["clients"] == 4 and len(r["ttft_ms"]) == 4
                    for r in batching[side])
     assert batching["gain"] > 0
-    beside = results["beside_a_stream"]  # the stream's results counted with and without
-    assert beside["mean_fps_no_chat"] > 0 and beside["mean_fps_chat"] > 0
-    assert beside["chat_tokens_per_s"] > 0
+    beside = results["beside_streams"]  # four streams: no chat, a chat yielding, one not
+    assert all(beside[kind]["fps"] > 0 and len(beside["rows"][kind]) == beside["rounds"]
+               for kind in ("alone", "yield_on", "yield_off"))
+    assert beside["counters"]["smol_off"]["yields"] == 0  # its switch off: it never waits
 
 
 @pytest.mark.timeout(300)  # four stream cases and the live views, each run for real

@@ -407,3 +407,27 @@ def test_metrics_when_generations_ran_counts_them_per_model(llm: Served) -> None
     assert completed is not None and float(completed.group(1)) >= 1
     assert tokens is not None and float(tokens.group(1)) >= 1
     assert 'edged_generation_queued{model="smol"} 0.0' in text
+
+
+def test_openai_when_higher_priority_finds_slots_busy_pauses_a_low_one_answers_unchanged(
+        client: openai.OpenAI, llm: Served) -> None:
+    lows = [("Once upon a time, in a town by the sea, there lived", 7), (COUNTING, None)]
+
+    def ask(prompt: str, seed: int | None, priority: int, max_tokens: int) -> Any:
+        return client.completions.create(
+            model="smol", prompt=prompt, max_tokens=max_tokens, stream=True,
+            temperature=0.8 if seed is not None else 0, seed=seed,
+            extra_body={"priority": priority})
+
+    alone = ["".join(c.choices[0].text for c in ask(p, s, 2, 48) if c.choices)
+             for p, s in lows]
+    before = counters(llm).get("preempted", 0)
+    streams = [ask(p, s, 2, 48) for p, s in lows]
+    texts = [next(iter(stream)).choices[0].text for stream in streams]  # both generating
+    high = client.completions.create(model="smol", prompt="The capital of France is",
+                                     max_tokens=4, temperature=0, extra_body={"priority": 1})
+    assert high.choices[0].finish_reason == "length"
+    for i, stream in enumerate(streams):
+        texts[i] += "".join(c.choices[0].text for c in stream if c.choices)
+    assert texts == alone  # the paused one resumed where it was
+    assert counters(llm)["preempted"] == before + 1

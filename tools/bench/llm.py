@@ -16,18 +16,15 @@ The batching gain: four clients asking at once, of the same file served twice in
 `smol1` one at a time (`sequences: 1`, the queue); rounds alternate which goes first. Reported:
 the tokens all four got per second of wall time, and their times to first token.
 
-Then a camera stream beside a chat, in one daemon: PP-OCR det on a looping 640x480 video (ONNX
-Runtime, 1 intra-op thread; results counted at a real MQTT subscriber) and SmolLM2 (1 thread,
-at `llm.nice`'s default 10: the chat yields the CPU to the stream), the threads split by
-config. Windows with no chat alternate with windows where a client keeps generating;
-reported: the stream's achieved fps in each (and their ratio; the issue asks for a drop of at
-most 5%), and the chat's tokens per second meanwhile. The first part runs the model at nice 0,
-as the direct side runs."""
+Then four camera streams beside a chat, streams first or not (`tools.bench.llm_streams`, which
+also runs alone): the streams' achieved / model-bound fps with no chat, beside a chat on a
+model with `llm.yield_to_streams` on and beside one with it off, and the chat's rate in each
+(the issue asks for a drop of at most 5%). The first part runs the model at nice 0, as the
+direct side runs."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import statistics
 import threading
@@ -35,10 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tools.bench import llm_streams
 from tools.bench.api import edged_config, run_edged
-from tools.bench.assets import PPOCR_DET, ppocr_model
-from tools.bench.broker import loopback_broker
-from tools.bench.streams import DET_YAML, ResultCollector, write_text_video
 from tools.real_models import LANGUAGE_MODEL, ensure
 
 THREADS = 1  # a chat beside cameras gets a core; two threads on a shared 2-core box jitter 10x
@@ -145,7 +140,7 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     d, e = results["direct_median"], results["edged_median"]
     results["ratio_tokens_per_s"] = e["tokens_per_s"] / d["tokens_per_s"]
     results["ttft_extra_ms"] = e["ttft_ms"] - d["ttft_ms"]
-    results["beside_a_stream"] = stream_beside_chat(workdir, quick=quick)
+    results["beside_streams"] = llm_streams.run_bench(workdir / "beside", quick=quick)
     return results
 
 
@@ -184,56 +179,8 @@ def batching_gain(sock: Path, rounds: int) -> dict[str, Any]:
     return summary
 
 
-def stream_beside_chat(workdir: Path, *, quick: bool) -> dict[str, Any]:
-    """The stream's fps in windows without and with a chat generating, alternating."""
-    models = workdir / "models"
-    (models / "det" / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(ppocr_model(PPOCR_DET), models / "det" / "1" / "model.onnx")
-    (models / "det" / "model.yaml").write_text(DET_YAML)
-    (models / "smol" / "model.yaml").write_text(  # edged's default niceness: the chat yields
-        f"llm: {{context: {CONTEXT}, threads: {THREADS}}}\n")
-    video = write_text_video(workdir / "text.avi", fps=30)
-    rounds, window = (1, 2.0) if quick else (4, 6.0)
-    quiet: list[float] = []
-    busy: list[float] = []
-    rates: list[float] = []
-    with loopback_broker(workdir / "broker") as (port, _):
-        prefix = "benchllm"
-        stream = (f"[{{name: cam, source: 'file://{video}', model: det, loop: true, "
-                  "backpressure: drop_oldest}]")
-        config = edged_config(workdir, preload=["det", "smol"], streams=stream, threads=1,
-                              mqtt=f"host: 127.0.0.1, port: {port}, prefix: {prefix}, "
-                                   "qos_results: 1")
-        collector = ResultCollector(port, prefix)
-        try:
-            with run_edged(workdir, config) as (sock, _proc):
-                collector.window(2.0)  # warm
-                for i in range(rounds):
-                    quiet.append(len(collector.window(window)) / window)
-                    stop = threading.Event()
-
-                    def chat(stop: threading.Event = stop, i: int = i) -> None:
-                        n = 0
-                        while not stop.is_set():
-                            rates.append(edged_round(sock, f"Chat {i}.{n}: tell a story")[1])
-                            n += 1
-
-                    talker = threading.Thread(target=chat, daemon=True)
-                    talker.start()
-                    collector.window(0.5)  # the chat under way
-                    busy.append(len(collector.window(window)) / window)
-                    stop.set()
-                    talker.join(60)
-        finally:
-            collector.close()
-    q, b = statistics.fmean(quiet), statistics.fmean(busy)
-    return {"rounds": rounds, "window_s": window, "fps_no_chat": quiet, "fps_chat": busy,
-            "mean_fps_no_chat": q, "mean_fps_chat": b, "ratio": b / q if q else 0.0,
-            "chat_tokens_per_s": statistics.median(rates) if rates else 0.0}
-
-
 def format_table(r: dict[str, Any]) -> str:
-    d, e, s = r["direct_median"], r["edged_median"], r["beside_a_stream"]
+    d, e, s = r["direct_median"], r["edged_median"], r["beside_streams"]
     b = r["batching"]
     return "\n".join([
         f"SmolLM2-135M Q4_1, {r['threads']} threads, context {r['context']}, {r['tokens']} "
@@ -255,10 +202,5 @@ def format_table(r: dict[str, Any]) -> str:
         f"{b['off_ttft_ms']['median']:.0f} (worst {b['off_ttft_ms']['max']:.0f}) |",
         f"| on / off (the batching gain) | {b['gain']:.2f}x | |",
         "",
-        "A PP-OCR det stream (1 ORT thread) beside a chat (1 llama.cpp thread), one daemon",
-        "| windows | stream fps | chat tokens/s |",
-        "|---|---|---|",
-        f"| no chat | {s['mean_fps_no_chat']:.2f} | |",
-        f"| a chat generating | {s['mean_fps_chat']:.2f} | {s['chat_tokens_per_s']:.1f} |",
-        f"| with / without | {s['ratio']:.2f}x | |",
+        llm_streams.format_table(s),
     ])

@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from edged.backends import BackendOptions, BatchedLanguageSession, LoadSpec, Piece, Prompt, Sampling
+from edged.backends import (
+    BackendOptions,
+    BatchedLanguageSession,
+    LoadSpec,
+    PausingLanguageSession,
+    Piece,
+    Prompt,
+    Sampling,
+)
 from edged.backends.llamacpp import LlamaCppBackend, LlamaSession
 from edged.core.errors import InvalidInput
 from edged.model.config import LanguageConfig
@@ -189,3 +197,79 @@ def test_context_when_batched_holds_context_tokens_per_sequence(
     assert many.context_length == CONTEXT
     with pytest.raises(InvalidInput, match=rf"the context holds {CONTEXT}"):
         many.prompt("word " * 400)
+
+
+def paused_midway(session: PausingLanguageSession, asks: list[tuple[Prompt, Sampling]],
+                  pause_at: int, held_for: int) -> list[list[Piece]]:
+    """Every ask admitted at once; at step `pause_at` every other answer under way is
+    suspended, its slot lent to another prompt for `held_for` steps (then dropped), and
+    resumed; all stepped until they end. The pieces of each ask."""
+    got: list[list[Piece]] = [[] for _ in asks]
+    slots = {session.admit(p, s): i for i, (p, s) in enumerate(asks)}
+    paused: dict[int, object] = {}
+    lent: list[int] = []
+    step = 0
+    while slots or paused:
+        if step == pause_at:
+            for slot, i in list(slots.items())[::2]:
+                paused[i] = session.suspend(slot)
+                del slots[slot]
+                lent.append(session.admit(session.prompt(PROMPTS[2]), Sampling(64, 0.0)))
+        if step == pause_at + held_for:
+            for slot in lent:
+                session.drop(slot)
+            lent = []
+            for i, state in paused.items():
+                slots[session.resume(state)] = i
+            paused = {}
+        for slot, piece in session.step():
+            if slot in slots:
+                got[slots[slot]].append(piece)
+                if piece.finish_reason is not None:
+                    session.drop(slot)
+                    del slots[slot]
+        step += 1
+        assert step < 2000, "the answers never ended"
+    for slot in lent:
+        session.drop(slot)
+    assert session.free_slots() == session.sequences
+    return got
+
+
+@pytest.mark.parametrize(("pause_at", "held_for"), [(0, 3), (1, 1), (5, 4), (9, 2)])
+def test_suspend_when_answers_resume_in_another_slot_they_equal_one_at_a_time(
+        one: LlamaSession, many: BatchedLanguageSession, pause_at: int, held_for: int) -> None:
+    assert isinstance(many, PausingLanguageSession)
+    texts = [(PROMPTS[3], Sampling(20, 0.0)), (PROMPTS[0], Sampling(16, 0.0, stop=(" 7",))),
+             (PROMPTS[5], Sampling(20, 0.9, top_p=0.9, seed=11)),
+             (PROMPTS[1], Sampling(20, 0.7, seed=12))]
+    reference = [alone(one, one.prompt(t), s) for t, s in texts]
+    got = paused_midway(many, [(many.prompt(t), s) for t, s in texts], pause_at, held_for)
+    assert got == reference
+
+
+def test_suspend_when_prompt_is_half_read_or_json_schema_given_resumes_the_same(
+        one: LlamaSession, real_models: Path) -> None:
+    chunked = load(real_models / LANGUAGE_MODEL, 2, batch_size=8)
+    assert isinstance(chunked, PausingLanguageSession)
+    try:
+        asks = [(CHATS[0], Sampling(32, 0.0, json_schema=SCHEMA)),
+                (CHATS[1], Sampling(12, 0.8, seed=5))]
+        reference = [alone(one, one.chat(c), s) for c, s in asks]
+        got = paused_midway(chunked, [(chunked.chat(c), s) for c, s in asks], 1, 2)
+    finally:
+        chunked.close()
+    assert got == reference
+
+
+def test_suspend_when_slot_is_free_refuses_and_forget_frees_a_paused_answer(
+        many: BatchedLanguageSession) -> None:
+    assert isinstance(many, PausingLanguageSession)
+    with pytest.raises(RuntimeError, match="holds no answer to pause"):
+        many.suspend(0)
+    slot = many.admit(many.prompt(PROMPTS[0]), Sampling(4, 0.7, seed=1))
+    many.step()
+    paused = many.suspend(slot)
+    assert many.free_slots() == many.sequences
+    many.forget(paused)
+    many.forget(paused)  # twice is harmless
