@@ -7,9 +7,9 @@ end of generation, a stop string, or the token limit."""
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 
-from edged.backends.base import Piece
+from edged.backends.base import BatchedLanguageSession, Piece, Prompt, Sampling
 
 
 class AnswerText:
@@ -56,3 +56,22 @@ def stop_prefix(text: str, stops: Sequence[str]) -> int:
                 best = n
                 break
     return best
+
+
+def one_answer(session: BatchedLanguageSession, prompt: Prompt, sampling: Sampling
+               ) -> Generator[Piece, None, None]:
+    """One answer through a batched session's slots (its `generate`, for callers that ask one
+    at a time): a slot taken when the first piece is asked for, and given back however the
+    answer ends (its end, an error, or the caller letting go of the generator)."""
+    slot = session.admit(prompt, sampling)
+    try:
+        while True:
+            for seq, piece in session.step():
+                if seq == slot:
+                    if isinstance(piece, Exception):
+                        raise piece
+                    yield piece
+                    if piece.finish_reason is not None:
+                        return
+    finally:
+        session.drop(slot)

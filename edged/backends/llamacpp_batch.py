@@ -16,7 +16,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from edged.backends.answer import AnswerText
+from edged.backends.answer import AnswerText, one_answer
 from edged.backends.base import LoadSpec, Piece, Prompt, Sampling
 from edged.backends.llamacpp import MIN_P, REPEAT_LAST_N, TOP_K, TYPICAL_P, LlamaText
 from edged.core.errors import InferenceFailed, ModelLoadError
@@ -262,21 +262,7 @@ class LlamaBatchSession(LlamaText):
     # -- one answer through the slots (warm-up, and the LanguageSession contract) ---------------
     def generate(self, prompt: Prompt, sampling: Sampling) -> Generator[Piece, None, None]:
         self._grammar(sampling.json_schema)  # a schema it cannot follow: refused here
-        return self._one(prompt, sampling)
-
-    def _one(self, prompt: Prompt, sampling: Sampling) -> Generator[Piece, None, None]:
-        slot = self.admit(prompt, sampling)  # taken when the first piece is asked for
-        try:
-            while True:
-                for seq, piece in self.step():
-                    if seq == slot:
-                        if isinstance(piece, Exception):
-                            raise piece
-                        yield piece
-                        if piece.finish_reason is not None:
-                            return
-        finally:
-            self.drop(slot)
+        return one_answer(self, prompt, sampling)
 
     def close(self) -> None:
         for slot in self._slots:

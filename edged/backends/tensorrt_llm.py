@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.backends.answer import one_answer
 from edged.backends.base import BackendOptions, LoadSpec, Piece, Prompt, Sampling
 from edged.core.errors import InferenceFailed, InvalidInput, ModelLoadError
 from edged.model.config import LanguageConfig
@@ -231,21 +232,7 @@ class TensorRTLLMSession:
     # -- one answer through the slots ----------------------------------------------------------
     def generate(self, prompt: Prompt, sampling: Sampling) -> Generator[Piece, None, None]:
         self._sampling_params(prompt, sampling)  # a schema it cannot take: refused here
-        return self._one(prompt, sampling)
-
-    def _one(self, prompt: Prompt, sampling: Sampling) -> Generator[Piece, None, None]:
-        slot = self.admit(prompt, sampling)
-        try:
-            while True:
-                for seq, piece in self.step():
-                    if seq == slot:
-                        if isinstance(piece, Exception):
-                            raise piece
-                        yield piece
-                        if piece.finish_reason is not None:
-                            return
-        finally:
-            self.drop(slot)
+        return one_answer(self, prompt, sampling)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise InvalidInput(f"{self.label} is a language model: it generates text, it takes "
