@@ -61,7 +61,9 @@ def run_bench(workdir: Path, *, quick: bool) -> dict[str, Any]:
     repeats = 30 if quick else 300
     models = write_face_models(workdir / "models")
     frame = np.zeros((1080, 1920, 3), np.uint8)
-    face = cv2.imread(str(member("astronaut.png")))[20:240, 100:300]
+    astronaut = cv2.imread(str(member("astronaut.png")))
+    assert astronaut is not None, "astronaut.png does not decode"
+    face = astronaut[20:240, 100:300]
     paste_face(frame, face, 300, 300, 400)
     cache = ModelCache(ModelRepository(models), budget_bytes=1 << 30,
                        options=BackendOptions(providers=("cpu",), intra_op_threads=1,

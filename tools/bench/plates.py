@@ -106,7 +106,8 @@ def package_path() -> Callable[[np.ndarray, np.ndarray], tuple[str, float]]:
                          ("ref_agentocr_rec.py", "resize_norm_img")):
         tree = ast.parse(member(name).read_text(encoding="utf-8"))
         found = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == wanted]
-        exec(compile(ast.Module(body=found, type_ignores=[]), name, "exec"), namespace)
+        body: list[ast.stmt] = list(found)
+        exec(compile(ast.Module(body=body, type_ignores=[]), name, "exec"), namespace)
     spec = importlib.util.spec_from_file_location(
         "agentocr_rec_postprocess", member("ref_agentocr_rec_postprocess.py"))
     assert spec is not None and spec.loader is not None
@@ -136,18 +137,21 @@ def plates(workdir: Path, repeats: int) -> dict[str, Any]:
     cache = ModelCache(ModelRepository(root), budget_bytes=1 << 30)
     scheduler = Scheduler(cache)
     try:
-        image = cv2.imread(str(member("alpr_plates.jpg")))
+        read = cv2.imread(str(member("alpr_plates.jpg")))
+        assert read is not None, "alpr_plates.jpg does not decode"
+        image: np.ndarray = read
         det = scheduler.model("plate_det")
-        assert det.config.preprocess is not None
+        det_pre = det.config.preprocess
+        assert det_pre is not None
         post = Postprocessor(det.config.postprocess, det.dir.parent, det.head)
 
         def detect() -> Detections:
-            tensor, geometry = preprocess(image, det.config.preprocess, det.inputs[0])
+            tensor, geometry = preprocess(image, det_pre, det.inputs[0])
             outputs = scheduler.submit("plate_det", {det.inputs[0].name: tensor}).result(60)
             return post(outputs, geometry)["detections"]
 
         found = detect()
-        quads = [quad_of(points) for points in found.keypoints]
+        quads = [quad_of(points) if points is not None else None for points in found.keypoints]
         assert len(found) == 2 and all(q is not None for q in quads)
         rec = scheduler.model("plate_rec")
         assert rec.config.preprocess is not None and rec.config.postprocess is not None
@@ -187,7 +191,7 @@ def plates(workdir: Path, repeats: int) -> dict[str, Any]:
         same = sorted(t for t in checked.texts if t is not None) == \
             sorted(theirs(image, q)[0] for q in their_quads)
         n = len(crops)
-        row = {
+        row: dict[str, Any] = {
             "plates": n, "texts": sorted(t for t in checked.texts if t is not None),
             "same_text_as_agentclpr": same,
             "detector_frame_ms": cpu_ms(detect, max(3, repeats // 10)),
