@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.artifacts import ArtifactServer
 from support.broker import Broker, Subscriber
 from support.daemon import Served, ServeFactory
-from support.ota import Pusher, X, command, statuses, tiny_cls_bytes
+from support.ota import Pusher, X, active, command, statuses, tiny_cls_bytes
 
 from edged.ota.manifest import sign_document
 
@@ -43,7 +43,7 @@ class Device:
         """Push `version` of tiny_cls to the device until active; returns the manifest sent."""
         payload = self.pusher.signed(MANIFESTS, version, tiny_cls_bytes(version - 1))
         self.pusher.publish(MANIFESTS, payload)
-        assert statuses(self.sub, STATUS, "active")[-1]["version"] == version
+        active(self.sub, STATUS, version)
         return payload
 
     def refuses(self, topic: str, payload: bytes, reason: str) -> None:

@@ -79,6 +79,17 @@ def statuses(sub: Subscriber, topic: str, until: str, timeout: float = 30) -> li
     return [json.loads(m.payload) for m in messages]
 
 
+
+def active(sub: Subscriber, topic: str, version: int, timeout: float = 30) -> list[dict]:
+    """Status events on `topic` up to and including `version`'s `active`: a manifest pushed
+    twice (push_until_received's retry on a slow machine) says `active` twice, and the second
+    can come after a later version was pushed."""
+    def done(got: list[Any]) -> bool:
+        event = json.loads(got[-1].payload)
+        return bool(event["state"] == "active" and event["version"] == version)
+    messages = sub.collect(topic, until=done, timeout=timeout, what=f"version {version} active")
+    return [json.loads(m.payload) for m in messages]
+
 class Pusher:
     """Publishes signed manifests for tiny_cls through `sub`'s connection, fresh (target: the
     topic's root, the next seq, an hour to expiry) unless `extra` says otherwise."""
