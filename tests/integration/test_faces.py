@@ -20,7 +20,7 @@ import jsonschema
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from support.broker import Broker, Received, Subscriber
+from support.broker import Broker, Received, Subscriber, retained_json
 from support.daemon import ServeFactory
 from support.images import png_of_zeros
 from support.ota import fresh
@@ -159,24 +159,13 @@ def test_faces_when_enrolled_by_the_cli_a_stream_names_the_face_in_results_and_e
     # no vector ever went out on MQTT: every JSON message is small (snapshots are JPEGs)
     assert all(len(m.payload) < 4000 for m in got if not m.topic.endswith("/snapshot"))
     # Home Assistant: the stream's last recognised face, retained, and its sensor
-    kept = retained(broker, f"{prefix}/streams/door/recognized/face")
+    kept = retained_json(broker, f"{prefix}/streams/door/recognized/face")
     assert kept["name"] == "Ana" and kept["id"] == update["id"]
-    config = retained(broker, "homeassistant/sensor/test_door_recognized_face/config")
+    config = retained_json(broker, "homeassistant/sensor/test_door_recognized_face/config")
     assert config["state_topic"] == f"{prefix}/streams/door/recognized/face"
     assert config["value_template"] == "{{ value_json.name }}"
     assert config["availability_topic"] == f"{prefix}/status"
 
-
-def retained(broker: Broker, topic: str) -> dict[str, Any]:
-    """What the broker keeps on `topic`, as a subscriber that comes later gets it."""
-    late = Subscriber(broker, topic)
-    try:
-        [kept] = late.collect(until=lambda got: len(got) >= 1, timeout=10,
-                              what=f"the retained {topic}")
-    finally:
-        late.close()
-    assert kept.retain
-    return json.loads(kept.payload)  # type: ignore[no-any-return]
 
 
 def test_faces_when_a_look_alike_is_marked_not_x_from_its_snapshot_stops_being_x(

@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from onnx import numpy_helper
 from support.artifacts import ArtifactServer
-from support.broker import Broker, Subscriber
+from support.broker import Broker, Subscriber, retained_json
 from support.daemon import Served, ServeFactory
 from support.ota import Pusher, fresh, statuses, tiny_cls_bytes
 from support.shadow import nudged_cls_bytes, traffic
@@ -49,14 +49,6 @@ def device(broker: Broker, make_served: ServeFactory, artifacts: ArtifactServer,
         sub.close()
 
 
-def retained(broker: Broker, topic: str) -> dict[str, Any]:
-    """What a subscriber that comes later reads on `topic` (the broker kept it)."""
-    late = Subscriber(broker, topic)
-    try:
-        return dict(json.loads(late.wait_for(topic, 10).payload))
-    finally:
-        late.close()
-
 
 def test_shadow_when_the_candidate_agrees_is_promoted_after_min_samples(
         device: tuple[Served, Pusher, Subscriber, str], broker: Broker) -> None:
@@ -73,7 +65,7 @@ def test_shadow_when_the_candidate_agrees_is_promoted_after_min_samples(
     assert live.failures == [] and live.answers >= 25
     assert cache.default_version("tiny_cls") == 2
     assert served.daemon.repository.active_version("tiny_cls") == 2
-    final = retained(broker, progress)  # a dashboard that comes later sees it
+    final = retained_json(broker, progress)  # a dashboard that comes later sees it
     assert final["state"] == "promoted" and final["samples"] >= 25
     assert final["metrics"]["top1_agreement"] == 1.0 and final["failures"] == 0
     assert {c["name"]: c["passed"] for c in final["checks"]} == {
@@ -89,7 +81,7 @@ def test_shadow_when_the_candidate_disagrees_is_rejected_and_serving_never_chang
                     **shadow(30, promote_if={"min_top1_agreement": 0.9}))
         statuses(sub, status, "shadowing")
         failed = statuses(sub, status, "failed", timeout=60)[-1]
-    final = retained(broker, progress)
+    final = retained_json(broker, progress)
     assert final["state"] == "rejected"
     assert failed["reason"] == "shadow_rejected" and failed["version"] == 2
     assert "min_top1_agreement" in failed["detail"] and "version 1 serves on" in failed["detail"]
@@ -214,6 +206,6 @@ def test_shadow_when_a_candidate_disagrees_on_live_frames_is_rejected_and_result
         assert message["version"] == 1
         assert message["results"]["classes"][0]["label"] == color_of((message["seq"] - 1) % 30,
                                                                      10)
-    final = retained(broker, f"{prefix}/ota/colors/shadow")
+    final = retained_json(broker, f"{prefix}/ota/colors/shadow")
     assert final["state"] == "rejected" and 0.2 < final["metrics"]["top1_agreement"] < 0.5
     assert served.daemon.repository.versions_on_disk("colors") == [1]

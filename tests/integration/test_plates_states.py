@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from integration import test_task_streams as task_streams
 from onnx import helper, numpy_helper
-from support.broker import Broker, Received, Subscriber
+from support.broker import Broker, Received, Subscriber, retained_json
 from support.daemon import ServeFactory
 from unit.tasks.test_plates import plate_repository
 
@@ -43,17 +43,6 @@ EVENT, UPDATE, STATE, RESULT = (json.loads((SCHEMAS / name).read_text()) for nam
 def payloads(got: list[Received], topic: str) -> list[dict[str, Any]]:
     return [json.loads(m.payload) for m in got if m.topic == topic]
 
-
-def retained(broker: Broker, topic: str) -> dict[str, Any]:
-    """What the broker keeps on `topic`, as a subscriber that comes later gets it."""
-    late = Subscriber(broker, topic)
-    try:
-        [kept] = late.collect(until=lambda got: len(got) >= 1, timeout=10,
-                              what=f"the retained {topic}")
-    finally:
-        late.close()
-    assert kept.retain
-    return json.loads(kept.payload)  # type: ignore[no-any-return]
 
 
 def write_clip(path: Path, frames: list[np.ndarray], fps: float = 10.0) -> Path:
@@ -110,9 +99,9 @@ def test_plate_stream_when_cars_show_their_plates_votes_names_and_tells_them(
     # Home Assistant: the last plate read, retained (the later of the two), and its sensor
     last = payloads(got, f"{prefix}/streams/drive/recognized/plate")
     assert [p["plate"] for p in last] == [u["plate"] for u in updates]
-    kept = retained(broker, f"{prefix}/streams/drive/recognized/plate")
+    kept = retained_json(broker, f"{prefix}/streams/drive/recognized/plate")
     assert kept == updates[-1]
-    config = retained(broker, "homeassistant/sensor/test_drive_recognized_plate/config")
+    config = retained_json(broker, "homeassistant/sensor/test_drive_recognized_plate/config")
     assert config["state_topic"] == f"{prefix}/streams/drive/recognized/plate"
     assert config["value_template"] == \
         "{{ value_json.name if value_json.name else value_json.plate }}"

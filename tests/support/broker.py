@@ -10,6 +10,7 @@ the broker) keeps its ports, which clients reconnect to: there a taken port is a
 from __future__ import annotations
 
 import getpass
+import json
 import queue
 import re
 import shutil
@@ -20,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
@@ -250,3 +252,17 @@ class Subscriber:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+def retained_json(broker: Broker, topic: str) -> dict[str, Any]:
+    """The JSON the broker keeps on `topic`, as a subscriber that comes later gets it (and it
+    came retained)."""
+    late = Subscriber(broker, topic)
+    try:
+        [kept] = late.collect(until=lambda got: len(got) >= 1, timeout=10,
+                              what=f"the retained {topic}")
+    finally:
+        late.close()
+    assert kept.retain, f"{topic}: not a retained message"
+    return dict(json.loads(kept.payload))
+
