@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from edged.api.http.heads import http_date
 from edged.api.http.messages import Request, Response
+from edged.core.errors import EdgedError
 
 if TYPE_CHECKING:
     from edged.api.http.connection import _Connection
@@ -61,8 +62,10 @@ async def send_stream(connection: _Connection, request: Request, response: Respo
                         connection.abort()
                         return
         except Exception as exc:  # the stream failed: the answer is cut short
+            # a typed refusal says what it is; anything else is a bug or a library's error,
+            # whose traceback is kept
             logger.warning("%s %s: the answer is cut short: %s", request.method, request.path,
-                           exc)
+                           exc, exc_info=not isinstance(exc, EdgedError))
             return
         transport = connection.transport
         if chunked and transport is not None and not transport.is_closing():
