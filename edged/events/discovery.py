@@ -48,6 +48,23 @@ def slug(text: str) -> str:
     return _NOT_ID.sub("_", text).strip("_") or "_"
 
 
+def _entity(info: DeviceInfo, stream: str, component: str, thing: str, name: str,
+            **fields: Any) -> dict[str, dict[str, Any]]:
+    """One entity of the stream: its discovery topic → its config (with the device's
+    availability and the device itself)."""
+    object_id = slug(f"{info.device_id}_{stream}_{thing}")
+    return {f"{info.discovery_prefix}/{component}/{object_id}/config": {
+        "name": name, "unique_id": f"edged_{object_id}", **fields,
+        "availability_topic": topics.under(info.prefix, topics.STATUS),
+        "payload_available": "online", "payload_not_available": "offline",
+        "device": info.device()}}
+
+
+def _encoded(configs: dict[str, dict[str, Any]]) -> dict[str, bytes]:
+    return {topic: json.dumps(config, separators=(",", ":")).encode()
+            for topic, config in configs.items()}
+
+
 def stream_configs(info: DeviceInfo, stream: str, labels: Sequence[str],
                    zones: Sequence[str], lines: Sequence[str],
                    snapshots: bool) -> dict[str, bytes]:
@@ -55,12 +72,7 @@ def stream_configs(info: DeviceInfo, stream: str, labels: Sequence[str],
     configs: dict[str, dict[str, Any]] = {}
 
     def entity(component: str, thing: str, name: str, **fields: Any) -> None:
-        object_id = slug(f"{info.device_id}_{stream}_{thing}")
-        configs[f"{info.discovery_prefix}/{component}/{object_id}/config"] = {
-            "name": name, "unique_id": f"edged_{object_id}", **fields,
-            "availability_topic": topics.under(info.prefix, topics.STATUS),
-            "payload_available": "online", "payload_not_available": "offline",
-            "device": info.device()}
+        configs.update(_entity(info, stream, component, thing, name, **fields))
 
     def state(suffix: str) -> str:
         return topics.under(info.prefix, suffix)
@@ -89,28 +101,19 @@ def stream_configs(info: DeviceInfo, stream: str, labels: Sequence[str],
                        state_class="total_increasing", icon="mdi:transit-transfer",
                        value_template=f"{{{{ value_json.get({json.dumps(label)}, {{}})"
                                       f".get({json.dumps(direction)}, 0) }}}}")
-    return {topic: json.dumps(config, separators=(",", ":")).encode()
-            for topic, config in configs.items()}
+    return _encoded(configs)
 
 
 def state_configs(info: DeviceInfo, stream: str, states: Sequence[str]) -> dict[str, bytes]:
     """Discovery topic → retained config of a sensor per classified region of the stream
     (`streams[].states`): its state is the retained state's `state`."""
-    configs = {}
+    configs: dict[str, dict[str, Any]] = {}
     for name in states:
-        object_id = slug(f"{info.device_id}_{stream}_{name}_state")
-        config = {"name": f"{stream} {name}", "unique_id": f"edged_{object_id}",
-                  "state_topic": topics.under(info.prefix, topics.state(stream, name)),
-                  "value_template": "{{ value_json.state }}",
-                  "json_attributes_topic": topics.under(info.prefix, topics.state(stream,
-                                                                                  name)),
-                  "icon": "mdi:state-machine",
-                  "availability_topic": topics.under(info.prefix, topics.STATUS),
-                  "payload_available": "online", "payload_not_available": "offline",
-                  "device": info.device()}
-        configs[f"{info.discovery_prefix}/sensor/{object_id}/config"] = \
-            json.dumps(config, separators=(",", ":")).encode()
-    return configs
+        topic = topics.under(info.prefix, topics.state(stream, name))
+        configs.update(_entity(info, stream, "sensor", f"{name}_state", f"{stream} {name}",
+                               state_topic=topic, value_template="{{ value_json.state }}",
+                               json_attributes_topic=topic, icon="mdi:state-machine"))
+    return _encoded(configs)
 
 
 # What each last-recognised sensor shows: Frigate's integration's rule (a face's name; a
@@ -126,17 +129,12 @@ def recognition_configs(info: DeviceInfo, stream: str, *, faces: bool,
                         plates: bool) -> dict[str, bytes]:
     """Discovery topic → retained config of the stream's last recognised face and plate
     sensors (`streams/<stream>/recognized/face|plate`), for what the stream recognises."""
-    configs = {}
+    configs: dict[str, dict[str, Any]] = {}
     for kind in [k for k, on in (("face", faces), ("plate", plates)) if on]:
         name, template, icon = RECOGNIZED[kind]
-        object_id = slug(f"{info.device_id}_{stream}_recognized_{kind}")
         topic = topics.under(info.prefix, topics.recognized(stream, kind))
-        config = {"name": f"{stream} {name}", "unique_id": f"edged_{object_id}",
-                  "state_topic": topic, "value_template": template,
-                  "json_attributes_topic": topic, "icon": icon,
-                  "availability_topic": topics.under(info.prefix, topics.STATUS),
-                  "payload_available": "online", "payload_not_available": "offline",
-                  "device": info.device()}
-        configs[f"{info.discovery_prefix}/sensor/{object_id}/config"] = \
-            json.dumps(config, separators=(",", ":")).encode()
-    return configs
+        configs.update(_entity(info, stream, "sensor", f"recognized_{kind}",
+                               f"{stream} {name}", state_topic=topic,
+                               value_template=template, json_attributes_topic=topic,
+                               icon=icon))
+    return _encoded(configs)
