@@ -41,7 +41,11 @@ class Cascade:
         self.labels = frozenset(cfg.labels)
         self._batch: np.ndarray | None = None  # crops of one frame, reused frame after frame
         self._post: tuple[ModelVersion, Postprocessor] | None = None
-        check_model(cfg, scheduler.model(cfg.model))
+        self.check()
+
+    def check(self) -> None:
+        """The model can take crops (raises EdgedError naming what is wrong)."""
+        check_model(self.cfg, self.scheduler.model(self.cfg.model))
 
     def select(self, detections: Detections) -> list[int]:
         """The detections to crop (their indices): the chosen labels at or above min_score,

@@ -29,21 +29,19 @@ class PlateCascade(Cascade):
     def __init__(self, cfg: SecondaryConfig, scheduler: Scheduler, *,
                  priority: int | None = None, timeout_s: float = 10.0) -> None:
         """Check both models (InvalidModel naming what is wrong)."""
-        self.cfg = cfg
-        self.scheduler = scheduler
-        self.priority = priority
-        self.timeout_s = timeout_s
-        self.labels = frozenset(cfg.labels)
-        self._batch = None
-        self._post = None
+        super().__init__(cfg, scheduler, priority=priority, timeout_s=timeout_s)
         self._detector: tuple[ModelVersion, Postprocessor] | None = None
-        if cfg.reader is None:
-            raise InvalidModel(f"secondary model {cfg.model}: as: plate needs `reader:`, the "
-                               "text recogniser that reads the plates it finds")
-        check_detector(scheduler.model(cfg.model))
+        assert cfg.reader is not None  # (check() refused a plate cascade without one)
         self.reader = Cascade(SecondaryConfig(cfg.reader, as_="text", crop=cfg.crop,
                                               crop_margin=0.0, max_crops=1), scheduler,
                               priority=priority, timeout_s=timeout_s)
+
+    def check(self) -> None:
+        """A plate detector, and a reader to read what it finds."""
+        if self.cfg.reader is None:
+            raise InvalidModel(f"secondary model {self.cfg.model}: as: plate needs `reader:`, "
+                               "the text recogniser that reads the plates it finds")
+        check_detector(self.scheduler.model(self.cfg.model))
 
     def run(self, frame: np.ndarray, detections: Detections) -> int:
         """Search each chosen detection for a plate and read the best one onto it; returns
