@@ -240,6 +240,14 @@ def format_table(results: dict[str, Any]) -> str:
         rows.append(f"{size:<14}{s['det']['cpu_ms_per_frame']:>12}"
                     f"{s['seg']['cpu_ms_per_frame']:>12}{s['seg_over_det']:>7}x"
                     f"{s['seg_premasked']['cpu_ms_per_frame']:>16}{s['premasked_over_det']:>7}x")
+    rows.append("the result message's JSON alone (ms, bytes): " + "; ".join(
+        f"{size} detect {s['det']['json_ms']} ({s['det']['message_bytes']}), segment "
+        f"{s['seg']['json_ms']} ({s['seg']['message_bytes']})"
+        for size, s in r["streams"].items()))
+    rows.append("room the 1.5x bound leaves for decoding the 20 masks (1.5 x detect - segment "
+                "with masks handed in): " + "; ".join(
+                    f"{size} {s['room_for_masks_ms']} ms" for size, s in r["streams"].items())
+                + f" (the masks alone: {r['bounded_ms']} ms median, {least['bounded']} least)")
     counted = r.get("instructions")
     if counted:
         rows += ["", f"instructions per frame (callgrind, {counted['frames']} frames; "

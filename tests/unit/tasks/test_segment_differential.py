@@ -3,7 +3,7 @@
 masks (`tests/support/ultralytics_masks.py`) on seeded random frames: objects overlapping,
 touching the input's edges, tiny (less than a prototype cell, or none), huge (the whole
 input), in the letterbox bars; prototypes of several sizes; thresholds off 0.5; point bounds
-from 8 to none. The polygons must be the same lists of floats; the bitmaps Ultralytics'
+from 8 to none. The polygons must be the same lists of numbers; the bitmaps Ultralytics'
 pixel for pixel. No timing here: `python -m tools.bench masks` measures."""
 
 from __future__ import annotations
@@ -127,3 +127,23 @@ def test_mask_polygons_when_no_box_keeps_a_cell_are_empty() -> None:
     assert polygons == [[], [], [], []]
     assert mask_polygons(protos, np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32),
                          None, 0.5, 64) == []
+
+
+@pytest.mark.parametrize(("frame", "integral"), [((640, 480), True), ((1920, 1080), True),
+                                                  ((800, 600), False)])
+def test_mask_polygons_when_the_frame_is_a_whole_multiple_write_integers_of_the_same_value(
+        frame: tuple[int, int], integral: bool) -> None:
+    """Integral points come out as ints (JSON writes them in half the time of floats), the
+    same numbers the float path gives; a frame at another scale keeps its tenths as floats."""
+    protos, coefficients, boxes, _, threshold = scene(2)
+    width, height = protos.shape[2] * 4, protos.shape[1] * 4
+    scale = min(width / frame[0], height / frame[1])
+    pad = (round((width - frame[0] * scale) / 2 - 0.1),
+           round((height - frame[1] * scale) / 2 - 0.1))
+    geometry = Geometry(scale, scale, pad[0], pad[1], frame, (width, height))
+    ours = mask_polygons(protos, coefficients, boxes, geometry, threshold, 64)
+    theirs = per_object_polygons(protos, coefficients, boxes, geometry, threshold, 64)
+    assert ours == theirs
+    points = [value for polygon in ours for point in polygon for value in point]
+    assert points
+    assert all(type(value) is (int if integral else float) for value in points)
