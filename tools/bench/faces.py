@@ -45,7 +45,10 @@ ENTRIES, NEGATIVES, DIM = 10_000, 100, 512
 
 
 def timed(run: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """(median wall ms, CPU ms a call) over `repeats` calls after one warm-up."""
+    """(median wall ms, CPU ms a call) over `repeats` calls after one warm-up. A pause
+    first: OpenBLAS' and ONNX Runtime's threads spin for a while after the stage before
+    (the floor's `unit @ q` before the match), which the process' CPU would count here."""
+    time.sleep(0.5)
     run()
     times = []
     cpu = time.process_time()
