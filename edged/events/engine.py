@@ -147,6 +147,19 @@ class StreamEvents:
         self._count(changes)
         return changes
 
+    def present(self) -> frozenset[tuple[str, str]]:
+        """The (kind, name) pairs the live announced objects carry: a face's enrolled name
+        (`face`), a known plate's name (`plate`); edged/events/presence.py."""
+        names = set()
+        for obj in self._objects.values():
+            if not obj.announced:
+                continue
+            if obj.identity is not None and obj.identity.get("name"):
+                names.add(("face", str(obj.identity["name"])))
+            if obj.plate_name is not None:
+                names.add(("plate", obj.plate_name))
+        return frozenset(names)
+
     def objects(self) -> list[dict[str, Any]]:
         """The announced live objects, as their payloads now."""
         return [obj.payload() for obj in self._objects.values() if obj.announced]
