@@ -10,6 +10,7 @@ raises a flag that the stream's loop acts on when it next comes round (at least 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 # it was queued.
 Describe = Callable[[Subject, StreamDescribeConfig], bool]
 
+_STAGES = itertools.count(1)  # (presence keys)
 TIMES_WINDOW = 1024  # frames whose events time the stats' percentiles cover
 MIN_STALL_S = 0.5  # an idle stream ends its objects after max(track.max_age_s, this)
 
@@ -107,6 +109,9 @@ class EventsStage:
         self.paths = Paths()  # where each object went, while it is described at its end
         self.present = present
         self._present: frozenset[Name] = frozenset()  # as last told
+        # whom presence hears it as: this stage, not its stream's name (a reload's new stage
+        # may start before the old one's last word, and must not be cancelled by it)
+        self._present_as = f"{cfg.name}#{next(_STAGES)}"
 
     def frame(self, frame_time: float, detections: Detections,
               frame: np.ndarray | None) -> None:
@@ -180,7 +185,7 @@ class EventsStage:
             names = self.engine.present()
             if names != self._present:
                 self._present = names
-                self.present(self.cfg.name, names)
+                self.present(self._present_as, names)
         if not changes:
             return
         if self.clips is not None:

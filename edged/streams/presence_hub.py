@@ -67,7 +67,8 @@ class PresenceHub:
             self._rename()
 
     def seen(self, stream: str, names: Iterable[Name]) -> None:
-        """The names a stream's live objects carry now (from its thread)."""
+        """The names a stream's live objects carry now (from its thread; `stream`: whatever
+        key the stream's events stage goes by)."""
         with self._lock:
             self._say(self.presence.update(stream, names, self.clock()))
             self._arm()

@@ -1,15 +1,19 @@
 """The presence hub as the daemon runs it: it announces the names known (enrolled faces, the
 streams' known plates) with their states, removes the gone (empty retained config and
-state), says ON at once and OFF after the delay by its own timer, and OFF for all at close."""
+state), says ON at once and OFF after the delay by its own timer, and OFF for all at close;
+the events stages tell it their objects' names, a reloaded stream's two stages apart."""
 
 from __future__ import annotations
 
 import json
 
+from support.events import T0, det, stream
 from support.polling import wait_until
 
 from edged.events.discovery import DeviceInfo
 from edged.events.presence import token
+from edged.processing.detections import Detections
+from edged.streams.events_stage import EventsHub
 from edged.streams.presence_hub import PresenceHub
 
 DEVICE = DeviceInfo("edge-01", "edged/edge-01", "homeassistant", "1.0")
@@ -71,3 +75,37 @@ def test_hub_when_the_delay_passes_says_off_by_itself_and_on_close_says_off() ->
                what="Ana's off after the delay")
     hub.close()
     assert out.sent[-1] == ("presence/plate/Neighbour", b"OFF")
+
+
+class Link:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    def publish(self, kind: str, suffix: str, payload: bytes, *, retain: bool = False) -> None:
+        self.sent.append((suffix, payload))
+
+    def publish_to(self, kind: str, topic: str, payload: bytes, *,
+                   retain: bool = False) -> None:
+        self.sent.append((topic, payload))
+
+    def said(self, topic: str) -> list[bytes]:
+        return [p for t, p in self.sent if t == topic]
+
+
+def test_stages_when_a_reload_starts_the_new_one_first_the_old_ones_end_does_not_turn_off(
+        ) -> None:
+    link = Link()
+    hub = EventsHub(link, device=None, presence_off_delay_s=0.0)
+    hub.presence.faces_known(["Ana"])
+    ana = Detections.from_rows([det((10, 10, 100, 100), identity={"name": "Ana",
+                                                                  "similarity": 0.8})])
+    old = hub.stage(stream("track: {min_hits: 1}"), ["person"])
+    old.frame(T0, ana, None)
+    assert link.said("presence/face/Ana") == [b"OFF", b"ON"]
+    new = hub.stage(stream("track: {min_hits: 1}"), ["person"])  # the same stream, reloaded
+    new.frame(T0 + 0.1, ana.take([0]), None)
+    old.close()  # its objects end: not hers on the new stage
+    assert link.said("presence/face/Ana") == [b"OFF", b"ON"]
+    new.close()
+    assert link.said("presence/face/Ana") == [b"OFF", b"ON", b"OFF"]
+    hub.presence.close()
