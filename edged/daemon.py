@@ -107,7 +107,8 @@ class Daemon:
         discovery = config.mqtt.discovery
         self.events = EventsHub(self.mqtt, device=DeviceInfo(
             config.device_id, config.mqtt_prefix, discovery.prefix, __version__)
-            if self.mqtt is not None and discovery.enabled else None)
+            if self.mqtt is not None and discovery.enabled else None,
+            presence_off_delay_s=config.mqtt.presence_off_delay_s)
         if self.mqtt is not None:
             self.mqtt.on_connected(self.events.republish)
             if discovery.enabled:
@@ -214,6 +215,10 @@ class Daemon:
         self.cache.preload(self.config.cache.preload_names(self.repository.names()),
                            within_budget=self.config.cache.preload == "all")
         self.faces = open_faces(self.config.faces, self.config.models_dir, self.scheduler)
+        if self.faces is not None:  # each enrolled name's presence sensor, kept in step
+            gallery = self.faces.gallery
+            gallery.watch(lambda: self.events.presence.faces_known(gallery.enrolled()))
+            self.events.presence.faces_known(gallery.enrolled())
         for row in self.cache.status():
             logger.info("model %s:%d %s%s", row.name, row.version, row.state,
                         f" on {', '.join(row.providers)}" if row.providers else
@@ -460,6 +465,7 @@ class Daemon:
             if self.faces is not None:  # after the streams and the API: nothing writes now
                 await asyncio.to_thread(self.faces.close)
             self.shm.close()
+            self.events.presence.close()  # no one is seen by a daemon that stopped
             if self.mqtt is not None:
                 for name, payload in self.reporter.offline_states():  # not READY any more
                     self.mqtt.publish("state", topics.model_state(name), payload, retain=True)

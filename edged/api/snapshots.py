@@ -2,13 +2,17 @@
 (`cache.snapshots_mb`, `edged/events/store.py`).
 
 - `GET /v2/edged/snapshots[?stream=S&label=L&limit=N]`: `{"snapshots": [{id, stream, label,
-  size, time}], "used_bytes", "budget_bytes"}`, newest first (`time`: when it was written,
-  Unix s; `limit` 100 unless given, at most 10000);
+  size, time, described, plate}], "used_bytes", "budget_bytes"}`, newest first (`time`: when
+  it was written, Unix s; `described`, `plate`: what is kept beside it; `limit` 100 unless
+  given, at most 10000);
 - `GET /v2/edged/snapshots/{id}`: the JPEG (`image/jpeg`); 400 for an id that is not one
   (checked before it comes near the filesystem), 404 for one not kept;
 - `GET /v2/edged/snapshots/{id}/description`: the object's description as the describer kept
   it (JSON: `state` described, with the summary as published, or failed, with why); 404
-  when none is kept.
+  when none is kept;
+- `GET /v2/edged/snapshots/{id}/plate`: the picture of the object's licence plate (JPEG: its
+  voted plate's best read, the plate as the recogniser read it); 404 when none is kept (no
+  plate read on it, or a stream without `lpr`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ class SnapshotRoutes:
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [("GET", "/v2/edged/snapshots", self.index),
                 ("GET", "/v2/edged/snapshots/{id}", self.image),
-                ("GET", "/v2/edged/snapshots/{id}/description", self.description)]
+                ("GET", "/v2/edged/snapshots/{id}/description", self.description),
+                ("GET", "/v2/edged/snapshots/{id}/plate", self.plate)]
 
     def _store(self) -> SnapshotStore:
         store = self.store()
@@ -62,6 +67,14 @@ class SnapshotRoutes:
             raise SnapshotNotFound(f"no snapshot {object_id!r} is kept")
         return Response(jpeg, content_type="image/jpeg")
 
+    async def plate(self, request: Request) -> Response:
+        object_id = request.match_info["id"]
+        if not valid_id(object_id):
+            raise InvalidInput(f"{object_id[:64]!r} is not a snapshot id")
+        jpeg = await asyncio.to_thread(self._store().plate, object_id)
+        if jpeg is None:
+            raise SnapshotNotFound(f"no plate picture of {object_id!r} is kept")
+        return Response(jpeg, content_type="image/jpeg")
 
     async def description(self, request: Request) -> Response:
         object_id = request.match_info["id"]
@@ -75,7 +88,8 @@ class SnapshotRoutes:
 
 def _row(item: StoredSnapshot) -> dict[str, Any]:
     return {"id": item.id, "stream": item.stream, "label": item.label, "size": item.size,
-            "time": round(item.mtime, 3), "described": bool(item.described)}
+            "time": round(item.mtime, 3), "described": bool(item.described),
+            "plate": bool(item.plate)}
 
 
 def _limit(raw: str | None) -> int:

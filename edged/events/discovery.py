@@ -13,16 +13,22 @@ A stream that names faces (an `as: identity` cascade) or reads plates (`lpr.enab
 gets Frigate's "Last Recognized Face" and "Last Recognized Plate" sensors: the state is the
 name (a plate's text where no name is known), the attributes the whole message (id, score,
 timestamp...), so an automation sees each new recognition even of the same name.
+
+Per enrolled face name and known plate name (the device's, not a stream's): a binary sensor
+`<name> present` (device class presence) on `<prefix>/presence/<kind>/<token>`, on while an
+object with that name is in view on any stream (`edged/events/presence.py`: the off delay,
+and the token that makes any name a safe topic level and id).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edged.events.presence import Name, token
 from edged.mqtt import topics
 
 _NOT_ID = re.compile(r"[^A-Za-z0-9_-]+")
@@ -48,11 +54,12 @@ def slug(text: str) -> str:
     return _NOT_ID.sub("_", text).strip("_") or "_"
 
 
-def _entity(info: DeviceInfo, stream: str, component: str, thing: str, name: str,
+def _entity(info: DeviceInfo, scope: str, component: str, thing: str, name: str,
             **fields: Any) -> dict[str, dict[str, Any]]:
-    """One entity of the stream: its discovery topic → its config (with the device's
-    availability and the device itself)."""
-    object_id = slug(f"{info.device_id}_{stream}_{thing}")
+    """One entity of a stream (`scope`: the stream's name) or of the device's presence
+    (`scope` "presence": its things end in `_present`, which no stream's thing does): its
+    discovery topic → its config (with the device's availability and the device itself)."""
+    object_id = slug(f"{info.device_id}_{scope}_{thing}")
     return {f"{info.discovery_prefix}/{component}/{object_id}/config": {
         "name": name, "unique_id": f"edged_{object_id}", **fields,
         "availability_topic": topics.under(info.prefix, topics.STATUS),
@@ -137,4 +144,20 @@ def recognition_configs(info: DeviceInfo, stream: str, *, faces: bool,
                                f"{stream} {name}", state_topic=topic,
                                value_template=template, json_attributes_topic=topic,
                                icon=icon))
+    return _encoded(configs)
+
+
+PRESENCE = {"face": "mdi:account-check", "plate": "mdi:car-connected"}
+
+
+def presence_configs(info: DeviceInfo, names: Iterable[Name]) -> dict[str, bytes]:
+    """Discovery topic → retained config of a presence binary sensor per (kind, name): an
+    enrolled face or a known plate, on while an object with that name is in view."""
+    configs: dict[str, dict[str, Any]] = {}
+    for kind, name in sorted(names):
+        configs.update(_entity(info, "presence", "binary_sensor", f"{kind}_{token(name)}_present",
+                               f"{name} present", device_class="presence",
+                               state_topic=topics.under(info.prefix,
+                                                        topics.presence(kind, token(name))),
+                               icon=PRESENCE[kind]))
     return _encoded(configs)

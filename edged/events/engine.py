@@ -65,10 +65,12 @@ class Changes:
     updates: list[Event] = field(default_factory=list)
     final_snapshots: dict[str, bytes] = field(default_factory=dict)
     final_crossings: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    # id -> JPEG of the object's plate (its voted plate's best read) when that changed
+    plate_snapshots: dict[str, bytes] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.counts or self.zone_counts or self.lines
-                    or self.object_snapshots or self.updates)
+                    or self.object_snapshots or self.updates or self.plate_snapshots)
 
 
 class StreamEvents:
@@ -118,6 +120,7 @@ class StreamEvents:
                     changes.updates.append(told)
             if obj.announced:  # (one announced now has nothing due: its new event is fresh)
                 self._snapshot_if_due(obj, t, changes)
+                self._plate_if_due(obj, t, changes)
                 event = update_if_due(obj, t, self.cfg.update_interval_s)
                 if event is not None:
                     changes.events.append(event)
@@ -143,6 +146,19 @@ class StreamEvents:
         self.seen = []
         self._count(changes)
         return changes
+
+    def present(self) -> frozenset[tuple[str, str]]:
+        """The (kind, name) pairs the live announced objects carry: a face's enrolled name
+        (`face`), a known plate's name (`plate`); edged/events/presence.py."""
+        names = set()
+        for obj in self._objects.values():
+            if not obj.announced:
+                continue
+            if obj.identity is not None and obj.identity.get("name"):
+                names.add(("face", str(obj.identity["name"])))
+            if obj.plate_name is not None:
+                names.add(("plate", obj.plate_name))
+        return frozenset(names)
 
     def objects(self) -> list[dict[str, Any]]:
         """The announced live objects, as their payloads now."""
@@ -191,7 +207,8 @@ class StreamEvents:
                     detections.masks[index], detections.keypoints[index])
         obj.observe_identity(detections.identities[index])
         if self.plates is not None:
-            self.plates.observe(obj, detections.texts[index], detections.text_scores[index])
+            self.plates.observe(obj, detections.texts[index], detections.text_scores[index],
+                                detections.text_views[index])
         return obj
 
     def _place(self, seen: list[TrackedObject], frame: np.ndarray | None,
@@ -230,6 +247,7 @@ class StreamEvents:
         self._newest[obj.label] = new_id
         obj.id = new_id  # the snapshot is published under it
         self._encode(obj, t, changes)
+        self._plate_if_due(obj, t, changes)  # (its plate's picture is stored after it)
         changes.events.append(announce(obj, new_id, t))
         pending, obj.crossings = obj.crossings, []
         self._cross(obj, pending)
@@ -249,10 +267,31 @@ class StreamEvents:
         if self._newest.get(obj.label) == obj.id:
             changes.snapshots[obj.label] = (obj.id, jpeg)
 
+    def _plate_if_due(self, obj: TrackedObject, t: float, changes: Changes, *,
+                      now: bool = False) -> None:
+        """The plate's own picture, when its voted plate's best read is not the one encoded:
+        at once the first time, then at most every update_interval_s (and at its end, `now`).
+        Only where snapshots are on: it is kept with the object's snapshot."""
+        if self.snapshots is None or obj.id is None or obj.plate is None:
+            return
+        best = obj.plate.best_view()
+        if best is None or obj.plate.plate is None:
+            return
+        shown = (obj.plate.plate, best[0])
+        if shown == obj.plate_shown or (
+                not now and t - obj.plate_encoded_at < self.cfg.update_interval_s):
+            return
+        jpeg = self.snapshots.jpeg(best[1])
+        if jpeg is None:
+            return
+        obj.plate_jpeg, obj.plate_shown, obj.plate_encoded_at = jpeg, shown, t
+        changes.plate_snapshots[obj.id] = jpeg
+
     def _end(self, obj: TrackedObject, t: float, changes: Changes) -> None:
         if not obj.announced:
             return
         self._encode(obj, t, changes)  # its best view, if a better one waited
+        self._plate_if_due(obj, t, changes, now=True)
         if obj.snapshot.jpeg is not None and obj.id is not None:
             changes.final_snapshots[obj.id] = obj.snapshot.jpeg
         if obj.id is not None and obj.id in self._crossed:

@@ -25,7 +25,7 @@ from edged.events.track import Track
 from edged.events.zones import Crossing, LineState, ZoneState
 
 Event = dict[str, Any]
-Watched = tuple[tuple[str, ...], tuple[str, ...], float, str | None, bool, str | None]
+Watched = tuple[tuple[str, ...], tuple[str, ...], float, str | None, bool, str | None, bool]
 
 
 @dataclass(eq=False, slots=True)
@@ -61,6 +61,11 @@ class TrackedObject:
     plate: PlateVote | None = None  # a stream with lpr: its text cascade's reads, voted
     plate_sent: str | None = None  # the plate last told on tracked_object_update
     plate_name: str | None = None  # the known plate's name it matched
+    # The plate's own picture: the JPEG of the voted plate's best read, and which read it is
+    # ((plate, score): a better read or another plate voted makes a new one)
+    plate_jpeg: bytes | None = None
+    plate_shown: tuple[str, float] | None = None
+    plate_encoded_at: float = -math.inf  # stream clock
 
     @property
     def label(self) -> str:
@@ -101,7 +106,8 @@ class TrackedObject:
         """What a subscriber acts on; an update is due when it changed."""
         return (tuple(self.current_zones), tuple(self.zones.entered), self.top_score,
                 self.sub_label, self.snapshot.jpeg is not None,
-                self.plate.plate if self.plate is not None else None)
+                self.plate.plate if self.plate is not None else None,
+                self.plate_jpeg is not None)
 
     def payload(self) -> Event:
         event = self._payload()
@@ -114,6 +120,9 @@ class TrackedObject:
         if self.plate is not None:  # (a stream with lpr: Frigate's two fields, null at first)
             event["recognized_license_plate"] = self.plate.plate
             event["recognized_license_plate_score"] = self.plate.score
+            # its best read's picture: GET /v2/edged/snapshots/<id>/plate (kept with the
+            # object's snapshot)
+            event["has_plate_snapshot"] = self.plate_jpeg is not None
         return event
 
     def _payload(self) -> Event:

@@ -15,6 +15,11 @@ flicker from frame to frame, and the winner is matched against the operator's kn
   `match_distance` tolerates characters) or a regex (any entry with regex characters, matched
   in full against the normalised text, as Frigate's known plates take `^ABC.*`). The first
   name whose entry matches, in the config's order, names the object (`sub_label`).
+- **The plate's own picture**: each read comes with the picture the recogniser read (the
+  plate's corners warped upright, or its crop), and the vote keeps, per text, the picture of
+  its best-scoring read, so the object's plate picture is its winning text's best read (what
+  Frigate keeps as an LPR event's plate crop). At most `MAX_VIEWS` texts keep one: a ninth
+  text takes the place of the one read least often (never the winner's), when read as often.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from edged.core.schema import at_least, between, setting
 
+MAX_VIEWS = 8  # texts of one object that keep their best read's picture
 _REGEX_CHARS = set(".^$*+?[](){}|\\")
 _NOT_PLATE = re.compile(r"[^0-9A-Z\u0080-\uffff]")  # (CJK province characters are kept)
 
@@ -140,11 +148,13 @@ class PlateVote:
     reads: dict[str, int] = field(default_factory=dict)
     plate: str | None = None
     last: tuple[str, float] | None = None  # the last read, as it came
+    # text -> (score, picture) of its best read (a copy, BGR); at most MAX_VIEWS texts
+    views: dict[str, tuple[float, np.ndarray]] = field(default_factory=dict)
 
-    def add(self, text: str | None, score: float | None) -> bool:
-        """One frame's read; True when the object's plate changed. A read that repeats the
-        last one exactly (text and score: the same picture, or a frame the change gate held
-        back, which hands on the last answer) counts once."""
+    def add(self, text: str | None, score: float | None, view: np.ndarray | None = None) -> bool:
+        """One frame's read (and `view`, the picture read); True when the object's plate
+        changed. A read that repeats the last one exactly (text and score: the same picture,
+        or a frame the change gate held back, which hands on the last answer) counts once."""
         if text is None or score is None or score < self.cfg.min_score:
             return False
         if self.last == (text, float(score)):
@@ -156,11 +166,30 @@ class PlateVote:
             return False
         self.sums[plate] = self.sums.get(plate, 0.0) + float(score)
         self.reads[plate] = self.reads.get(plate, 0) + 1
-        if self.plate is None or (plate != self.plate
-                                  and self.reads[plate] > self.reads[self.plate]):
+        changed = self.plate is None or (plate != self.plate
+                                         and self.reads[plate] > self.reads[self.plate])
+        if changed:
             self.plate = plate
-            return True
-        return False
+        if view is not None and view.size:
+            self._keep_view(plate, float(score), view)
+        return changed
+
+    def best_view(self) -> tuple[float, np.ndarray] | None:
+        """(score, picture) of the voted plate's best read, or None (no picture of it)."""
+        return self.views.get(self.plate) if self.plate is not None else None
+
+    def _keep_view(self, plate: str, score: float, view: np.ndarray) -> None:
+        held = self.views.get(plate)
+        if held is not None and held[0] >= score:
+            return
+        if held is None and len(self.views) >= MAX_VIEWS:
+            weakest = min((p for p in self.views if p != self.plate),
+                          key=lambda p: (self.reads[p], self.views[p][0]), default=None)
+            if weakest is None or self.reads[weakest] > self.reads[plate]:
+                return
+            del self.views[weakest]
+        # a copy: the view may be the frame's own pixels, which the next frame overwrites
+        self.views[plate] = (score, np.array(view, copy=True, order="C"))
 
     @property
     def score(self) -> float | None:
@@ -179,11 +208,13 @@ class Plates:
         self.cfg = cfg
         self.known = KnownPlates(cfg.known_plates, cfg.match_distance)
 
-    def observe(self, obj: Any, text: str | None, score: float | None) -> None:
-        """This frame's read of `obj` (a TrackedObject); its plate and name follow the vote."""
+    def observe(self, obj: Any, text: str | None, score: float | None,
+                view: np.ndarray | None = None) -> None:
+        """This frame's read of `obj` (a TrackedObject) and the picture read; its plate and
+        name follow the vote."""
         if obj.plate is None:
             obj.plate = PlateVote(self.cfg)
-        if not obj.plate.add(text, score):
+        if not obj.plate.add(text, score, view):
             return
         name = self.known.match(obj.plate.plate) if self.known else None
         if name is not None:

@@ -68,6 +68,8 @@ class EventPublisher:
         if self.store is not None:
             for object_id, jpeg in changes.object_snapshots.items():
                 self.store.put(object_id, jpeg, self._labels.get(object_id))
+            for object_id, jpeg in changes.plate_snapshots.items():  # (after its snapshot)
+                self.store.put_plate(object_id, jpeg)
         for object_id in ended:  # (an end's last snapshot came in the same changes)
             self._labels.pop(object_id, None)
 

@@ -66,14 +66,18 @@ class Snapshots:
         """Encode the kept view, if any; returns the new JPEG (also in `state.jpeg`)."""
         if state.pending is None:
             return None
-        ok, data = cv2.imencode(".jpg", state.pending,
-                                [cv2.IMWRITE_JPEG_QUALITY, self.cfg.jpeg_quality])
+        jpeg = self.jpeg(state.pending)
         state.pending = None
-        if not ok:  # OpenCV could not encode this view; the previous JPEG stays
+        if jpeg is None:  # OpenCV could not encode this view; the previous JPEG stays
             return None
-        state.jpeg = data.tobytes()
+        state.jpeg = jpeg
         state.encoded_at = t
         return state.jpeg
+
+    def jpeg(self, pixels: np.ndarray) -> bytes | None:
+        """Pixels (BGR) as a JPEG at the configured quality; None when OpenCV cannot."""
+        ok, data = cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_QUALITY, self.cfg.jpeg_quality])
+        return data.tobytes() if ok else None
 
     def view(self, frame: np.ndarray, box: np.ndarray) -> np.ndarray:
         """The pixels kept for a box: a copy, scaled down to fit, with the box drawn."""

@@ -4,7 +4,8 @@ label travels in the file itself, as a JPEG comment (`edged label=<label>`), so 
 file copied elsewhere) still says what it shows, without an index file to keep in step.
 
 An object's description (edged/describer) is kept beside its snapshot as `<object id>.json`,
-charged to the same budget and removed with it.
+and a plate's own picture (its voted plate's best read, edged/events/plates.py) as
+`<object id>.plate.jpg`; each is charged to the same budget and removed with its snapshot.
 
 Writes are atomic (a reader never sees half a JPEG) but not fsynced: a snapshot lost in a power
 cut is not worth an SD card's write latency on the frame loop. One lock guards the index, so a
@@ -29,6 +30,7 @@ _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,159}$")
 _STREAM_OF_ID = re.compile(r"^[0-9]+\.[0-9]{3}-(.+)-[0-9]+$")  # lifecycle.object_id's layout
 SUFFIX = ".jpg"
 DESCRIPTION = ".json"
+PLATE = ".plate.jpg"  # (so `.plate` never ends an object id: valid_id)
 SOI, COM = b"\xff\xd8", b"\xff\xfe"  # JPEG start of image, comment segment
 LABEL_COMMENT = b"edged label="
 HEAD_BYTES = 512  # enough of a file to hold the comment
@@ -41,6 +43,7 @@ class StoredSnapshot:
     mtime: float
     label: str | None = None
     described: int = 0  # bytes of its description (.json beside it), 0 without one
+    plate: int = 0  # bytes of its plate's picture (.plate.jpg beside it), 0 without one
 
     @property
     def stream(self) -> str | None:
@@ -68,8 +71,9 @@ def label_in(head: bytes) -> str | None:
 
 
 def valid_id(object_id: str) -> bool:
-    """Object ids are file names here: letters, digits, `_`, `.`, `-`, no leading dot."""
-    return bool(_ID.match(object_id))
+    """Object ids are file names here: letters, digits, `_`, `.`, `-`, no leading dot, and
+    not ending in `.plate` (whose `.jpg` would be another object's plate picture)."""
+    return bool(_ID.match(object_id)) and not object_id.endswith(PLATE[:-len(SUFFIX)])
 
 
 class SnapshotStore:
@@ -80,12 +84,13 @@ class SnapshotStore:
         self._index: OrderedDict[str, StoredSnapshot] = OrderedDict()  # oldest first
         directory.mkdir(parents=True, exist_ok=True)
         for pattern in (f".*{SUFFIX}.*.tmp", f".*{DESCRIPTION}.*.tmp"):  # a crash mid-write
+            # (the first also matches a plate picture's: `.<id>.plate.jpg.*.tmp`)
             for tmp in directory.glob(pattern):
                 tmp.unlink(missing_ok=True)
         found = []
         for path in directory.glob(f"*{SUFFIX}"):
             object_id = path.name[:-len(SUFFIX)]
-            if valid_id(object_id):
+            if valid_id(object_id):  # (a plate's picture is not: its name ends in .plate)
                 try:
                     stat = path.stat()
                     with path.open("rb") as file:
@@ -93,13 +98,15 @@ class SnapshotStore:
                 except OSError:  # removed meanwhile, or unreadable: not ours to serve
                     continue
                 found.append(StoredSnapshot(object_id, stat.st_size, stat.st_mtime, label,
-                                            _size(self._described(object_id))))
-        for path in directory.glob(f"*{DESCRIPTION}"):  # a description without its snapshot
-            if not (directory / f"{path.name[:-len(DESCRIPTION)]}{SUFFIX}").exists():
-                path.unlink(missing_ok=True)
+                                            _size(self._described(object_id)),
+                                            _size(self._plate(object_id))))
+        for suffix in (DESCRIPTION, PLATE):  # a description or plate without its snapshot
+            for path in directory.glob(f"*{suffix}"):
+                if not (directory / f"{path.name[:-len(suffix)]}{SUFFIX}").exists():
+                    path.unlink(missing_ok=True)
         for item in sorted(found, key=lambda s: (s.mtime, s.id)):
             self._index[item.id] = item
-        self._used = sum(s.size + s.described for s in found)
+        self._used = sum(s.size + s.described + s.plate for s in found)
         with self._lock:
             self._evict()
 
@@ -126,7 +133,7 @@ class SnapshotStore:
             old = self._index.pop(object_id, None)
             self._used -= old.size if old else 0
             item = StoredSnapshot(object_id, len(jpeg), stat.st_mtime, label,
-                                  old.described if old else 0)
+                                  old.described if old else 0, old.plate if old else 0)
             self._index[object_id] = item
             self._used += item.size
             self._evict()
@@ -144,6 +151,30 @@ class SnapshotStore:
             self._used += len(record) - item.described
             self._evict()
         return True
+
+    def put_plate(self, object_id: str, jpeg: bytes) -> bool:
+        """Keep (or replace) the picture of an object's plate beside its snapshot; False when
+        its snapshot is not kept (none, or evicted already): it is kept with it only."""
+        with self._lock:
+            item = self._index.get(object_id)
+            if item is None:
+                return False
+            write_atomically(self._plate(object_id), jpeg, durable=False)
+            self._index[object_id] = dataclasses.replace(item, plate=len(jpeg))
+            self._used += len(jpeg) - item.plate
+            self._evict()
+        return True
+
+    def plate(self, object_id: str) -> bytes | None:
+        """The picture of the object's plate, or None (no plate read, or not kept)."""
+        with self._lock:
+            item = self._index.get(object_id)
+            if item is None or not item.plate:
+                return None
+            try:
+                return self._plate(object_id).read_bytes()
+            except FileNotFoundError:
+                return None
 
     def description(self, object_id: str) -> bytes | None:
         with self._lock:
@@ -183,13 +214,18 @@ class SnapshotStore:
     def _described(self, object_id: str) -> Path:
         return self.directory / f"{object_id}{DESCRIPTION}"
 
+    def _plate(self, object_id: str) -> Path:
+        return self.directory / f"{object_id}{PLATE}"
+
     def _forget(self, object_id: str) -> None:
-        """Out of the index and off the disk, its description with it."""
+        """Out of the index and off the disk, its description and plate with it."""
         item = self._index.pop(object_id)
         self._path(object_id).unlink(missing_ok=True)
         if item.described:
             self._described(object_id).unlink(missing_ok=True)
-        self._used -= item.size + item.described
+        if item.plate:
+            self._plate(object_id).unlink(missing_ok=True)
+        self._used -= item.size + item.described + item.plate
 
     def _evict(self) -> None:
         while self._used > self.budget_bytes and self._index:

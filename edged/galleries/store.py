@@ -90,8 +90,22 @@ class Gallery:
         self._entries = Index()
         self._unknowns = Index()
         self._unknown_count = 0
+        self._watchers: list[Callable[[], None]] = []
         with self._lock:
             self._reindex()
+
+    def watch(self, changed: Callable[[], None]) -> None:
+        """Call `changed()` after each change of the enrolled entries (an enrolment, a group
+        named, a deletion), outside the lock (it may read the gallery): who is enrolled
+        decides what the daemon announces (presence sensors)."""
+        self._watchers.append(changed)
+
+    def _changed(self) -> None:
+        for changed in self._watchers:
+            try:
+                changed()
+            except Exception:  # a watcher's bug must not fail the enrolment that was made
+                logger.exception("gallery %s: a watcher failed", self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -114,6 +128,7 @@ class Gallery:
                 self._entries = appended(self._entries, int(row), name, negative, unit(vector))
             else:
                 self._reindex()
+        self._changed()
         return int(row)
 
     def add_many(self, faces: list[tuple[str, np.ndarray, bool]], embedder: str, *,
@@ -131,6 +146,7 @@ class Gallery:
                     [(n, int(neg), unit(v).tobytes(), embedder, source, now)
                      for n, v, neg in faces])
             self._reindex()
+        self._changed()
         return len(faces)
 
     def names(self) -> list[dict[str, Any]]:
@@ -140,6 +156,13 @@ class Gallery:
                 "SELECT name, SUM(1 - negative), SUM(negative) FROM entries GROUP BY name "
                 "ORDER BY name").fetchall()
         return [{"name": n, "entries": int(p), "negatives": int(q)} for n, p, q in rows]
+
+    def enrolled(self) -> list[str]:
+        """The names with at least one face (not only negatives): the ones a face can match."""
+        with self._lock:
+            rows = self._db.execute("SELECT DISTINCT name FROM entries WHERE negative = 0 "
+                                    "ORDER BY name").fetchall()
+        return [str(n) for (n,) in rows]
 
     def entries(self, name: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT id, name, negative, embedder, source, created, crop IS NOT NULL " \
@@ -158,6 +181,7 @@ class Gallery:
             self._reindex()
         if not gone:
             raise IdentityNotFound(f"no one is enrolled as {name!r}")
+        self._changed()
         return int(gone)
 
     def delete_entry(self, entry: int) -> None:
@@ -166,6 +190,7 @@ class Gallery:
             self._reindex()
         if not gone:
             raise IdentityNotFound(f"no gallery entry {entry}")
+        self._changed()
 
     def crop(self, entry: int) -> bytes | None:
         with self._lock:
@@ -252,6 +277,7 @@ class Gallery:
                     [(name, v, e, c, s or f"group {group}", now) for v, e, c, s in rows])
                 self._db.execute("DELETE FROM unknowns WHERE grp = ?", (group,))
             self._reindex()
+        self._changed()
         return len(rows)
 
     def delete_group(self, group: int) -> None:

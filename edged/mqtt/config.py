@@ -103,6 +103,10 @@ class MqttConfig:
             "max_packet_size)", check=between(1, 256))
     discovery: DiscoveryConfig = setting(factory=DiscoveryConfig,
                                          help="Home Assistant MQTT discovery")
+    presence_off_delay_s: float = setting(
+        30.0, "a face's or known plate's name stays present (<prefix>/presence/<kind>/<name>, "
+              "its Home Assistant binary sensor) this long after its last object ended, so a "
+              "track lost for a moment does not toggle it", check=between(0, 3600))
     requests: RequestsConfig = setting(factory=RequestsConfig,
                                        help="MQTT 5 request/response inference (off by default)")
 

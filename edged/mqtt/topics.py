@@ -19,6 +19,8 @@ events room and the OTA service name their topics here and never touch paho.
 | `streams/<stream>/zones/<zone>/<label>` | of those, inside the zone now (retained) |
 | `streams/<stream>/lines/<line>` | line crossings since start (retained) |
 | `streams/<stream>/<label>/snapshot` | JPEG of the label's newest object (retained) |
+| `streams/<stream>/recognized/<face or plate>` | the last face named, plate read (retained) |
+| `presence/<kind>/<token>` | `ON`/`OFF`: a face or known plate name in view (retained) |
 | `ota/<model>` (in) | an update's manifest |
 | `ota/<model>/chunk/<i>` (in) | an inline artifact's chunks |
 | `ota/<model>/command` (in) | a shadow rollout's promote/abort |
@@ -76,6 +78,12 @@ def line_counts(stream: str, line: str) -> str:
 
 def snapshot(stream: str, label: str) -> str:
     return f"streams/{stream}/{topic_level(label)}/snapshot"
+
+
+def presence(kind: str, token: str) -> str:
+    """A name's presence (`ON`/`OFF`, retained): `kind` face or plate, `token` the name made
+    a safe topic level (edged.events.presence.token)."""
+    return f"presence/{kind}/{token}"
 
 
 def description(object_id: str) -> str:

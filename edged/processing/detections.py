@@ -43,11 +43,15 @@ class Detections:
     # A face cascade's verdict: {"name": str | None, "similarity": float, "group": int | None}
     # (a known face's name; an unknown one's group of look-alikes).
     identities: list[dict[str, Any] | None] = field(default_factory=list)
+    # A text cascade's picture of what it read (the crop or the corners warped upright, BGR,
+    # before pre-processing; possibly a view of the frame): never published, kept by the
+    # events room as a plate's own snapshot (edged/events/plates.py).
+    text_views: list[np.ndarray | None] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.labels)
         for name in ("sub_labels", "sub_label_scores", "attributes", "ids", "masks",
-                     "keypoints", "texts", "text_scores", "identities"):
+                     "keypoints", "texts", "text_scores", "identities", "text_views"):
             if not getattr(self, name):
                 setattr(self, name, [None] * n)
         if not self._attributes_first:
@@ -105,15 +109,19 @@ class Detections:
                           [self.masks[i] for i in rows], [self.keypoints[i] for i in rows],
                           [self.texts[i] for i in rows], [self.text_scores[i] for i in rows],
                           [self._attributes_first[i] for i in rows],
-                          identities=[self.identities[i] for i in rows])
+                          identities=[self.identities[i] for i in rows],
+                          text_views=[self.text_views[i] for i in rows])
 
     def set_sub_label(self, i: int, label: str, score: float | None) -> None:
         self.sub_labels[i] = label
         self.sub_label_scores[i] = score
 
-    def set_text(self, i: int, text: str, score: float | None) -> None:
+    def set_text(self, i: int, text: str, score: float | None,
+                 view: np.ndarray | None = None) -> None:
+        """A text cascade's reading of detection `i`, and the picture it read (`view`)."""
         self.texts[i] = text
         self.text_scores[i] = score
+        self.text_views[i] = view
 
     def add_attributes(self, i: int, model: str, results: Mapping[str, Any]) -> None:
         """A secondary model's results on detection `i`, under the model's name."""

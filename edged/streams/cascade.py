@@ -70,16 +70,19 @@ class Cascade:
         post = self._postprocessor(model)
         if text_lines(model, pre):
             pieces = [self.cut(frame, detections, index) for index in chosen]
-            for index, outputs in zip(chosen, self._lines(model, pre, pieces), strict=True):
-                annotate(detections, index, self.cfg, model.name, post(outputs, None))
+            for index, piece, outputs in zip(chosen, pieces, self._lines(model, pre, pieces),
+                                             strict=True):
+                annotate(detections, index, self.cfg, model.name, post(outputs, None), piece)
             return len(chosen)
         batch = self._rows(model, frame)
+        pieces = []
         for row, index in enumerate(chosen):
-            preprocess(self.cut(frame, detections, index), pre, spec, batch[row:row + 1])
+            pieces.append(self.cut(frame, detections, index))
+            preprocess(pieces[-1], pre, spec, batch[row:row + 1])
         outputs = self._infer(model, batch[:len(chosen)])
         for row, index in enumerate(chosen):
             results = post({k: v[row:row + 1] for k, v in outputs.items()}, None)
-            annotate(detections, index, self.cfg, model.name, results)
+            annotate(detections, index, self.cfg, model.name, results, pieces[row])
         return len(chosen)
 
     def _lines(self, model: ModelVersion, pre: PreprocessConfig,
@@ -223,13 +226,15 @@ def crop_bounds(size: tuple[int, ...], box: list[float], margin: float
 
 
 def annotate(detections: Detections, index: int, cfg: SecondaryConfig, model: str,
-             results: Mapping[str, Any]) -> None:
+             results: Mapping[str, Any], piece: np.ndarray | None = None) -> None:
+    """A cascade's results on detection `index`; a text reading keeps the `piece` it read
+    (a plate's own snapshot)."""
     if cfg.as_ == "sub_label":
         best = results["classes"][0]
         detections.set_sub_label(index, best["label"], round(float(best["score"]), 5))
     elif cfg.as_ == "text":
         read = results["text"]
-        detections.set_text(index, read["text"], read["score"])
+        detections.set_text(index, read["text"], read["score"], piece)
     else:
         detections.add_attributes(index, model, published(results))
 

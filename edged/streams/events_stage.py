@@ -10,6 +10,7 @@ raises a flag that the stream's loop acts on when it next comes round (at least 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -31,6 +32,7 @@ from edged.events.discovery import (
 )
 from edged.events.engine import Changes, StreamEvents
 from edged.events.path import Paths
+from edged.events.presence import Name
 from edged.events.publish import EventPublisher, Publish
 from edged.events.store import SnapshotStore
 from edged.events.tally import RecentEvents, Tally
@@ -39,6 +41,7 @@ from edged.recording.clips import ClipRecorder
 from edged.sources import worth_logging
 from edged.streams.config import StreamConfig
 from edged.streams.live import Visible
+from edged.streams.presence_hub import DEFAULT_OFF_DELAY_S, PresenceHub
 from edged.streams.stats import EventsStats, Percentiles
 
 logger = logging.getLogger(__name__)
@@ -47,6 +50,7 @@ logger = logging.getLogger(__name__)
 # it was queued.
 Describe = Callable[[Subject, StreamDescribeConfig], bool]
 
+_STAGES = itertools.count(1)  # (presence keys)
 TIMES_WINDOW = 1024  # frames whose events time the stats' percentiles cover
 MIN_STALL_S = 0.5  # an idle stream ends its objects after max(track.max_age_s, this)
 
@@ -72,13 +76,16 @@ class EventsStage:
                  recent: RecentEvents | None = None,
                  clips: ClipRecorder | None = None,
                  activity: Callable[[float], None] | None = None,
-                 describe: Describe | None = None) -> None:
+                 describe: Describe | None = None,
+                 present: Callable[[str, frozenset[Name]], None] | None = None) -> None:
         """`recent`: the daemon's list of recent objects, which this stage's events join;
         `clips`: the stream's clip recorder (None: no clips), told of the objects that
         `clips.labels`/`clips.zones` pick, whose events then name their clip; `activity`:
         told the capture time of each frame with tracked objects in view (continuous
         recording's `active_objects` mode); `describe`: given each ended object (its data,
-        best snapshot and path) when the stream's `describe.enabled` (None: not described)."""
+        best snapshot and path) when the stream's `describe.enabled` (None: not described);
+        `present`: told the (kind, name) pairs of the stream's live objects whenever they
+        change (presence of faces and known plates)."""
         self.cfg = cfg
         self.engine = StreamEvents(cfg.name, cfg)
         self.publisher = publisher
@@ -100,6 +107,11 @@ class EventsStage:
         self._clipped: set[str] = set()  # objects the recorder was told of, until their end
         self.describe = describe if cfg.describe.enabled else None
         self.paths = Paths()  # where each object went, while it is described at its end
+        self.present = present
+        self._present: frozenset[Name] = frozenset()  # as last told
+        # whom presence hears it as: this stage, not its stream's name (a reload's new stage
+        # may start before the old one's last word, and must not be cancelled by it)
+        self._present_as = f"{cfg.name}#{next(_STAGES)}"
 
     def frame(self, frame_time: float, detections: Detections,
               frame: np.ndarray | None) -> None:
@@ -169,6 +181,11 @@ class EventsStage:
                          exc_info=exc, extra={"stream": self.cfg.name, "code": "events_failed"})
 
     def _report(self, changes: Changes) -> None:
+        if self.present is not None:  # (before the check: an object dropped is no change)
+            names = self.engine.present()
+            if names != self._present:
+                self._present = names
+                self.present(self._present_as, names)
         if not changes:
             return
         if self.clips is not None:
@@ -239,7 +256,8 @@ class EventsHub:
     snapshot store they share. `link` None: MQTT is off; `device` None: no discovery."""
 
     def __init__(self, link: Link | None, *, device: DeviceInfo | None,
-                 store: SnapshotStore | None = None) -> None:
+                 store: SnapshotStore | None = None,
+                 presence_off_delay_s: float = DEFAULT_OFF_DELAY_S) -> None:
         self.link = link
         self.device = device
         self.store = store  # set once the cache folder exists (Daemon.warm_up)
@@ -248,6 +266,9 @@ class EventsHub:
         self._lock = threading.Lock()
         self._stages: dict[str, EventsStage] = {}
         self._discovery: dict[str, dict[str, bytes]] = {}  # stream -> topic -> config
+        # (and presence's configs under a key no stream has)
+        self.presence = PresenceHub(link.publish if link is not None else None, device,
+                                    self.announce, off_delay_s=presence_off_delay_s)
 
     def stage(self, cfg: StreamConfig, known_labels: Sequence[str],
               clips: ClipRecorder | None = None,
@@ -262,7 +283,8 @@ class EventsHub:
         publish: Publish | None = self.link.publish if self.link is not None else None
         stage = EventsStage(cfg, EventPublisher(cfg.name, publish, self.store),
                             on_close=self._closed, recent=self.recent, clips=clips,
-                            activity=activity, describe=self.describe)
+                            activity=activity, describe=self.describe,
+                            present=self.presence.seen)
         with self._lock:
             self._stages[cfg.name] = stage
         labels = list(cfg.labels) or list(known_labels)
@@ -277,6 +299,7 @@ class EventsHub:
                                   faces=any(s.as_ == "identity" for s in cfg.secondary),
                                   plates=cfg.lpr.enabled)
             if self.device else {})
+        self.presence.plates_known(cfg.name, cfg.lpr.known_plates if cfg.lpr.enabled else ())
         return stage
 
     def stages(self) -> dict[str, EventsStage]:
@@ -300,6 +323,7 @@ class EventsHub:
         self.announce(stream, {})
         with self._lock:
             self._discovery.pop(stream, None)
+        self.presence.plates_known(stream, ())
 
     def republish(self) -> None:
         """After a reconnect (paho's thread): every discovery config now, and every stage's
@@ -311,6 +335,7 @@ class EventsHub:
             self._send(topic, payload)
         for stage in stages:
             stage.request_republish()
+        self.presence.republish()
 
     def rediscover(self, _topic: str, payload: bytes) -> None:
         """Home Assistant's birth message (`<discovery prefix>/status`): it (re)started and

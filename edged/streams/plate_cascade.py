@@ -53,7 +53,8 @@ class PlateCascade(Cascade):
                 continue
             self.reader.run(frame, plate)
             if plate.texts[0] is not None:
-                detections.set_text(index, plate.texts[0], plate.text_scores[0])
+                detections.set_text(index, plate.texts[0], plate.text_scores[0],
+                                    plate.text_views[0])
         return len(chosen)
 
     def _plate(self, frame: np.ndarray, box: list[float]) -> Detections | None:

@@ -261,7 +261,7 @@ function drawModels(s) {
 function drawEvents(events) {
   const box = document.getElementById("events");
   const shown = events.slice(0, EVENTS_SHOWN);
-  const key = shown.map((e) => `${e.type}:${e.object.id}:${e.object.has_snapshot}:${e.object.clip ? e.object.clip.id : ""}:${e.description ? e.description.state : ""}`).join("|");
+  const key = shown.map((e) => `${e.type}:${e.object.id}:${e.object.has_snapshot}:${e.object.has_plate_snapshot}:${e.object.recognized_license_plate}:${e.object.clip ? e.object.clip.id : ""}:${e.description ? e.description.state : ""}`).join("|");
   if (key === edged.eventsKey) return; // unchanged: keep the pictures as they are
   edged.eventsKey = key;
   if (!shown.length) {
@@ -283,6 +283,17 @@ function drawEvents(events) {
       : null;
     // Its description (events.md#descriptions), once the describer has answered: the
     // summary's title, its short summary on hover.
+    // Its licence plate as read (events.md#licence-plates): the plate's own picture, the
+    // best read of the voted plate, beside the text.
+    const plate = o.recognized_license_plate
+      ? el("div", { class: "plate" },
+          o.has_plate_snapshot
+            ? el("img", { src: `/v2/edged/snapshots/${enc(o.id)}/plate?t=${Math.floor(e.time)}`,
+                          alt: `plate ${o.recognized_license_plate}`, class: "platepicture",
+                          loading: "lazy" })
+            : null,
+          el("span", { class: "platetext", text: o.recognized_license_plate }))
+      : null;
     const d = e.description;
     const said = d && d.state === "described" && d.summary
       ? el("div", { class: "description", text: d.summary.title, title: d.summary.shortSummary })
@@ -290,7 +301,7 @@ function drawEvents(events) {
     return el("div", { class: "event", "data-id": o.id, "data-type": e.type }, picture,
       el("div", { class: "what", text: `${e.type} ${o.label}${o.sub_label ? ` (${o.sub_label})` : ""}` }),
       el("div", { class: "muted", text: `${o.stream} · ${num(o.top_score, 2)} · ${clock(e.time)}` }),
-      zones ? el("div", { text: zones }) : null, said, clip);
+      zones ? el("div", { text: zones }) : null, plate, said, clip);
   }));
 }
 

@@ -5,7 +5,9 @@ ArcFace-shaped embedder and matches the gallery. Enrolment over the CLI and the 
 names on the stream's results, in the events (sub_label, identity) and on
 `tracked_object_update` (Frigate's `type: face`); negatives from an event's snapshot; unknown
 faces grouped and a group named; every bad enrolment refused with its code; the gallery kept
-across a restart; an OTA update of the embedder re-embeds it from the kept crops."""
+across a restart; an OTA update of the embedder re-embeds it from the kept crops; an enrolled
+name's presence sensor on while the face is in view, off after the delay once it is gone,
+removed when the name is deleted."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import cv2
 import jsonschema
@@ -27,6 +30,7 @@ from support.ota import fresh
 from support.polling import wait_until
 
 from edged.cli import main
+from edged.events.presence import token
 from edged.ops.client import EdgedClient
 from edged.ota.manifest import sign_document
 from tools.assets.faces import make_face_embedder, paste_face, write_face_models
@@ -381,3 +385,64 @@ def test_enrolment_when_the_image_is_a_decompression_bomb_refuses_it_typed_witho
         assert client.ready()
     assert not [r for r in caplog.records if r.exc_info or r.levelname == "CRITICAL"
                 or "internal" in r.getMessage()], [r.getMessage() for r in caplog.records]
+
+
+def test_presence_when_a_named_face_comes_and_goes_is_on_then_off_and_delete_removes_it(
+        broker: Broker, make_served: ServeFactory, faces_repo: Path, tmp_path: Path) -> None:
+    prefix, name = "t/presence", "Ana María López"  # any Unicode, spaces
+    face, blank = picture((astronaut(), 380, 150, 180)), picture()
+    video = tmp_path / "door.avi"  # she is in view 2 s of every 6 (the stream loops)
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10.0, SIZE)
+    for frame in [face] * 20 + [blank] * 40:
+        writer.write(frame)
+    writer.release()
+    state = f"{prefix}/presence/face/{token(name)}"
+    config = f"homeassistant/binary_sensor/pres_presence_face_{token(name)}_present/config"
+    sub = Subscriber(broker, f"{prefix}/presence/#", "homeassistant/binary_sensor/#")
+    try:
+        served = make_served(
+            cache=PRELOAD, faces=FACES, device_id="pres",
+            streams=stream(video).replace("max_age_s: 30", "max_age_s: 0.3"),
+            mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}, "
+                 "presence_off_delay_s: 1.0")
+        with served.client() as client:
+            for bad in ("Ana/Lopez", "Ana#1", "a+b", "..", " Ana"):  # never a name: no entity
+                status, answer = enrol(client, quote(bad, safe=""), png(face))
+                assert status == 400 and answer["code"] == "invalid_input", bad
+            assert enrol(client, quote(name, safe=""), png(face))[0] == 201
+            assert enrol(client, "Bo", png(picture((coffee(), 20, 100, 200))))[0] == 201
+
+            def on_then_off(got: list[Received]) -> bool:
+                said = [m.payload for m in got if m.topic == state]
+                return b"ON" in said and b"OFF" in said[said.index(b"ON"):]
+            got = sub.collect(until=on_then_off, timeout=60,
+                              what="her presence on while in view, off once she is gone")
+            assert all("+" not in m.topic and "#" not in m.topic for m in got)
+            announced = {m.topic: json.loads(m.payload) for m in got
+                         if m.topic.startswith("homeassistant/") and m.payload}
+            mine = announced[config]
+            assert mine["name"] == f"{name} present" and mine["device_class"] == "presence"
+            assert mine["state_topic"] == state and mine["availability_topic"] == \
+                f"{prefix}/status"
+            bo = "homeassistant/binary_sensor/pres_presence_face_Bo_present/config"
+            assert bo in announced
+            assert [m.payload for m in got if m.topic == f"{prefix}/presence/face/Bo"] == [b"OFF"]
+            said = [m.payload for m in got if m.topic == state]
+            assert said[:said.index(b"ON")] in ([], [b"OFF"])  # (off when enrolled, if not seen)
+            # deleting her removes the entity and clears her retained state
+            status, _ = call(client, "DELETE", f"{GALLERY}/names/{quote(name, safe='')}")
+            assert status == 200
+            gone = sub.collect(until=lambda got: any(
+                m.topic == config and not m.payload for m in got) and any(
+                m.topic == state and not m.payload for m in got), timeout=20,
+                what="her entity removed and her state cleared")
+            assert not any(m.topic == bo and not m.payload for m in gone)  # Bo stays
+    finally:
+        sub.close()
+    late = Subscriber(broker, f"{prefix}/presence/#", "homeassistant/binary_sensor/#")
+    try:
+        kept = late.collect(until=lambda got: any(m.topic == bo for m in got), timeout=10,
+                            what="the retained configs")
+    finally:
+        late.close()
+    assert not any(m.topic in (config, state) for m in kept)  # nothing of her is retained

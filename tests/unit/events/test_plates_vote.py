@@ -2,7 +2,8 @@
 not flicker the plate, three good reads beat one lucky one), known plates matched literally
 within match_distance or by regex and named as the sub_label, Frigate's
 `recognized_license_plate` fields on events and one `lpr` tracked_object_update per plate,
-all in the published schemas; the config refuses what cannot work."""
+all in the published schemas; the config refuses what cannot work; the plate's own picture is
+its voted plate's best read."""
 
 from __future__ import annotations
 
@@ -10,13 +11,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+import cv2
 import jsonschema
+import numpy as np
 import pytest
 from support.events import T0, det, stream
 
 from edged.core.errors import ConfigError
 from edged.events.engine import StreamEvents
-from edged.events.plates import KnownPlates, LprConfig, PlateVote, edit_distance, normalise
+from edged.events.plates import (
+    MAX_VIEWS,
+    KnownPlates,
+    LprConfig,
+    PlateVote,
+    edit_distance,
+    normalise,
+)
 from edged.processing.detections import Detections
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "docs" / "schemas"
@@ -145,3 +155,63 @@ def test_vote_when_a_held_frame_repeats_the_last_read_counts_it_once() -> None:
     assert not vote.add("MLB803", 0.9)  # one read each: the plate stays
     assert vote.add("MLB803", 0.93)  # a new read of the truth
     assert vote.plate == "MLB803"
+
+
+def picture(value: int) -> np.ndarray:
+    return np.full((20, 60, 3), value, np.uint8)
+
+
+def test_vote_when_reads_come_with_pictures_keeps_the_winners_best_read() -> None:
+    vote = PlateVote(LprConfig(enabled=True, min_score=0.5))
+    frame = picture(1)
+    vote.add("MLB8O3", 0.97, frame[:, :30])  # a view of the frame: copied
+    frame[:] = 99  # the next frame overwrites the buffer
+    assert vote.best_view() is not None and int(vote.best_view()[1].max()) == 1
+    vote.add("MLB803", 0.9, picture(2))
+    vote.add("MLB803", 0.95, picture(3))  # the winner now, at its best read
+    vote.add("MLB803", 0.91, picture(4))  # a worse read keeps the best
+    assert vote.plate == "MLB803"
+    score, pixels = vote.best_view()
+    assert score == 0.95 and int(pixels.max()) == 3  # never the misread's 0.97
+    assert not vote.add("MLB803", 0.2, picture(5))  # a weak read keeps no picture either
+    assert vote.best_view()[0] == 0.95
+
+
+def test_vote_when_many_texts_are_read_keeps_pictures_of_at_most_max_views() -> None:
+    vote = PlateVote(LprConfig(enabled=True, min_score=0.5))
+    vote.add("AAA111", 0.9, picture(1))
+    vote.add("AAA111", 0.9 + 1e-3, picture(1))
+    for i in range(MAX_VIEWS + 4):
+        vote.add(f"ZZZ{i:03d}", 0.99, picture(2))
+    assert len(vote.views) == MAX_VIEWS and "AAA111" in vote.views  # the winner's stays
+    assert vote.best_view()[0] == 0.901
+
+
+def test_engine_when_a_plate_is_read_keeps_its_picture_and_flags_it_on_events() -> None:
+    events = StreamEvents("drive", stream(LPR + "    snapshots: {enabled: true}\n"))
+    reads = frames([("MLB803", 0.9), ("MLB803", 0.92), ("MLB803", 0.95), ("MLB803", 0.91)])
+    for i, found in enumerate(reads):
+        found.text_views[0] = picture(10 * (i + 1))
+    changes = [events.update(T0 + i / 10, d, np.zeros((480, 640, 3), np.uint8))
+               for i, d in enumerate(reads)]
+    changes.append(events.update(T0 + 2.0, Detections.empty()))  # gone
+    published = [e for c in changes for e in c.events]
+    for event in published:
+        jsonschema.validate(event, EVENT)
+    assert published[0]["after"]["has_plate_snapshot"] is True
+    assert published[-1]["type"] == "end" and published[-1]["after"]["has_plate_snapshot"]
+    kept = [(i, jpeg) for i, c in enumerate(changes) for jpeg in c.plate_snapshots.values()]
+    assert [i for i, _ in kept] == [1, 2]  # announced with its best read; its better one
+    shown = cv2.imdecode(np.frombuffer(kept[-1][1], np.uint8), cv2.IMREAD_COLOR)
+    assert shown.shape == (20, 60, 3) and abs(int(shown.mean()) - 30) <= 2  # the 0.95 read
+
+
+def test_engine_when_snapshots_are_off_takes_no_plate_picture() -> None:
+    events = StreamEvents("drive", stream(LPR + "    snapshots: {enabled: false}\n"))
+    reads = frames([("MLB803", 0.9)] * 3)
+    for found in reads:
+        found.text_views[0] = picture(7)
+    changes = [events.update(T0 + i / 10, d, np.zeros((480, 640, 3), np.uint8))
+               for i, d in enumerate(reads)]
+    assert not any(c.plate_snapshots for c in changes)
+    assert next(e for c in changes for e in c.events)["after"]["has_plate_snapshot"] is False

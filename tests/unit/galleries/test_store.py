@@ -134,3 +134,21 @@ def test_gallery_when_a_reembedding_fails_midway_keeps_the_file_whole_and_usable
     assert gallery.stale("emb:2") == (3, 0)  # rolled back: nothing half-written
     gallery.add("bo", np.ones(8, np.float32), "emb:2")  # no transaction left open
     assert gallery.counts()["entries"] == 4
+
+
+def test_gallery_when_who_is_enrolled_changes_tells_its_watchers(tmp_path: Path) -> None:
+    gallery = _open(tmp_path)
+    seen: list[list[str]] = []
+    gallery.watch(lambda: seen.append(gallery.enrolled()))  # (it may read the gallery)
+    gallery.watch(lambda: 1 / 0)  # a broken watcher does not fail the enrolment
+    entry = gallery.add("Ana", np.eye(8, dtype=np.float32)[0], "emb:1")
+    gallery.add("Bo", np.eye(8, dtype=np.float32)[1], "emb:1", negative=True)
+    assert seen == [["Ana"], ["Ana"]]  # a name with only negatives is not one faces match
+    gallery.add_many([("Cy", np.eye(8, dtype=np.float32)[2], False)], "emb:1")
+    gallery.delete_entry(entry)
+    gallery.delete_name("Cy")
+    assert seen[2:] == [["Ana", "Cy"], ["Cy"], []]
+    with pytest.raises(IdentityNotFound):
+        gallery.delete_name("Cy")
+    assert len(seen) == 5  # nothing changed: no call
+    gallery.close()
