@@ -96,12 +96,19 @@ class StreamEvents:
         self.seen: list[TrackedObject] = []  # the objects the last frame showed (live view)
         lpr: LprConfig | None = getattr(settings, "lpr", None)
         self.plates = Plates(lpr) if lpr is not None and lpr.enabled else None
+        # masks: rle (the stream's per-frame results' form): objects' masks as COCO RLE at
+        # the size of the frame they were found in (a held frame, with no pixels, keeps the
+        # last size: it repeats the last answer)
+        self.rle = getattr(settings, "masks", "polygon") == "rle"
+        self._frame_size: tuple[int, int] | None = None
 
     def update(self, frame_time: float, detections: Detections,
                frame: np.ndarray | None = None) -> Changes:
         """One frame: its capture time, its detections and, for snapshots, its pixels (BGR).
         The detections tracked get the id of their object once it is announced."""
         t = self._advance(frame_time)
+        if frame is not None:
+            self._frame_size = (int(frame.shape[0]), int(frame.shape[1]))
         kept = self._wanted(detections)
         step = self.tracker.update(t, detections.boxes[kept], detections.scores[kept],
                                    [detections.labels[i] for i in kept])
@@ -203,8 +210,13 @@ class StreamEvents:
                 self.lines.new_state())
         assert tr.detection is not None  # a track seen this frame has its detection
         index = kept[tr.detection]
+        mask, size = _finite(detections.masks[index]), None
+        if self.rle and mask is not None:
+            size = self._frame_size
+            if size is None:  # never a frame's pixels: no size to draw it at
+                mask = None
         obj.observe(frame_time, detections.sub_labels[index], detections.sub_label_scores[index],
-                    detections.masks[index], detections.keypoints[index])
+                    mask, detections.keypoints[index], size)
         obj.observe_identity(detections.identities[index])
         if self.plates is not None:
             self.plates.observe(obj, detections.texts[index], detections.text_scores[index],
@@ -320,3 +332,18 @@ def _diff(reported: dict[str, int], now: Counter[str], labels: frozenset[str]) -
             reported[label] = n
             out[label] = n
     return out
+
+
+def _finite(mask: list[list[float]] | None) -> list[list[float]] | None:
+    """A detection's mask polygon, or None where it is not [x, y] pairs of finite numbers
+    (zones, lines and events then treat the object as one without a mask)."""
+    if mask is None:
+        return None
+    try:
+        points = np.asarray(mask, np.float64)
+    except (TypeError, ValueError):
+        return None
+    if points.size and (points.ndim != 2 or points.shape[1] != 2 or
+                        not np.isfinite(points).all()):
+        return None
+    return mask

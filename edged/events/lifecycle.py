@@ -23,6 +23,7 @@ from edged.events.plates import PlateVote
 from edged.events.snapshot import SnapshotState
 from edged.events.track import Track
 from edged.events.zones import Crossing, LineState, ZoneState
+from edged.tasks import rle
 
 Event = dict[str, Any]
 Watched = tuple[tuple[str, ...], tuple[str, ...], float, str | None, bool, str | None, bool]
@@ -47,6 +48,9 @@ class TrackedObject:
     sub_label_score: float | None = None
     # a segment or pose model's mask polygon or keypoints, of its latest detection
     mask: list[list[float]] | None = None
+    # (height, width) of the frame the mask was found in when the stream publishes masks as
+    # COCO RLE (`masks: rle`); None: as the polygon
+    mask_frame: tuple[int, int] | None = None
     keypoints: dict[str, list[float]] | None = None
     current_zones: list[str] = field(default_factory=list)
     end_time: float | None = None
@@ -77,11 +81,13 @@ class TrackedObject:
 
     def observe(self, frame_time: float, sub_label: str | None,
                 sub_label_score: float | None, mask: list[list[float]] | None = None,
-                keypoints: dict[str, list[float]] | None = None) -> None:
+                keypoints: dict[str, list[float]] | None = None,
+                mask_frame: tuple[int, int] | None = None) -> None:
         """This frame's detection of the object (the track has its box and score; a cascade
-        may have read a sub_label on it; a segment or pose model gave its mask or points)."""
+        may have read a sub_label on it; a segment or pose model gave its mask or points;
+        `mask_frame`: the frame's (height, width) when its mask is published as RLE)."""
         self.frame_time = frame_time
-        self.mask, self.keypoints = mask, keypoints
+        self.mask, self.keypoints, self.mask_frame = mask, keypoints, mask_frame
         self.score = score = self.track.score
         if score > self.top_score:
             self.top_score = score
@@ -112,7 +118,12 @@ class TrackedObject:
     def payload(self) -> Event:
         event = self._payload()
         if self.mask is not None:  # a segment model's: not watched (no update of its own)
-            event["mask"] = self.mask
+            if self.mask_frame is None:
+                event["mask"] = self.mask
+            else:  # COCO RLE at frame size, made only for what is published
+                encoded = rle.encode_safely(self.mask, *self.mask_frame)
+                if encoded is not None:
+                    event["mask"] = encoded
         if self.keypoints is not None:
             event["keypoints"] = self.keypoints
         if self.identity is not None:

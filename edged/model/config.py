@@ -162,8 +162,12 @@ class PreprocessConfig:
         "tensor's size out of it. null = resize to the tensor's size", check=at_least(1))
     crop: Literal["none", "center"] = setting(
         "none", "center: the tensor's size is cut from the middle of the resized image "
-        "(PaddleClas' CropImage, torchvision's CenterCrop; offsets floor((w - W) / 2)); the "
+        "(PaddleClas' CropImage, torchvision's CenterCrop; offsets by crop_offset); the "
         "rest of the image is not seen")
+    crop_offset: Literal["floor", "round"] = setting(
+        "floor", "crop: center: how the offset (w - W) / 2 is made whole: floor (PaddleClas' "
+        "CropImage) or round, half to even (torchvision's CenterCrop, Ultralytics' "
+        "classifiers)")
     keep_ratio: bool = setting(False, "letterbox: keep the aspect ratio, pad the rest")
     pad: Literal["center", "end"] = setting("center", "letterbox padding: both sides, or "
                                             "right/bottom only (PP-OCR)")
@@ -177,14 +181,18 @@ class PreprocessConfig:
     layout: Literal["nchw", "nhwc"] = setting(
         "nchw", "tensor layout; unset: told from the input's shape (a last dim of 1, 3 or 4 "
         "after the spatial dims is nhwc)")
-    interpolation: Literal["auto", "linear", "area", "nearest", "cubic", "lanczos"] = setting(
+    interpolation: Literal["auto", "linear", "area", "nearest", "cubic", "lanczos",
+                           "pillow_bilinear"] = setting(
         "auto", "how the image is resized (OpenCV's INTER_*; lanczos = INTER_LANCZOS4, "
-        "RapidAI's PaddleClas classifiers); auto = area when shrinking, "
-        "linear when growing. An exporter's own rule where edged knows it (YOLOX, Ultralytics: "
-        "linear)")
+        "RapidAI's PaddleClas classifiers; pillow_bilinear = Pillow's antialiased bilinear "
+        "`Image.resize`, to the bit: torchvision's Resize on PIL images, Ultralytics' "
+        "classifiers); auto = area when shrinking, linear when growing. An exporter's own rule "
+        "where edged knows it (YOLOX, Ultralytics' detectors: linear)")
     rounding: Literal["round", "floor", "ceil"] = setting(
-        "round", "keep_ratio: how the scaled size is made whole: round (Ultralytics, YOLO-NAS), "
-        "floor (YOLOX truncates), ceil (PaddleOCR's text lines)")
+        "round", "how a scaled size is made whole. keep_ratio: round (Ultralytics, YOLO-NAS), "
+        "floor (YOLOX truncates), ceil (PaddleOCR's text lines). resize_short: round "
+        "(PaddleClas: each side round(side * S / short)); floor (torchvision's Resize(S): the "
+        "short side S, the long int(S * long / short))")
 
 
 def _check_kpt_shape(shape: list[int]) -> str | None:

@@ -28,6 +28,14 @@ from edged.model.paddleclas import PADDLECLAS_CLASSIFY, paddleclas_classifier
 from edged.model.scrfd import scrfd_levels, yunet_levels
 from edged.model.signature import Signature
 from edged.model.tensor import TensorSpec
+from edged.model.ultralytics import (
+    CROP_KEYS,
+    SQUASH_KEYS,
+    ULTRALYTICS_CLASSIFY,
+    ULTRALYTICS_DETECT,
+    classify_crop,
+    classify_reason,
+)
 from edged.tasks import BOXED_TASKS as BOXED
 from edged.tasks.keypoints import point_names
 from edged.tasks.recognise import Layout, recognise
@@ -36,13 +44,6 @@ from edged.tasks.text import charset
 
 logger = logging.getLogger(__name__)
 
-# Ultralytics' LetterBox and its predictor: centred, grey 114, RGB, 0..1, no mean/std.
-# LetterBox rounds the scaled size (int(round(...))) and resizes with INTER_LINEAR.
-ULTRALYTICS_DETECT = {"keep_ratio": True, "pad": "center", "pad_value": 114.0, "color": "rgb",
-                      "scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "nchw",
-                      "interpolation": "linear", "rounding": "round"}
-# Its classifiers centre-crop; edged has no crop, so the whole frame is resized (edged's rule).
-ULTRALYTICS_CLASSIFY = {**ULTRALYTICS_DETECT, "keep_ratio": False, "interpolation": "auto"}
 # What each exporter's own pre-processing is, for heads told without Ultralytics' metadata.
 # YOLOX (ValTransform, legacy=False; ddddocr's preproc): resized into the top-left corner with
 # the scaled size truncated (int(w * r)) and INTER_LINEAR, grey 114, BGR, 0..255.
@@ -192,11 +193,11 @@ def _preprocess(cfg: PreprocessConfig | None, said: frozenset[str], metadata: Ex
         derived.update(TF_IMAGE)
         why.append(f"{inputs[0].name} {list(inputs[0].shape)} {inputs[0].dtype}: an NHWC image "
                    f"the model scales and resizes itself (RGB, pixels as they are)")
+    classify = metadata.ultralytics and metadata.task == "classify"
     if metadata.ultralytics:
-        classify = metadata.task == "classify"
         derived.update(ULTRALYTICS_CLASSIFY if classify else ULTRALYTICS_DETECT)
-        why.append("Ultralytics export (metadata): " + (
-            "resize, RGB, 1/255" if classify else "letterbox centred, pad 114, RGB, 1/255"))
+        if not classify:
+            why.append("Ultralytics export (metadata): letterbox centred, pad 114, RGB, 1/255")
     if metadata.imgsz is not None and inputs:
         height, width = metadata.imgsz
         layout = cfg.layout if cfg is not None and "layout" in said else \
@@ -209,6 +210,8 @@ def _preprocess(cfg: PreprocessConfig | None, said: frozenset[str], metadata: Ex
             logger.warning("%s: metadata imgsz %s disagrees with input %s; the input's own "
                            "size is used", inputs[0].name, list(metadata.imgsz),
                            list(inputs[0].shape))
+    if classify:
+        why.insert(0, _ultralytics_classify(cfg, said, derived, inputs))
     chosen = {k: v for k, v in derived.items() if k not in said}
     if not chosen:
         if cfg is not None:
@@ -216,6 +219,26 @@ def _preprocess(cfg: PreprocessConfig | None, said: frozenset[str], metadata: Ex
         return cfg
     reasons["preprocess"] = "; ".join(why) + _given(said)
     return dataclasses.replace(cfg or PreprocessConfig(), **chosen)
+
+
+def _ultralytics_classify(cfg: PreprocessConfig | None, said: frozenset[str],
+                          derived: dict[str, Any], inputs: tuple[TensorSpec, ...]) -> str:
+    """An Ultralytics classifier's crop keys added to `derived` (`edged.model.ultralytics`),
+    unless model.yaml states its own resize (`resize`, `keep_ratio` or `crop: none`): a stated
+    resize is not mixed with a crop. Returns the reason."""
+    resize = derived.get("resize")
+    size = (resize[0], resize[1]) if resize is not None else \
+        _spatial(inputs[0], "nchw") if inputs else None
+    stated = [k for k in SQUASH_KEYS if k in said]
+    if "crop" in said and cfg is not None and cfg.crop == "none":
+        stated.append("crop: none")
+    crop = classify_crop(size)
+    if stated:
+        for key in CROP_KEYS:
+            derived.pop(key, None)
+    else:
+        derived.update(crop)
+    return classify_reason(size, bool(crop) and not stated, ", ".join(stated) or None)
 
 
 def _origin_preprocess(pre: PreprocessConfig | None, said: frozenset[str],

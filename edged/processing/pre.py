@@ -17,6 +17,7 @@ import numpy as np
 from edged.core.errors import InvalidInput, PreprocessUnknown
 from edged.model.config import PreprocessConfig
 from edged.model.tensor import TensorSpec
+from edged.processing import resample
 
 # What letterbox bars each reused output buffer holds (a stream's pool hands the same few
 # back frame after frame): refilled only when the box or the pad value changes. The bars of
@@ -29,8 +30,8 @@ INTERPOLATION = {"linear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA,
                  "lanczos": cv2.INTER_LANCZOS4}
 ROUNDING: dict[str, Callable[[float], int]] = {"round": round, "floor": math.floor,
                                                "ceil": math.ceil}
-KEYS = ("resize", "resize_short", "crop", "keep_ratio", "pad", "pad_value", "color", "scale",
-        "mean", "std", "layout", "interpolation", "rounding")
+KEYS = ("resize", "resize_short", "crop", "crop_offset", "keep_ratio", "pad", "pad_value",
+        "color", "scale", "mean", "std", "layout", "interpolation", "rounding")
 
 
 @dataclass(frozen=True)
@@ -221,25 +222,46 @@ def preprocess(frame: np.ndarray, cfg: PreprocessConfig, spec: TensorSpec,
 
 def _resize_crop(frame: np.ndarray, cfg: PreprocessConfig, width: int, height: int
                  ) -> tuple[np.ndarray, Geometry]:
-    """The short side resized to `resize_short` (PaddleClas' ResizeImage: `percent = short /
-    min(w, h)`, each side `int(round(side * percent))`), or the frame as it is, then the
-    middle `width` x `height` cut out (CropImage: offsets `(w - W) // 2`). The geometry maps
-    the cut back: the crop's offset is a negative pad."""
+    """The short side resized to `resize_short`, or the frame as it is, then the middle
+    `width` x `height` cut out. Sizes: with `rounding: round` PaddleClas' ResizeImage
+    (`percent = short / min(w, h)`, each side `int(round(side * percent))`); with floor
+    torchvision's Resize(int) (the short side S, the long `int(S * long / short)`: the exact
+    quotient's floor, which that float expression always is for image sizes), ceil alike.
+    Offsets: `(w - W) // 2` (PaddleClas' CropImage) or, with `crop_offset: round`,
+    `int(round((w - W) / 2))` (torchvision's CenterCrop). Pillow's resampler computes only
+    the window. The geometry maps the cut back: the crop's offset is a negative pad."""
     frame_h, frame_w = frame.shape[:2]
     if cfg.resize_short is not None:
-        percent = float(cfg.resize_short) / min(frame_w, frame_h)
-        whole = ROUNDING[cfg.rounding]
-        new_w, new_h = max(1, whole(frame_w * percent)), max(1, whole(frame_h * percent))
+        short = min(frame_w, frame_h)
+        if cfg.rounding == "round":
+            percent = float(cfg.resize_short) / short
+            new_w, new_h = max(1, round(frame_w * percent)), max(1, round(frame_h * percent))
+        else:
+            new_w, new_h = (_short_scaled(side, cfg.resize_short, short, cfg.rounding)
+                            for side in (frame_w, frame_h))
         scale_x, scale_y = new_w / frame_w, new_h / frame_h
     else:
         new_w, new_h, scale_x, scale_y = frame_w, frame_h, 1.0, 1.0
     if new_w < width or new_h < height:
         raise InvalidInput(f"a {frame_w}x{frame_h} frame resized to {new_w}x{new_h} is smaller "
                            f"than the {width}x{height} that preprocess.crop: center cuts")
-    resized = _resize(frame, new_w, new_h, cfg.interpolation)
-    left, top = (new_w - width) // 2, (new_h - height) // 2
-    cut = np.ascontiguousarray(resized[top:top + height, left:left + width])
+    if cfg.crop_offset == "round":  # Python's round: half to even, as torchvision's
+        left, top = round((new_w - width) / 2.0), round((new_h - height) / 2.0)
+    else:
+        left, top = (new_w - width) // 2, (new_h - height) // 2
+    if cfg.interpolation == "pillow_bilinear":
+        cut = resample.resize(frame, new_w, new_h, (left, top, width, height))
+    else:
+        resized = _resize(frame, new_w, new_h, cfg.interpolation)
+        cut = np.ascontiguousarray(resized[top:top + height, left:left + width])
     return cut, Geometry(scale_x, scale_y, -left, -top, (frame_w, frame_h), (width, height))
+
+
+def _short_scaled(side: int, short_to: int, short: int, rounding: str) -> int:
+    """`side` scaled by short_to / short in integers: the short side is `short_to` itself."""
+    if rounding == "ceil":
+        return max(1, -(-side * short_to // short))
+    return max(1, side * short_to // short)
 
 
 def _fill_outside(out: np.ndarray, image: np.ndarray, layout: str, value: np.ndarray,
@@ -276,6 +298,8 @@ def _limits(dtype: np.dtype) -> tuple[int, int]:
 def _resize(frame: np.ndarray, width: int, height: int, interpolation: str) -> np.ndarray:
     if frame.shape[1] == width and frame.shape[0] == height:
         return frame
+    if interpolation == "pillow_bilinear":
+        return resample.resize(frame, width, height)
     if interpolation == "auto":
         smaller = width * height < frame.shape[0] * frame.shape[1]
         flag = cv2.INTER_AREA if smaller else cv2.INTER_LINEAR

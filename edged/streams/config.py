@@ -145,9 +145,9 @@ class StreamConfig:
     states: list[StateConfig] = setting(factory=list, help="regions of the frame classified "
                                                            "into states (a gate open or shut)")
     masks: Literal["polygon", "rle"] = setting(
-        "polygon", "a segment model's masks in this stream's per-frame results: polygon = "
-        "the outer contour [[x, y], ...] in frame pixels; rle = COCO run-length encoding "
-        "{size: [h, w], counts} of the mask drawn at frame size (events keep the polygon)")
+        "polygon", "a segment model's masks in this stream's per-frame results and its "
+        "objects' events: polygon = the outer contour [[x, y], ...] in frame pixels; rle = "
+        "COCO run-length encoding {size: [h, w], counts} of the mask drawn at frame size")
     describe: StreamDescribeConfig = setting(
         factory=StreamDescribeConfig, help="event descriptions: each ended object's snapshot "
                                            "and data to the describer (`describer:`)")

@@ -144,6 +144,19 @@ def decode(rle: dict[str, Any]) -> np.ndarray:
     return flat.reshape((height, width), order="F")
 
 
+def encode_safely(polygon: Any, height: int, width: int) -> dict[str, Any] | None:
+    """`encode`, for a mask that may be degenerate: an empty list, fewer than 3 points or no
+    area is the RLE of an empty mask (one run of 0s); a polygon that is not [x, y] numbers,
+    or not finite, is None (no mask to show)."""
+    try:
+        points = np.asarray(polygon, np.float64).reshape(-1, 2)
+    except (TypeError, ValueError):
+        return None
+    if not np.isfinite(points).all():
+        return None
+    return encode(points.tolist(), height, width)
+
+
 def encode_rows(rows: list[dict[str, Any]], width: int, height: int) -> None:
     """Each published detection row's `mask` polygon replaced by its RLE, in place."""
     for row in rows:

@@ -269,3 +269,14 @@ def test_bench_recording_when_run_quick_measures_the_recorder_the_readers_and_pr
     assert pre["next_keyframe"]["short"] > 0  # the policy edged improves on, measured alike
     rows = results["cameras"]
     assert [r["cameras"] for r in rows][:1] == [1] and all(r["cpu_cores"] > 0 for r in rows)
+
+
+def test_bench_classify_when_run_quick_times_the_crop_with_the_same_tensor_as_a_whole_resize(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench(["classify", "--quick", "--out", str(tmp_path)]) == 0
+    assert "Ultralytics classifier pre-processing" in capsys.readouterr().out
+    results = json.loads((tmp_path / "classify.json").read_text())
+    assert [c["frame"] for c in results["cases"]] == ["640x480", "1280x720"]
+    for case in results["cases"]:
+        assert case["same_tensor"]
+        assert all(case[p]["median_ms"] > 0 for p in ("squash", "crop", "crop, whole resize"))

@@ -2,8 +2,9 @@
 export and a YOLO-pose export with no model.yaml; a stream plays a real video OpenCV wrote (a
 lit ellipse, then a lit square) and publishes to a real mosquitto each frame's detections with
 their mask polygon or keypoints in frame pixels, and the tracked object's events with its
-latest mask, all in the published schemas, and latest.jpg draws it; `edged infer --json` on
-an image prints the same results, and draws the mask on the image."""
+latest mask (as COCO RLE too, with `masks: rle`), all in the published schemas, and
+latest.jpg draws it; `edged infer --json` on an image prints the same results, and draws the
+mask on the image."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ import pytest
 from support import ultralytics_masks as ref
 from support.broker import Broker, Received, Subscriber
 from support.daemon import Served, ServeFactory
-from support.demo import get, image
+from support.demo import get, get_json, image
 
 from edged.cli import main
+from edged.tasks import rle
 from tools.assets import tasks as task_models
 
 SCHEMAS = Path(__file__).parents[2] / "docs" / "schemas"
@@ -248,3 +250,36 @@ def test_segment_stream_when_a_line_follows_the_mask_counts_the_body_the_box_wou
     assert counts["gate_box"].get("bicycle", {"in": 0, "out": 0}) == {"in": 0, "out": 0}
     [end] = [e for e in messages(got, f"{prefix}/events") if e["type"] == "end"]
     assert len(end["after"]["mask"]) >= 4
+
+
+def test_segment_stream_when_masks_rle_publishes_its_objects_masks_as_rle_in_events_too(
+        broker: Broker, make_served: ServeFactory, repo_dir: Path, tmp_path: Path) -> None:
+    """`masks: rle` reaches the events: each event's mask (and its `before`'s) is COCO RLE at
+    frame size of the lit shape, in the events schema; the events listing shows it so; the
+    zone anchored on the mask still tests the polygon."""
+    prefix = "t/segrle"
+    served, got = served_stream(
+        broker, make_served, repo_dir, tmp_path, "seg_yolo", "ellipse", prefix,
+        lambda sub: sub.collect(until=ended(prefix), timeout=60, what="the object's end"),
+        ZONES + ", masks: rle")
+    lit = lit_frame("ellipse").max(axis=2) > 127
+    events = messages(got, f"{prefix}/events")
+    assert events[0]["type"] == "new" and events[-1]["type"] == "end"
+    for event in events:
+        jsonschema.validate(event, EVENT)
+        for side in ("before", "after"):
+            if event[side] is None:
+                continue
+            mask = event[side]["mask"]
+            assert mask["size"] == [SIZE[1], SIZE[0]]
+            bitmap = rle.decode(mask)
+            assert (bitmap & lit).sum() / (bitmap | lit).sum() > 0.8  # (JPEG'd edges)
+    assert events[-1]["after"]["entered_zones"] == ["upper"]  # by its mask, not its box
+    by_capture = {}
+    for message in messages(got, f"{prefix}/streams/cam/results"):
+        jsonschema.validate(message, RESULT)
+        by_capture[message["capture_ts"]] = message["results"]["detections"][0]["mask"]
+    for event in events:  # the frame's results and its event: one RLE of one polygon
+        assert event["after"]["mask"] == by_capture[round(event["after"]["frame_time"], 6)]
+    listed = get_json(served.http, "/v2/edged/events?stream=cam")["events"]
+    assert listed and listed[0]["object"]["mask"] == events[-1]["after"]["mask"]

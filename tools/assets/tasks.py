@@ -1,12 +1,15 @@
 """Exporter-faithful tiny exports of the tasks beyond boxes, for tests and the mask benchmark:
 outputs named, shaped and laid out as Ultralytics' exporter writes them (a YOLO-seg export's
 `output0` [1, 4+C+32, N] beside `output1` [1, 32, H/4, W/4]; a YOLO-pose export's `output0`
-[1, 4+1+17*3, N]; its metadata: author, task, stride, imgsz, names, kpt_shape), around one
-answer a test can compute: the lit pixels of a dark frame (`tools.assets.models`' bright box).
+[1, 4+1+17*3, N]; a YOLO-cls export's `output0` [1, C] softmax; their metadata: author, task,
+stride, imgsz, names, kpt_shape), around one answer a test can compute: the lit pixels of a
+dark frame (`tools.assets.models`' bright box), the colour a classifier sees.
 
-No wheel on PyPI was found to ship a trained YOLO-seg, YOLO-pose or semantic-segmentation ONNX
-export (docs/models.md): these stand in for them, and the masks are held to a numpy port of
-Ultralytics' own `process_mask` (tests/support/ultralytics_masks.py). The DeepLab-style class
+No wheel on PyPI was found to ship a trained YOLO-seg, YOLO-pose, YOLO-cls or
+semantic-segmentation ONNX export (docs/models.md): these stand in for them, the masks held to
+a numpy port of Ultralytics' own `process_mask` (tests/support/ultralytics_masks.py), the
+classifier's tensor to a port of its `classify_transforms`
+(tests/support/ultralytics_classify.py). The DeepLab-style class
 map (`semantic`) comes with its labels file and stated pre-processing, as such exports need.
 
     python -m tools.assets.tasks DIR      # writes DIR/<name>/1/model.onnx for each
@@ -136,10 +139,42 @@ def make_semantic(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
+CLASSIFY_SIZE = 224  # Ultralytics' classifiers' imgsz
+CLASSIFY_NAMES = ("red", "green", "blue")
+
+
+def make_cls_yolo(seed: int = 0) -> onnx.ModelProto:
+    """A YOLO-cls export (`yolo11n-cls.pt` exported to ONNX): `images` [1, 3, 224, 224] in,
+    `output0` [1, C] out (the Classify head's softmax, applied in the export), the metadata
+    its exporter writes (task classify, stride 1, imgsz, names, the head's name). Which
+    colour's channel is brightest on average over what the model sees, sharpened: a
+    classifier whose answer on a frame a person can check, and that tells a centre crop from
+    a squash (a frame red in its middle third and blue at the sides is red cropped, blue
+    squashed)."""
+    del seed
+    nodes = [_N("GlobalAveragePool", ["images"], ["pool"]),
+             _N("Flatten", ["pool"], ["flat"], axis=1),
+             _N("MatMul", ["flat", "sharpen"], ["logits"]),
+             _N("Softmax", ["logits"], ["output0"], axis=1)]
+    model = build_model("cls_yolo", nodes,
+                        [declare_float("images", [1, 3, CLASSIFY_SIZE, CLASSIFY_SIZE])],
+                        [declare_float("output0", [1, len(CLASSIFY_NAMES)])],
+                        [_const("sharpen", np.eye(3) * 12.0)])
+    helper.set_model_props(model, {
+        **_metadata("classify", dict(enumerate(CLASSIFY_NAMES))),
+        "description": "Ultralytics YOLO11n-cls model trained on imagenet", "stride": "1",
+        "imgsz": f"[{CLASSIFY_SIZE}, {CLASSIFY_SIZE}]", "head": "Classify",
+        "docs": "https://docs.ultralytics.com", "channels": "3", "end2end": "False",
+        "args": str({"batch": 1, "half": False, "dynamic": False, "simplify": True,
+                     "opset": None, "nms": False})})
+    return model
+
+
 TASK_MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "seg_yolo": make_seg_yolo,
     "pose_yolo": make_pose_yolo,
     "semantic": make_semantic,
+    "cls_yolo": make_cls_yolo,
 }
 # Beside a model's versions: what its file does not say (its labels, its pre-processing)
 TASK_FILES: dict[str, dict[str, str]] = {

@@ -1,7 +1,7 @@
 """Run one benchmark from a source checkout and print its table:
 `python -m tools.bench {core,api,instances,streams,gate,live,ota,quantize,post,events,
 soak,instructions,shmviews,fleet,differential,gpu,masks,plates,llm,llm_streams,recording,
-faces,describer} [--quick]
+faces,describer,classify} [--quick]
 [--out DIR]` (`soak` and `differential` also take `--minutes N`; `differential` `--seed S`;
 `soak` `--plant-leak MB`).
 
@@ -21,7 +21,7 @@ from tools.bench.assets import run_and_report
 SUITES = ("core", "api", "instances", "streams", "gate", "live", "ota", "quantize", "post", "masks",
           "plates",
           "events", "soak", "instructions", "shmviews", "fleet", "differential",
-          "gpu", "llm", "llm_streams", "recording", "faces", "describer")
+          "gpu", "llm", "llm_streams", "recording", "faces", "describer", "classify")
 TIMED = ("soak", "differential")  # the suites that take --minutes
 
 
