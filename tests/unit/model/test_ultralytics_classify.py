@@ -104,6 +104,14 @@ def test_ultralytics_classifier_when_the_middle_differs_answers_what_the_crop_se
     pre = ModelRepository(cls_root).resolve("cls_yolo").config.preprocess
     assert pre is not None and (pre.resize, pre.resize_short, pre.crop, pre.interpolation) == (
         [224, 224], None, "none", "area")
+    # the way out docs/models.md gives a device short of CPU: the crop kept, OpenCV's box filter
+    write_yaml(cls_root, "cls_yolo", "preprocess: {interpolation: area}\n")
+    boxed = ModelRepository(cls_root).resolve("cls_yolo")
+    pre = boxed.config.preprocess
+    assert pre is not None and (pre.resize_short, pre.crop, pre.interpolation) == (
+        224, "center", "area")
+    tensor, _ = preprocess(frame, pre, boxed.inputs[0])
+    assert names[int(np.argmax(probs(boxed, tensor)))] == "red"
 
 
 def test_ultralytics_classifier_when_imgsz_is_not_square_resizes_to_it(
