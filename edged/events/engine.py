@@ -75,8 +75,11 @@ class Changes:
 
 class StreamEvents:
     def __init__(self, stream: str, settings: EventsSettings, *,
-                 assign: Assign = cluster_assign) -> None:
+                 assign: Assign = cluster_assign, keep_plates: bool = True) -> None:
+        """`keep_plates`: a snapshot store keeps the plates' own pictures (without one, none
+        is encoded and no event says it has one)."""
         self.stream = stream
+        self.keep_plates = keep_plates
         self.cfg = settings.track
         self.labels = frozenset(settings.labels)
         self.min_score = settings.min_score
@@ -283,8 +286,9 @@ class StreamEvents:
                       now: bool = False) -> None:
         """The plate's own picture, when its voted plate's best read is not the one encoded:
         at once the first time, then at most every update_interval_s (and at its end, `now`).
-        Only where snapshots are on: it is kept with the object's snapshot."""
-        if self.snapshots is None or obj.id is None or obj.plate is None:
+        Only where snapshots are on and a store keeps them: it is kept with the object's
+        snapshot (it has no topic of its own)."""
+        if self.snapshots is None or not self.keep_plates or obj.id is None or obj.plate is None:
             return
         best = obj.plate.best_view()
         if best is None or obj.plate.plate is None:

@@ -29,11 +29,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import cv2
 import numpy as np
 
 from edged.core.schema import at_least, between, setting
 
 MAX_VIEWS = 8  # texts of one object that keep their best read's picture
+# A kept picture's longest side: a plate warped upright is well under it, but a text cascade
+# on whole cars (`labels: [car], as: text`) reads the car's crop, and 8 full-size car crops an
+# object would be megabytes held for a picture shown at plate size.
+MAX_VIEW_SIDE = 320
 _REGEX_CHARS = set(".^$*+?[](){}|\\")
 _NOT_PLATE = re.compile(r"[^0-9A-Z\u0080-\uffff]")  # (CJK province characters are kept)
 
@@ -189,7 +194,7 @@ class PlateVote:
                 return
             del self.views[weakest]
         # a copy: the view may be the frame's own pixels, which the next frame overwrites
-        self.views[plate] = (score, np.array(view, copy=True, order="C"))
+        self.views[plate] = (score, _bounded_copy(view))
 
     @property
     def score(self) -> float | None:
@@ -197,6 +202,18 @@ class PlateVote:
         if self.plate is None:
             return None
         return round(self.sums[self.plate] / self.reads[self.plate], 4)
+
+
+def _bounded_copy(view: np.ndarray) -> np.ndarray:
+    """The picture as kept: a copy, shrunk (INTER_AREA) to MAX_VIEW_SIDE on its longest side
+    when it is larger."""
+    height, width = view.shape[:2]
+    side = max(height, width)
+    if side <= MAX_VIEW_SIDE:
+        return np.array(view, copy=True, order="C")
+    factor = MAX_VIEW_SIDE / side
+    size = (max(1, round(width * factor)), max(1, round(height * factor)))
+    return cv2.resize(np.ascontiguousarray(view), size, interpolation=cv2.INTER_AREA)
 
 
 class Plates:

@@ -20,6 +20,7 @@ from support.events import T0, det, stream
 from edged.core.errors import ConfigError
 from edged.events.engine import StreamEvents
 from edged.events.plates import (
+    MAX_VIEW_SIDE,
     MAX_VIEWS,
     KnownPlates,
     LprConfig,
@@ -215,3 +216,20 @@ def test_engine_when_snapshots_are_off_takes_no_plate_picture() -> None:
                for i, d in enumerate(reads)]
     assert not any(c.plate_snapshots for c in changes)
     assert next(e for c in changes for e in c.events)["after"]["has_plate_snapshot"] is False
+
+
+def test_vote_when_the_view_is_a_whole_cars_crop_keeps_it_bounded() -> None:
+    """A text cascade on whole cars reads the car's crop: the picture kept is shrunk to
+    MAX_VIEW_SIDE on its longest side (8 full-size crops an object would be megabytes); a
+    plate-sized view is kept as it is (a copy)."""
+    vote = PlateVote(LprConfig(enabled=True, min_score=0.5))
+    car = np.full((500, 900, 3), 90, np.uint8)
+    vote.add("MLB803", 0.9, car)
+    best = vote.best_view()
+    assert best is not None and max(best[1].shape[:2]) == MAX_VIEW_SIDE
+    assert best[1].shape[:2] == (178, 320) and int(best[1][5, 5, 0]) == 90
+    plate = np.full((48, 160, 3), 7, np.uint8)
+    vote.add("MLB803", 0.95, plate)
+    best = vote.best_view()
+    assert best is not None and best[1].shape == plate.shape
+    assert best[1] is not plate and np.array_equal(best[1], plate)

@@ -1,5 +1,4 @@
-"""Review findings (branch hrev): the plate's own picture. These tests FAIL on the reviewed
-code; they show the defect."""
+"""The plate's own picture where nothing keeps it: no event says there is one."""
 
 from __future__ import annotations
 
@@ -36,9 +35,9 @@ class Link:
 def test_events_when_no_store_keeps_plate_pictures_do_not_say_there_is_one() -> None:
     """`cache.snapshots_mb: 0` (or a snapshot folder that could not be opened): the hub has no
     store, so no plate picture is kept anywhere (it has no MQTT topic either, unlike the
-    object's snapshot) and GET /v2/edged/snapshots/<id>/plate answers 404 - yet the events say
-    `has_plate_snapshot: true` (docs/schemas/events.schema.json: 'kept with its snapshot and
-    served by GET .../plate'), and the status page draws a broken <img>."""
+    object's snapshot) and GET /v2/edged/snapshots/<id>/plate answers 404: the events said
+    `has_plate_snapshot: true` all the same (docs/schemas/events.schema.json: 'kept with its
+    snapshot and served by GET .../plate'), and the status page drew a broken <img>."""
     link = Link()
     hub = EventsHub(link, device=None, store=None)  # as open_store returns for snapshots_mb 0
     stage = hub.stage(stream(LPR), ["car"])
