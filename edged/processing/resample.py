@@ -76,6 +76,8 @@ def resize(frame: np.ndarray, width: int, height: int,
     window of the result. A side that keeps its size is not resampled (Pillow skips the pass;
     its weights would be the identity). The passes run in Pillow's order (ImagingResampleInner:
     the vertical first when the height loses more than twice the pixels the width loses)."""
+    if frame.dtype != np.uint8:  # (the sums and the clip are 8-bit's, as Pillow's "L"/"RGB")
+        raise TypeError(f"resample.resize takes 8-bit images, got {frame.dtype}")
     left, top, out_w, out_h = box if box is not None else (0, 0, width, height)
     in_h, in_w = frame.shape[:2]
     pixels = frame if frame.ndim == 3 else frame[:, :, None]

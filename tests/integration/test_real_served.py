@@ -31,8 +31,8 @@ from edged.cli import main
 
 IMAGES = ("astronaut.png", "chelsea.png", "coffee.png", "motorcycle.png", "grass.png",
           "gravel.png", "page.png", "rocket.jpg")
-KEYS = "keys: resize, resize_short, crop, crop_offset, keep_ratio, pad, pad_value, color, scale, mean, " \
-       "std, layout, interpolation, rounding"
+KEYS = "keys: resize, resize_short, crop, crop_offset, keep_ratio, pad, pad_value, color, " \
+       "scale, mean, std, layout, interpolation, rounding"
 NSFW_PRE = "preprocess: {resize: [224, 224], color: bgr, scale: 1.0, mean: [104, 117, 123], " \
            "interpolation: linear}\n"
 LINE = re.compile(r"^\s+(\S+)\s+([0-9.]+)\s+\[([^\]]*)\]$")  # label score [x1, y1, x2, y2]
