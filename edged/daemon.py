@@ -217,8 +217,8 @@ class Daemon:
         self.faces = open_faces(self.config.faces, self.config.models_dir, self.scheduler)
         if self.faces is not None:  # each enrolled name's presence sensor, kept in step
             gallery = self.faces.gallery
-            gallery.watch(lambda: self.events.presence.faces_known(gallery.enrolled()))
-            self.events.presence.faces_known(gallery.enrolled())
+            gallery.watch(lambda: self.events.presence.faces_from(gallery.enrolled))
+            self.events.presence.faces_from(gallery.enrolled)
         for row in self.cache.status():
             logger.info("model %s:%d %s%s", row.name, row.version, row.state,
                         f" on {', '.join(row.providers)}" if row.providers else

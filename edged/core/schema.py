@@ -171,6 +171,10 @@ def _convert(tp: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
             if not isinstance(key, str):
                 ctx.fail(path, key_node, f"keys must be strings, got {key!r}")
                 continue
+            if not _encodable(key):
+                ctx.fail(path, key_node, f"the key {key!r} is not text UTF-8 can write (a "
+                                         "lone surrogate, from an escape like \\ud800)")
+                continue
             out[key] = _convert(value_tp, value_node, _join(path, key), ctx)
         return out
     return _convert_scalar(tp, node, path, ctx)
@@ -203,7 +207,30 @@ def _convert_scalar(tp: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
         raise TypeError(f"schema: unsupported field type {tp!r} at {path}")
     if not ok:
         return ctx.fail(path, node, f"expected {_describe(tp)}, got {value!r}")
+    if isinstance(value, str) and not _encodable(value):
+        # YAML's "\ud800" escapes make strs no file, topic or JSON consumer can take
+        return ctx.fail(path, node, f"{value!r} is not text UTF-8 can write (a lone "
+                                    "surrogate, from an escape like \\ud800)")
     return tp(value) if tp in (float, Path) else value
+
+
+def _whole(value: Any) -> bool:
+    """No part of `value` failed to convert (lists, tuples and mappings looked into)."""
+    if value is INVALID:
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(_whole(v) for v in value)
+    if isinstance(value, dict):
+        return all(_whole(v) for v in value.values())
+    return True
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _convert_union(tp: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
@@ -264,14 +291,14 @@ def _convert_dataclass(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> A
             continue
         value = _convert(hints[name], value_node, key_path, ctx)
         check = fields[key].metadata.get("check")
-        if value is not INVALID and value is not None and check is not None:
+        if value is not None and check is not None and _whole(value):
             message = check(value)
             if message:
                 value = ctx.fail(key_path, value_node, message)
-        # A list with an item that did not convert leaves its dataclass unconverted too, so no
-        # check ever meets a half-made value (the top level keeps the items that converted).
-        ok = ok and value is not INVALID and not (
-            isinstance(value, list) and any(v is INVALID for v in value))
+        # A list or mapping with an item that did not convert leaves its dataclass unconverted
+        # too, so no check ever meets a half-made value (the top level keeps the items that
+        # converted).
+        ok = ok and _whole(value)
         kwargs[name] = value
         if not path and value is not INVALID:  # items that did not convert are left out
             if isinstance(value, list) and INVALID in value:

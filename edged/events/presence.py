@@ -10,8 +10,9 @@ delay is over (`next_due()` says when to ask).
 
 Names may be any Unicode (a gallery's names are letters of any script, spaces, `.`, `'`, `-`;
 a known plate's name is any YAML key), so they become topic levels and Home Assistant ids
-through `token`: a name of ASCII letters, digits, `_` and `-` stays as it is; any other
-becomes its slug and a hash of the exact name, so no two names share a token and none can
+through `token`: a name of ASCII letters, digits, `_` and `-` stays as it is (unless it ends
+as a hashed token does: `_` and ten hex digits); any other becomes its slug and a hash of the
+exact name, so no two names share a token and none can
 add a topic level, a wildcard or a character Home Assistant refuses in an id.
 """
 
@@ -27,6 +28,7 @@ KINDS = ("face", "plate")
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _NOT_ID = re.compile(r"[^A-Za-z0-9]+")
+_HASHED = re.compile(r".*_[0-9a-f]{10}")  # what a hashed token ends with
 
 
 def token(name: str) -> str:
@@ -34,10 +36,14 @@ def token(name: str) -> str:
     letters, digits, `_` and `-` (up to 64, starting with a letter or digit), else its slug
     (up to 40) and the first 10 hex digits of its UTF-8 SHA-256, e.g. `Ana_Lopez_1f0c...`,
     `x_<hash>` for a name with no ASCII letter or digit."""
-    if _SAFE.fullmatch(name):
+    if _SAFE.fullmatch(name) and not _HASHED.fullmatch(name):
         return name
+    # (a plain name that ends as a hashed token does is hashed too: else "Ana_Mar_a_<hash of
+    # 'Ana María'>" would be its own token and share that one; surrogatepass: a lone
+    # surrogate, which the config refuses, still gets a token rather than an exception)
     slug = _NOT_ID.sub("_", name).strip("_")[:40].rstrip("_") or "x"
-    return f"{slug}_{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{slug}_{digest}"
 
 
 class Presence:

@@ -87,7 +87,7 @@ class EventsStage:
         `present`: told the (kind, name) pairs of the stream's live objects whenever they
         change (presence of faces and known plates)."""
         self.cfg = cfg
-        self.engine = StreamEvents(cfg.name, cfg)
+        self.engine = StreamEvents(cfg.name, cfg, keep_plates=publisher.store is not None)
         self.publisher = publisher
         self.on_close = on_close
         self.clock = clock
@@ -158,6 +158,9 @@ class EventsStage:
         try:
             self._report(self.engine.flush())
         finally:
+            if self.present is not None and self._present:  # (a flush that failed: its names
+                self._present = frozenset()                  # would stay on until a restart)
+                self.present(self._present_as, self._present)
             if self.clips is not None:
                 self.clips.close()
             self.on_close(self)

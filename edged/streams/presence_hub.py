@@ -56,6 +56,16 @@ class PresenceHub:
             self._faces = frozenset(names)
             self._rename()
 
+    def faces_from(self, read: Callable[[], Iterable[str]]) -> None:
+        """`faces_known(read())` with the names read under this hub's lock: two gallery
+        changes in two threads then reach the hub in the order they read, so the last list
+        the hub keeps is the newest (read first and handed in after, an older list could
+        withdraw a name just enrolled). The gallery calls its watchers outside its own lock,
+        so the locks are only ever taken hub, then gallery."""
+        with self._lock:
+            self._faces = frozenset(read())
+            self._rename()
+
     def plates_known(self, stream: str, names: Iterable[str]) -> None:
         """A stream's known plates' names (none: it reads no plates, or it is gone)."""
         with self._lock:

@@ -1,5 +1,5 @@
-"""Review findings (branch hrev): presence sensors' known names when the gallery changes from
-two API threads at once. These tests FAIL on the reviewed code; they show the defect."""
+"""Presence sensors' faults a second read found: two gallery changes from two API threads at
+once, a plain name spelling another name's token, a known plate's name UTF-8 cannot write."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ class Sent:
 
 
 def test_hub_when_two_enrolments_race_keeps_both_names_announced(tmp_path: Path) -> None:
-    """The daemon's watcher (edged/daemon.py: `gallery.watch(lambda: presence.faces_known(
-    gallery.enrolled()))`) reads the names, then takes the hub's lock: an enrolment whose
-    watcher read before another's but reaches the hub after it hands the hub the older list,
-    and the newer name is removed (retained state emptied, discovery config dropped) until
-    the next gallery change. Here the window is held open deterministically."""
+    """The daemon's watcher hands the hub a way to read the names (`faces_from`), read under
+    the hub's lock: an enrolment whose read is held up holds the next one's watcher back, so
+    the hub ends with the newest list. (Read first and handed in after, as before, enrolment
+    A's older ["Ana"] reached the hub after B's ["Ana", "Bo"] and withdrew Bo's sensor.) The
+    window is held open: A's read waits until B's enrolment is over, or a second."""
     gallery = Gallery(tmp_path / "faces.sqlite", max_entries=10, max_unknowns=10)
     out = Sent()
     hub = PresenceHub(out.publish, None, None, off_delay_s=0.0)
@@ -40,17 +40,24 @@ def test_hub_when_two_enrolments_race_keeps_both_names_announced(tmp_path: Path)
         return names
 
     gallery.enrolled = slow_first_read  # type: ignore[method-assign]
-    gallery.watch(lambda: hub.faces_known(gallery.enrolled()))  # as the daemon does
+    gallery.watch(lambda: hub.faces_from(gallery.enrolled))  # as the daemon does
     a = threading.Thread(name="A", target=lambda: gallery.add(
         "Ana", np.eye(8, dtype=np.float32)[0], "emb:1"))
+    b = threading.Thread(name="B", target=lambda: gallery.add(
+        "Bo", np.eye(8, dtype=np.float32)[1], "emb:1"))
     a.start()
     assert read.wait(5)
-    gallery.add("Bo", np.eye(8, dtype=np.float32)[1], "emb:1")  # thread B (here: main)
+    b.start()
+    # B's enrolment ends here when its watcher need not wait for A's (what went wrong), and
+    # waits on the hub's lock, which A's read holds, when it must
+    b.join(1.0)
     release.set()
     a.join(5)
+    b.join(5)
     assert sorted(gallery.enrolled()) == ["Ana", "Bo"]
-    # Bo is enrolled, but the hub was last told ["Ana"]: his sensor was withdrawn
-    assert out.sent[-1] != ("presence/face/Bo", b""), out.sent
+    states = dict(out.sent)
+    assert states["presence/face/Ana"] == b"OFF" and states["presence/face/Bo"] == b"OFF", \
+        out.sent
     hub.close()
     gallery.close()
 
@@ -71,35 +78,24 @@ def test_token_when_a_plain_name_spells_another_names_token_is_not_shared() -> N
     assert len(configs) == 2
 
 
-def test_stage_when_a_known_plate_name_has_a_lone_surrogate_is_refused_as_config() -> None:
-    """YAML's "\\ud800" escape makes a str Python cannot encode as UTF-8. The config takes it
-    as a known plate's name; with MQTT on, EventsHub.stage -> presence.plates_known ->
-    token(name) -> name.encode() raises UnicodeEncodeError, which StreamSet._open (catching
-    EdgedError only) lets out of streams.start: the daemon's start fails with a traceback
-    instead of a ConfigError naming the key (or the stream starting)."""
+def test_config_when_a_known_plate_name_has_a_lone_surrogate_refuses_it_naming_the_line(
+        ) -> None:
+    """YAML's "\\ud800" escape makes a str no UTF-8 writer takes; as a known plate's name it
+    reached presence's token (`name.encode()`) at the stream's start and stopped the daemon
+    with a traceback. The config refuses such strings now, keys and values, naming the
+    line; token() itself no longer raises on one."""
     import pytest
     from support.events import stream
 
     from edged.core.errors import ConfigError
-    from edged.streams.events_stage import EventsHub
-
-    class Link:
-        def publish(self, *args: object, **kwargs: object) -> None:
-            pass
-
-        def publish_to(self, *args: object, **kwargs: object) -> None:
-            pass
+    from edged.events.presence import token
 
     keys = ('lpr: {enabled: true, known_plates: {"Van \\ud800": [ABC123]}}\n'
             'secondary: [{model: r, labels: [car], as: text}]\n')
-    try:
-        cfg = stream(keys)
-    except ConfigError:
-        return  # refused where it is read: fine
-    hub = EventsHub(Link(), device=None)  # type: ignore[arg-type]
-    try:
-        hub.stage(cfg, ["car"])
-    except ConfigError:
-        return
-    except UnicodeEncodeError as exc:
-        pytest.fail(f"untyped error out of EventsHub.stage: {exc!r}")
+    with pytest.raises(ConfigError, match="lone surrogate") as caught:
+        stream(keys)
+    assert any(issue.line for issue in caught.value.issues), caught.value.issues
+    with pytest.raises(ConfigError, match="lone surrogate"):
+        stream('lpr: {enabled: true, known_plates: {Van: ["AB\\udc00C"]}}\n'
+               'secondary: [{model: r, labels: [car], as: text}]\n')
+    assert token("Van \ud800").startswith("Van_")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from support.events import T0, det, stream
 from support.polling import wait_until
 
@@ -107,5 +108,27 @@ def test_stages_when_a_reload_starts_the_new_one_first_the_old_ones_end_does_not
     old.close()  # its objects end: not hers on the new stage
     assert link.said("presence/face/Ana") == [b"OFF", b"ON"]
     new.close()
+    assert link.said("presence/face/Ana") == [b"OFF", b"ON", b"OFF"]
+    hub.presence.close()
+
+
+def test_stage_when_its_last_flush_fails_still_lets_its_names_go() -> None:
+    """A stage whose closing flush raises (a bug in a stage) still tells presence its names
+    are gone: else they stayed ON until a restart."""
+    link = Link()
+    hub = EventsHub(link, device=None, presence_off_delay_s=0.0)
+    hub.presence.faces_known(["Ana"])
+    ana = Detections.from_rows([det((10, 10, 100, 100), identity={"name": "Ana",
+                                                                  "similarity": 0.8})])
+    stage = hub.stage(stream("track: {min_hits: 1}"), ["person"])
+    stage.frame(T0, ana, None)
+    assert link.said("presence/face/Ana") == [b"OFF", b"ON"]
+
+    def broken() -> None:
+        raise RuntimeError("a bug in the engine")
+
+    stage.engine.flush = broken  # type: ignore[method-assign,assignment]
+    with pytest.raises(RuntimeError):
+        stage.close()
     assert link.said("presence/face/Ana") == [b"OFF", b"ON", b"OFF"]
     hub.presence.close()
