@@ -312,14 +312,14 @@ class EventsHub:
     def announce(self, stream: str, configs: dict[str, bytes]) -> None:
         """Publish the stream's discovery configs; those it had before and has no more are
         removed (a reload that dropped a zone)."""
-        with self._lock:
+        with self._lock:  # (sent under the lock: a republish cannot overtake a removal)
             before = self._discovery.get(stream, {})
             self._discovery[stream] = configs
-        for topic in before.keys() - configs.keys():
-            self._send(topic, b"")
-        for topic, payload in configs.items():
-            if before.get(topic) != payload:
-                self._send(topic, payload)
+            for topic in before.keys() - configs.keys():
+                self._send(topic, b"")
+            for topic, payload in configs.items():
+                if before.get(topic) != payload:
+                    self._send(topic, payload)
 
     def withdraw(self, stream: str) -> None:
         """Remove the stream's entities from Home Assistant (it is gone after a reload)."""
@@ -331,11 +331,12 @@ class EventsHub:
     def republish(self) -> None:
         """After a reconnect (paho's thread): every discovery config now, and every stage's
         retained state when its loop next comes round."""
-        with self._lock:
-            configs = [item for c in self._discovery.values() for item in c.items()]
+        with self._lock:  # (the configs sent under the lock, as `announce` sends: an old
+            # config copied here cannot reach the broker after the removal that replaced it)
+            for c in self._discovery.values():
+                for topic, payload in c.items():
+                    self._send(topic, payload)
             stages = list(self._stages.values())
-        for topic, payload in configs:
-            self._send(topic, payload)
         for stage in stages:
             stage.request_republish()
         self.presence.republish()
@@ -345,9 +346,9 @@ class EventsHub:
         wants the discovery configs again."""
         if payload.strip() == b"online":
             with self._lock:
-                configs = [item for c in self._discovery.values() for item in c.items()]
-            for topic, config in configs:
-                self._send(topic, config)
+                for c in self._discovery.values():
+                    for topic, config in c.items():
+                        self._send(topic, config)
 
     def _send(self, topic: str, payload: bytes) -> None:
         if self.link is not None:

@@ -99,3 +99,42 @@ def test_config_when_a_known_plate_name_has_a_lone_surrogate_refuses_it_naming_t
         stream('lpr: {enabled: true, known_plates: {Van: ["AB\\udc00C"]}}\n'
                'secondary: [{model: r, labels: [car], as: text}]\n')
     assert token("Van \ud800").startswith("Van_")
+
+
+def test_hub_when_a_republish_meets_a_removal_leaves_the_removal_last() -> None:
+    """A reconnect's republish (paho's thread) and a removal (a deletion, a reload) at once:
+    the configs are sent under the hub's lock, so the republished old config cannot reach the
+    broker after the empty one that removed it (a ghost entity until the next change)."""
+    from edged.streams.events_stage import EventsHub
+
+    entered, go = threading.Event(), threading.Event()
+
+    class SlowLink:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, bytes]] = []
+
+        def publish(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def publish_to(self, kind: str, topic: str, payload: bytes, *,
+                       retain: bool = False) -> None:
+            if threading.current_thread().name == "R" and not entered.is_set():
+                entered.set()
+                go.wait(5)  # the republish is preempted in the middle of its sends
+            self.sent.append((topic, payload))
+
+    link = SlowLink()
+    hub = EventsHub(link, device=None)  # type: ignore[arg-type]
+    hub.announce("cam", {"homeassistant/sensor/x/config": b"old"})
+    republish = threading.Thread(name="R", target=hub.republish)
+    republish.start()
+    assert entered.wait(5)
+    removal = threading.Thread(target=hub.withdraw, args=("cam",))
+    removal.start()
+    removal.join(1.0)  # done here when it need not wait for the republish (what went wrong)
+    go.set()
+    republish.join(5)
+    removal.join(5)
+    said = [p for t, p in link.sent if t == "homeassistant/sensor/x/config"]
+    assert said[-1] == b"", said
+    hub.presence.close()
