@@ -44,6 +44,7 @@ class PresenceHub:
         self.clock = clock
         self.presence = Presence(off_delay_s)
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # orders the gallery's reads (faces_from)
         self._faces: frozenset[str] = frozenset()
         self._plates: dict[str, frozenset[str]] = {}  # stream -> its known plates' names
         self._known: frozenset[Name] = frozenset()  # announced: faces and every stream's plates
@@ -57,14 +58,18 @@ class PresenceHub:
             self._rename()
 
     def faces_from(self, read: Callable[[], Iterable[str]]) -> None:
-        """`faces_known(read())` with the names read under this hub's lock: two gallery
-        changes in two threads then reach the hub in the order they read, so the last list
-        the hub keeps is the newest (read first and handed in after, an older list could
-        withdraw a name just enrolled). The gallery calls its watchers outside its own lock,
-        so the locks are only ever taken hub, then gallery."""
-        with self._lock:
-            self._faces = frozenset(read())
-            self._rename()
+        """`faces_known(read())` with the names read under a lock of their own, held until
+        the hub has them: two gallery changes in two threads then reach the hub in the order
+        they read, so the last list the hub keeps is the newest (read first and handed in
+        after, an older list could withdraw a name just enrolled). Not the hub's lock: the
+        streams' frame loops (`seen`) take that one and must not wait for the gallery (a
+        read behind a 10,000-row change). The gallery calls its watchers outside its own
+        lock, so the locks are only ever taken reading, gallery, hub."""
+        with self._reading:
+            names = frozenset(read())
+            with self._lock:
+                self._faces = names
+                self._rename()
 
     def plates_known(self, stream: str, names: Iterable[str]) -> None:
         """A stream's known plates' names (none: it reads no plates, or it is gone)."""
