@@ -83,6 +83,10 @@ class MqttLink:
                                      "stats": 0, "status": 1, "ota": 1}
         self._lock = threading.Lock()
         self._buffer: deque[_Message] = deque()
+        # While a reconnect sends the offline buffer (paho's thread), new messages queue
+        # behind it: sent at once they would overtake older ones for the same topic (a
+        # discovery config emptied after a reload, then the config buffered before it).
+        self._flushing = False
         self._handlers: dict[str, Handler] = {}
         self._whole: dict[str, MessageHandler] = {}  # filters whose handler takes it all
         # Subscriptions (under _lock): `_session` is set where _on_connect reads the handlers,
@@ -185,7 +189,8 @@ class MqttLink:
         with self._lock:
             if self._stopping:
                 return
-            if not self._connected.is_set():
+            if not self._connected.is_set() or (
+                    (self._flushing or self._buffer) and self.config.buffer_messages):
                 self._keep(message)
                 return
         self._send(message)
@@ -345,12 +350,20 @@ class MqttLink:
                 logger.exception("MQTT: a connection callback failed")
 
     def _flush(self) -> None:
-        while self._connected.is_set():
+        """The offline buffer, oldest first; what is published meanwhile joins its end."""
+        with self._lock:
+            self._flushing = True
+        try:
+            while self._connected.is_set():
+                with self._lock:
+                    if not self._buffer:
+                        self._flushing = False  # (in the step that saw it empty)
+                        return
+                    message = self._buffer.popleft()
+                self._send(message)
+        finally:
             with self._lock:
-                if not self._buffer:
-                    return
-                message = self._buffer.popleft()
-            self._send(message)
+                self._flushing = False
 
     def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
         """paho calls this inside its `except OSError` around a connection attempt (refused,

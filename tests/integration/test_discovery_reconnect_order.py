@@ -1,4 +1,5 @@
-"""A discovery removal overtaken by the link's offline buffer on reconnect (review2.md)."""
+"""A discovery removal sent while a reconnect flushes the link's offline buffer: it queues
+behind the buffer, so the buffered older config cannot be retained after it."""
 
 from __future__ import annotations
 
