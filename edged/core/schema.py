@@ -124,6 +124,8 @@ def parse_file(cls: type[T], path: Path,
 
 
 def _join(path: str, key: str) -> str:
+    if not _encodable(key):  # (a lone surrogate: the path is printed, and must print)
+        key = key.encode("utf-8", "backslashreplace").decode("utf-8")
     return f"{path}.{key}" if path else key
 
 
@@ -214,6 +216,18 @@ def _convert_scalar(tp: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
     return tp(value) if tp in (float, Path) else value
 
 
+def _checkable(value: Any) -> Any:
+    """What a field's check may see: the value when all of it converted; of a mapping, the
+    entries that did (their siblings' errors are still reported in the same run); None when
+    nothing can be checked (the value, or an item of a list, did not convert: a check of a
+    list's length or order would judge a list that is not the one written)."""
+    if value is None or value is INVALID:
+        return None
+    if isinstance(value, dict) and not _whole(value):
+        return {k: v for k, v in value.items() if _whole(v)}
+    return value if _whole(value) else None
+
+
 def _whole(value: Any) -> bool:
     """No part of `value` failed to convert (lists, tuples and mappings looked into)."""
     if value is INVALID:
@@ -291,8 +305,9 @@ def _convert_dataclass(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> A
             continue
         value = _convert(hints[name], value_node, key_path, ctx)
         check = fields[key].metadata.get("check")
-        if value is not None and check is not None and _whole(value):
-            message = check(value)
+        checked = _checkable(value)
+        if checked is not None and check is not None:
+            message = check(checked)
             if message:
                 value = ctx.fail(key_path, value_node, message)
         # A list or mapping with an item that did not convert leaves its dataclass unconverted

@@ -1,4 +1,5 @@
-"""Config faults a hostile read of the surrogate and `_whole` fixes found (review2.md)."""
+"""Config faults a second read found: a lone surrogate in an unknown key (the issue must print),
+and the checks of a mapping with an entry that did not convert (its siblings still checked)."""
 
 from __future__ import annotations
 
