@@ -221,9 +221,10 @@ class StreamEvents:
         obj.observe(frame_time, detections.sub_labels[index], detections.sub_label_scores[index],
                     mask, detections.keypoints[index], size)
         obj.observe_identity(detections.identities[index])
-        if self.plates is not None:
+        if self.plates is not None:  # (its picture only where one is kept: no copy else)
+            keep = self.snapshots is not None and self.keep_plates
             self.plates.observe(obj, detections.texts[index], detections.text_scores[index],
-                                detections.text_views[index])
+                                detections.text_views[index] if keep else None)
         return obj
 
     def _place(self, seen: list[TrackedObject], frame: np.ndarray | None,
