@@ -115,8 +115,9 @@ def test_real_clip_when_its_event_ends_the_local_model_describes_it(
         served = make_served(cache="preload: [faces, smol]", models_dir=models,
                              device_id="desc1", mqtt=mqtt(broker, prefix),
                              streams=car(real_models),
-                             describer="model: smol, timeout_s: 300, max_tokens: 200")
-        got = sub.collect(until=described(prefix), timeout=360, what="a description")
+                             describer="model: smol, timeout_s: 300, max_tokens: 400, "
+                                       "temperature: 0")
+        got = sub.collect(until=described(prefix), timeout=110, what="a description")
     finally:
         sub.close()
     payload = check_description(got, prefix, "local", "smol")
@@ -165,8 +166,8 @@ def test_real_clip_when_its_event_ends_an_openai_endpoint_describes_it(
                              mqtt=mqtt(broker, prefix), streams=car(real_models),
                              describer=f"endpoint: {{url: 'http://{endpoint_llm.http}/v1', "
                                        f"model: smol, api_key_file: {key}}}, timeout_s: 300, "
-                                       "max_tokens: 200")
-        got = sub.collect(until=described(prefix), timeout=360, what="a description")
+                                       "max_tokens: 400, temperature: 0")
+        got = sub.collect(until=described(prefix), timeout=110, what="a description")
     finally:
         sub.close()
     payload = check_description(got, prefix, "endpoint", "smol")
