@@ -58,32 +58,29 @@ class SnapshotRoutes:
                                   "budget_bytes": store.budget_bytes})
 
     async def image(self, request: Request) -> Response:
-        object_id = request.match_info["id"]
-        if not valid_id(object_id):
-            raise InvalidInput(f"{object_id[:64]!r} is not a snapshot id")
-        store = self._store()
-        jpeg = await asyncio.to_thread(store.read, object_id)
-        if jpeg is None:
-            raise SnapshotNotFound(f"no snapshot {object_id!r} is kept")
-        return Response(jpeg, content_type="image/jpeg")
+        return await self._kept(request, lambda: self._store().read,
+                                "no snapshot {} is kept", "image/jpeg")
 
     async def plate(self, request: Request) -> Response:
-        object_id = request.match_info["id"]
-        if not valid_id(object_id):
-            raise InvalidInput(f"{object_id[:64]!r} is not a snapshot id")
-        jpeg = await asyncio.to_thread(self._store().plate, object_id)
-        if jpeg is None:
-            raise SnapshotNotFound(f"no plate picture of {object_id!r} is kept")
-        return Response(jpeg, content_type="image/jpeg")
+        return await self._kept(request, lambda: self._store().plate,
+                                "no plate picture of {} is kept", "image/jpeg")
 
     async def description(self, request: Request) -> Response:
+        return await self._kept(request, lambda: self._store().description,
+                                "no description of {} is kept", "application/json")
+
+    @staticmethod
+    async def _kept(request: Request, reader: Callable[[], Callable[[str], bytes | None]],
+                    missing: str, content_type: str) -> Response:
+        """One object's kept file (read off the loop), or a typed 400/404; the id is judged
+        before the store is asked for (`reader` gives the store's read)."""
         object_id = request.match_info["id"]
         if not valid_id(object_id):
             raise InvalidInput(f"{object_id[:64]!r} is not a snapshot id")
-        record = await asyncio.to_thread(self._store().description, object_id)
-        if record is None:
-            raise SnapshotNotFound(f"no description of {object_id!r} is kept")
-        return Response(record, content_type="application/json")
+        body = await asyncio.to_thread(reader(), object_id)
+        if body is None:
+            raise SnapshotNotFound(missing.format(repr(object_id)))
+        return Response(body, content_type=content_type)
 
 
 def _row(item: StoredSnapshot) -> dict[str, Any]:
