@@ -167,11 +167,12 @@ def test_bench_masks_when_run_quick_gives_ultralytics_polygons_from_box_windows(
     assert results["bounded_points_max"] <= results["mask_points"] < results["points_max"]
     assert results["ultralytics_ms"] > 0 and results["edged_ms"] > 0
     assert results["before_ms"] > 0 and results["rle_ms"] > 0
-    for size in ("640x480", "1920x1080"):
+    for size, objects in (("640x480", 20), ("1920x1080", 20), ("640x480, 5 objects", 5),
+                          ("1920x1080, 5 objects", 5)):
         streams = results["streams"][size]
-        assert streams["seg"]["masks"] == streams["det"]["detections"] == 20
+        assert streams["seg"]["masks"] == streams["det"]["detections"] == objects
         assert streams["seg_over_det"] > 0 and streams["premasked_over_det"] > 0
-        assert streams["seg_premasked"]["masks"] == 20
+        assert streams["seg_premasked"]["masks"] == objects
 
 
 def test_bench_post_when_run_quick_keeps_the_same_detections_before_and_after(

@@ -259,8 +259,10 @@ def write_segmenter(root: Path) -> None:
                                                                              "segment"))
 
 
-def streams(workdir: Path, frames: int, size: tuple[int, int] = (640, 480)) -> dict[str, Any]:
-    """The streams' CPU per frame on a frame of `size` (width, height)."""
+def streams(workdir: Path, frames: int, size: tuple[int, int] = (640, 480),
+            objects: int = masks.OBJECTS) -> dict[str, Any]:
+    """The streams' CPU per frame on a frame of `size` (width, height) with `objects`
+    objects."""
     host.limit_heap_arenas()
     host.fix_heap_thresholds()
     root = workdir / "stream-models"
@@ -268,7 +270,7 @@ def streams(workdir: Path, frames: int, size: tuple[int, int] = (640, 480)) -> d
     write_segmenter(root)
     repository = ModelRepository(root)
     rng = np.random.default_rng(11)
-    outputs, _ = masks.seg_outputs(rng)
+    outputs, _ = masks.seg_outputs(rng, objects)
     seg_heads = {"output0": outputs["output0"], "output1": outputs["output1"]}
     det_heads = {"output0": np.ascontiguousarray(outputs["output0"][:, :84])}
     image = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
