@@ -16,6 +16,7 @@ import pytest
 from support import reference as ref
 from support.broker import Broker, Received, Subscriber
 from support.daemon import Served, ServeFactory
+from support.video import lossless_video
 
 from edged.cli import main
 
@@ -107,17 +108,7 @@ def test_paddleclas_stream_when_frames_turn_publishes_the_packages_probabilities
     page = square_page(cv2.imread(str(real_models / "page.png"), cv2.IMREAD_COLOR))
     frames = [turned(page, rotation) for rotation in ROTATIONS]
     video = tmp_path / "turns.avi"
-    size = (page.shape[1], page.shape[0])
-    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"FFV1"), 5.0, size)
-    assert writer.isOpened()
-    for frame in frames:
-        writer.write(frame)
-    writer.release()
-    capture = cv2.VideoCapture(str(video))  # lossless: what is read is what was written
-    for frame in frames:
-        ok, read = capture.read()
-        assert ok and np.array_equal(read, frame)
-    capture.release()
+    lossless_video(video, frames)  # what the stream reads is what was written
     root = repository(tmp_path / "models", real_models, "postprocess: {top_k: 4}\n")
     prefix = "t/ppcls"
     sub = Subscriber(broker, f"{prefix}/#")

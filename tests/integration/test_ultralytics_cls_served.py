@@ -17,6 +17,7 @@ import pytest
 from support import ultralytics_classify as ref
 from support.broker import Broker, Received, Subscriber
 from support.daemon import ServeFactory
+from support.video import lossless_video
 
 from edged.cli import main
 from tools.assets import tasks as task_models
@@ -79,16 +80,7 @@ def test_ultralytics_classifier_stream_when_the_middle_differs_publishes_the_pre
         make_served: ServeFactory, broker: Broker, tmp_path: Path) -> None:
     frames = scenes()
     video = tmp_path / "scenes.avi"
-    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"FFV1"), 5.0, (480, 160))
-    assert writer.isOpened()
-    for frame in frames:
-        writer.write(frame)
-    writer.release()
-    capture = cv2.VideoCapture(str(video))  # lossless: what is read is what was written
-    for frame in frames:
-        ok, read = capture.read()
-        assert ok and np.array_equal(read, frame)
-    capture.release()
+    lossless_video(video, frames)  # what the stream reads is what was written
     root = task_models.write_task_models(tmp_path / "models", ["cls_yolo"])
     (root / "cls_yolo" / "model.yaml").write_text("postprocess: {top_k: 3}\n")
     onnx_path = root / "cls_yolo" / "1" / "model.onnx"

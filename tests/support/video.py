@@ -138,3 +138,24 @@ def rtsp_server(video: Path, *, mount: str = "cam", lifetime_s: float = 120.0,
             proc.kill()
             proc.communicate(timeout=10)
 
+
+
+def lossless_video(path: Path, frames: list[np.ndarray], fps: float = 5.0) -> Path:
+    """`frames` (BGR, one size) as an FFV1 AVI, checked to read back equal: a stream of it
+    sees exactly these pixels (the classifier tests compare answers frame for frame)."""
+    import cv2
+
+    height, width = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"FFV1"), fps, (width, height))
+    assert writer.isOpened()
+    for frame in frames:
+        writer.write(frame)
+    writer.release()
+    capture = cv2.VideoCapture(str(path))
+    try:
+        for frame in frames:
+            ok, read = capture.read()
+            assert ok and np.array_equal(read, frame)
+    finally:
+        capture.release()
+    return path
